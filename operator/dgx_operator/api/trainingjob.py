@@ -1,0 +1,368 @@
+"""DGXTrainingJob (kubedgx.io/v1alpha1): spec and status.
+
+Defaults live here, in the models, and are applied by the operator when it builds children;
+the CRD states them in descriptions but never writes them into a stored spec, so a re-applied
+manifest shows no drift in Argo CD.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Literal
+
+from dgx_trainer.config import AbsolutePath, TrainerConfig
+from dgx_trainer.schema import KubeModel, cel, pattern
+from pydantic import Field
+
+from dgx_operator.api.common import (
+    API_VERSION,
+    Condition,
+    Duration,
+    EnvVar,
+    LocalObjectReference,
+    ObjectMeta,
+    ObjectName,
+    Quantity,
+    Toleration,
+    condition_list_field,
+)
+
+KIND = "DGXTrainingJob"
+
+INSTANCE_PATTERN = pattern(
+    r"^dgx[a-z0-9]+\.[0-9]+g\.[0-9]+\.(norm|spot|debug)$",
+    "must look like dgx<gpu>.<memory>g.<gpus>.<capacity>, e.g. dgxa100.80g.8.norm "
+    "(capacity: norm, spot or debug)",
+)
+
+#: Variables the operator sets for torchrun (Kubeflow PyTorchJob's names) or for itself.
+RESERVED_ENV_NAMES = (
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "WORLD_SIZE",
+    "RANK",
+    "LOCAL_RANK",
+    "NODE_RANK",
+    "GROUP_RANK",
+    "LOCAL_WORLD_SIZE",
+    "ROLE_RANK",
+    "ROLE_WORLD_SIZE",
+)
+RESERVED_ENV_PREFIXES = ("PET_", "TORCHELASTIC_", "KUBEDGX_")
+
+MAX_NODES = 512
+
+_RESERVED_RULE = " && ".join(
+    [f"!self.name.startsWith('{p}')" for p in RESERVED_ENV_PREFIXES]
+    + ["!(self.name in [" + ", ".join(f"'{n}'" for n in RESERVED_ENV_NAMES) + "])"]
+)
+
+
+class UserEnvVar(EnvVar):
+    """An environment variable for every worker. Names that configure torchrun are the operator's."""
+
+    cel_rules = (
+        cel(
+            _RESERVED_RULE,
+            message_expression=(
+                "'is reserved: kubedgx sets ' + self.name + ' for torchrun; configure it through spec.elastic "
+                "(names starting PET_, TORCHELASTIC_ or KUBEDGX_, and MASTER_ADDR, MASTER_PORT, WORLD_SIZE, "
+                "RANK, ... are reserved)'"
+            ),
+            field_path=".name",
+        ),
+    )
+
+
+class Resources(KubeModel):
+    """Per-node (per-worker) resources. Requests equal limits, so workers get Guaranteed QoS and
+    the kubelet's static CPU manager can pin them next to their GPUs."""
+
+    gpu: int | None = Field(
+        default=None, ge=1, le=64, description="GPUs per node. Defaults to all GPUs of the instance type."
+    )
+    cpu: Quantity | None = Field(default=None, description="CPU per node. Defaults to the instance type's.")
+    memory: Quantity | None = Field(default=None, description="Memory per node. Defaults to the instance type's.")
+    shm: Quantity | None = Field(
+        default=None, description="Size of /dev/shm (NCCL and data loaders need it). Defaults to the instance type's."
+    )
+
+
+class Rendezvous(KubeModel):
+    """torchrun's c10d rendezvous, hosted by worker 0."""
+
+    port: int = Field(default=29400, ge=1024, le=65535, description="Port of the rendezvous store on worker 0.")
+    join_timeout: Duration = Field(
+        default="15m", description="How long a starting group waits for minNodes workers (torchrun join_timeout)."
+    )
+    last_call_timeout: Duration = Field(
+        default="30s",
+        description="Grace for late workers once minNodes have joined (torchrun last_call_timeout).",
+    )
+
+
+class Elastic(KubeModel):
+    """How many nodes, how many processes per node, and how often torchrun may restart in place."""
+
+    cel_rules = (
+        cel(
+            "!has(self.maxNodes) || (has(self.minNodes) ? self.minNodes : 1) <= self.maxNodes",
+            message_expression=(
+                "'must be <= spec.elastic.maxNodes (' + string(has(self.minNodes) ? self.minNodes : 1) + "
+                "' > ' + string(self.maxNodes) + ')'"
+            ),
+            field_path=".minNodes",
+        ),
+    )
+
+    min_nodes: int = Field(
+        default=1, ge=1, le=MAX_NODES, description="Fewest nodes the job runs on; below it the job restarts."
+    )
+    max_nodes: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_NODES,
+        description="Most nodes; minNodes < maxNodes makes the job elastic. Defaults to minNodes.",
+    )
+    nproc_per_node: int | None = Field(
+        default=None, ge=1, le=64, description="Processes per node. Defaults to the GPUs per node."
+    )
+    max_restarts: int = Field(
+        default=3, ge=0, le=1000, description="In-place restarts torchrun may make before the worker fails."
+    )
+    rendezvous: Rendezvous = Field(default_factory=Rendezvous, description="Rendezvous settings.")
+
+
+class DataMountRef(KubeModel):
+    """A DGXDataMount in the job's namespace and where its data appears in the workers."""
+
+    name: ObjectName = Field(description="Name of the DGXDataMount.")
+    mount_path: AbsolutePath = Field(description="Where the data appears in the training container.")
+
+
+class Debug(KubeModel):
+    """Diagnostics for a job that misbehaves."""
+
+    enabled: bool = Field(
+        default=False,
+        description="Verbose NCCL and torch.distributed logging (NCCL_DEBUG=INFO, TORCH_DISTRIBUTED_DEBUG=DETAIL).",
+    )
+    interactive: bool = Field(
+        default=False,
+        description=(
+            "Start one worker that sleeps instead of training, with the full environment, so you can "
+            "`kubectl exec` in and run torchrun by hand. The job never succeeds by itself; maxDuration still holds."
+        ),
+    )
+
+
+_INTERACTIVE_ONE_NODE = (
+    "!has(self.debug) || !has(self.debug.interactive) || !self.debug.interactive || !has(self.elastic) || "
+    "((!has(self.elastic.minNodes) || self.elastic.minNodes == 1) && "
+    "(!has(self.elastic.maxNodes) || self.elastic.maxNodes == 1))"
+)
+
+
+class DGXTrainingJobSpec(KubeModel):
+    """What to train, on which nodes, and how to handle failure."""
+
+    cel_rules = (
+        cel(
+            "has(self.trainer) || has(self.command)",
+            "set one of spec.trainer (a QLoRA fine-tune) or spec.command (any torchrun program)",
+        ),
+        cel(
+            "!(has(self.trainer) && has(self.command))",
+            "spec.trainer and spec.command are mutually exclusive: a job runs the built-in fine-tune or your "
+            "program, not both",
+            field_path=".command",
+        ),
+        cel("!has(self.args) || has(self.command)", "args need spec.command", field_path=".args"),
+        cel(
+            "!has(self.retryableExitCodes) || (has(self.restartPolicy) && self.restartPolicy == 'ExitCode')",
+            "retryableExitCodes applies only with restartPolicy: ExitCode",
+            field_path=".retryableExitCodes",
+        ),
+        cel(
+            _INTERACTIVE_ONE_NODE,
+            "interactive debug runs exactly one worker: set spec.elastic.minNodes and maxNodes to 1 (or leave them out)",
+            field_path=".debug.interactive",
+        ),
+        cel(
+            "!has(self.maxDuration) || duration(self.maxDuration) > duration('0s')",
+            "must be longer than 0s",
+            field_path=".maxDuration",
+        ),
+        cel(
+            "!has(self.maxPending) || duration(self.maxPending) > duration('0s')",
+            "must be longer than 0s",
+            field_path=".maxPending",
+        ),
+        cel(
+            "!has(self.dataCache) || self.dataCache == 'none' || (has(self.dataMounts) && size(self.dataMounts) > 0)",
+            "dataCache: preload needs at least one entry in spec.dataMounts",
+            field_path=".dataCache",
+        ),
+        cel(
+            "!has(self.dataMounts) || self.dataMounts.all(m, self.dataMounts.filter(o, o.mountPath == m.mountPath)"
+            ".size() == 1)",
+            "two data mounts share one mountPath",
+            field_path=".dataMounts",
+        ),
+    )
+
+    instance: str = Field(
+        pattern=INSTANCE_PATTERN,
+        max_length=64,
+        description=(
+            "Instance type: dgx<gpu>.<memory>g.<gpus>.<capacity>, e.g. dgxa100.80g.8.norm or dgxh100.80g.8.spot. "
+            "It selects the GPU product, GPUs per node and capacity pool (norm, spot, debug); "
+            "`kubedgx validate` lists the known ones."
+        ),
+    )
+    priority: Literal["low", "normal", "high"] = Field(
+        default="normal", description="Scheduling priority, mapped to the chart's PriorityClasses."
+    )
+    max_duration: Duration | None = Field(
+        default=None, description="Fail with DeadlineExceeded this long after the job started (e.g. 24h)."
+    )
+    max_pending: Duration | None = Field(
+        default=None,
+        description="Fail with PendingTimeout when workers have waited this long for nodes (e.g. 90m).",
+    )
+    image: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=512,
+        description="Container image. Defaults to the operator's trainer image.",
+    )
+    resources: Resources | None = Field(default=None, description="Per-node resources; defaults from the instance.")
+    elastic: Elastic | None = Field(default=None, description="Node counts and torchrun settings; one node by default.")
+    restart_policy: Literal["Never", "OnFailure", "ExitCode"] = Field(
+        default="OnFailure",
+        description=(
+            "What a failed worker does to the job: Never fails it; OnFailure recreates the worker up to backoffLimit; "
+            "ExitCode recreates it only for retryableExitCodes. Evictions, preemption, node loss and spot reclaims "
+            "never count against backoffLimit."
+        ),
+    )
+    retryable_exit_codes: list[Annotated[int, Field(ge=0, le=255)]] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=256,
+        description="Exit codes that restart under restartPolicy ExitCode. Defaults to 128-255 (killed by a signal).",
+        json_schema_extra={"x-kubernetes-list-type": "set"},
+    )
+    backoff_limit: int = Field(
+        default=3, ge=0, le=1000, description="Worker failures (restarts) allowed before the job fails."
+    )
+    data_mounts: list[DataMountRef] = Field(
+        default_factory=list,
+        max_length=16,
+        description="DGXDataMounts the workers use; the job waits in WaitingForData until each is Ready.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+    data_cache: Literal["none", "preload"] = Field(
+        default="none",
+        description="`preload` reuses a node's cached copy of an input mount with the same manifest digest.",
+    )
+    trainer: TrainerConfig | None = Field(
+        default=None, description="The built-in QLoRA fine-tune. Exclusive with command."
+    )
+    command: list[Annotated[str, Field(max_length=4096)]] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=64,
+        description=(
+            "Your program, e.g. [torchrun, /app/train.py]. torchrun reads its settings from the PET_* "
+            "variables kubedgx sets. Exclusive with trainer."
+        ),
+    )
+    args: list[Annotated[str, Field(max_length=4096)]] | None = Field(
+        default=None, max_length=256, description="Arguments to command."
+    )
+    env: list[UserEnvVar] = Field(
+        default_factory=list,
+        max_length=128,
+        description="Extra environment for every worker. torchrun's variables (PET_*, MASTER_ADDR, ...) are reserved.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+    debug: Debug | None = Field(default=None, description="Debug logging and the interactive mode.")
+    suspend: bool = Field(
+        default=False,
+        description="Delete the workers but keep the job; false resumes it (Kueue drives this field).",
+    )
+    ttl_seconds_after_finished: int | None = Field(
+        default=None, ge=0, description="Delete the finished job this many seconds after it ended."
+    )
+    node_selector: dict[str, Annotated[str, Field(max_length=63)]] = Field(
+        default_factory=dict,
+        max_length=32,
+        description="Node labels the workers require, on top of the instance type's.",
+    )
+    tolerations: list[Toleration] = Field(
+        default_factory=list, max_length=32, description="Tolerations on top of the instance type's."
+    )
+    service_account_name: ObjectName | None = Field(
+        default=None, description="ServiceAccount of the workers (e.g. for workload identity to object storage)."
+    )
+    image_pull_secrets: list[LocalObjectReference] = Field(
+        default_factory=list, max_length=16, description="Secrets for pulling a private image."
+    )
+
+
+Phase = Literal["Pending", "WaitingForData", "Running", "Restarting", "Suspended", "Succeeded", "Failed"]
+
+
+class WorkerCounts(KubeModel):
+    """Worker pods by state, as last observed."""
+
+    desired: int = Field(default=0, ge=0, description="Workers the job wants now (maxNodes, or 0 when suspended/finished).")
+    active: int = Field(default=0, ge=0, description="Workers that exist and have not finished.")
+    ready: int = Field(default=0, ge=0, description="Workers whose training container runs.")
+    failed: int = Field(default=0, ge=0, description="Workers that failed in the current attempt.")
+
+
+class Progress(KubeModel):
+    """The trainer's own account of how far it got (see docs/trainer.md)."""
+
+    step: int | None = Field(default=None, ge=0, description="Optimizer steps done.")
+    total_steps: int | None = Field(default=None, ge=0, description="Optimizer steps planned.")
+    epoch: float | None = Field(default=None, ge=0, description="Epochs done, fractional.")
+    loss: float | None = Field(default=None, description="Last logged training loss.")
+    learning_rate: float | None = Field(default=None, ge=0, description="Current learning rate.")
+    tokens_per_second: float | None = Field(default=None, ge=0, description="Training throughput, all workers.")
+    samples_per_second: float | None = Field(default=None, ge=0, description="Training throughput, all workers.")
+    precision: str | None = Field(default=None, max_length=32, description="Effective precision (bf16, fp16, fp32).")
+    quantization: str | None = Field(
+        default=None, max_length=64, description="Effective quantization (nf4, int8, none (fallback), ...)."
+    )
+    updated_at: datetime | None = Field(default=None, description="When the trainer reported this.")
+
+
+class DGXTrainingJobStatus(KubeModel):
+    """What the operator observed, never what it hopes: written only by the operator."""
+
+    phase: Phase | None = Field(default=None, description="Lifecycle phase.")
+    conditions: list[Condition] = condition_list_field("Latest observations, one per condition type.")
+    observed_generation: int | None = Field(
+        default=None, ge=0, description="metadata.generation this status describes."
+    )
+    workers: WorkerCounts | None = Field(default=None, description="Worker pods by state.")
+    nodes: str | None = Field(
+        default=None, max_length=32, description="Ready/desired workers, e.g. 3/4 (for kubectl get)."
+    )
+    restarts: int = Field(default=0, ge=0, description="Worker restarts counted against backoffLimit.")
+    start_time: datetime | None = Field(default=None, description="When the current run started (maxDuration counts from here).")
+    completion_time: datetime | None = Field(default=None, description="When the job succeeded or failed.")
+    progress: Progress | None = Field(default=None, description="Training progress reported by the trainer.")
+
+
+class DGXTrainingJob(KubeModel):
+    """A DGXTrainingJob as stored in the cluster or written in a manifest."""
+
+    api_version: Literal["kubedgx.io/v1alpha1"] = Field(default=API_VERSION, description="API version.")
+    kind: Literal["DGXTrainingJob"] = Field(default=KIND, description="Kind.")
+    metadata: ObjectMeta = Field(description="Standard object metadata.")
+    spec: DGXTrainingJobSpec = Field(description="Desired state.")
+    status: DGXTrainingJobStatus | None = Field(default=None, description="Observed state.")

@@ -1,0 +1,95 @@
+"""Pure builders: a job (+ catalog, defaults, data mounts) -> the child objects the operator
+creates, as plain dicts. No API access, no kopf, no kubernetes client, no torch (the import
+contract in pyproject.toml enforces it); `kubedgx render` prints exactly their output.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from dgx_operator.api.trainingjob import DGXTrainingJob, DGXTrainingJobSpec
+from dgx_operator.build.names import (
+    CONFIG_FILE,
+    common_labels,
+    config_map_name,
+    job_selector,
+    service_name,
+)
+from dgx_operator.build.pod import BuildError, owner_reference, worker_pod
+from dgx_operator.build.resolved import BuildContext, Defaults, JobIdentity, Resolved, resolve
+
+__all__ = [
+    "BuildContext",
+    "BuildError",
+    "Defaults",
+    "JobIdentity",
+    "Resolved",
+    "build_children",
+    "headless_service",
+    "resolve",
+    "trainer_config_map",
+    "worker_pod",
+]
+
+
+def headless_service(job: JobIdentity, r: Resolved, master_port: int) -> dict[str, Any]:
+    """DNS for <job>-worker-<i>.<job>; publishes not-ready pods, since rendezvous precedes readiness."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": service_name(job.name),
+            "namespace": job.namespace,
+            "labels": common_labels(job.name, "rendezvous"),
+            "ownerReferences": [owner_reference(job)],
+        },
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": job_selector(job.name),
+            "ports": [
+                {"name": "rdzv", "port": r.rdzv_port, "targetPort": r.rdzv_port, "protocol": "TCP"},
+                {"name": "master", "port": master_port, "targetPort": master_port, "protocol": "TCP"},
+            ],
+        },
+    }
+
+
+def trainer_config_map(job: JobIdentity, spec: DGXTrainingJobSpec) -> dict[str, Any] | None:
+    """The trainer config with every default spelled out: the trainer runs exactly what the
+    operator saw, even if the trainer image's defaults drift."""
+    if spec.trainer is None:
+        return None
+    text = yaml.safe_dump(
+        spec.trainer.model_dump(by_alias=True, exclude_none=True, mode="json"), sort_keys=False, width=100
+    )
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": config_map_name(job.name),
+            "namespace": job.namespace,
+            "labels": common_labels(job.name, "trainer-config"),
+            "ownerReferences": [owner_reference(job)],
+        },
+        "data": {CONFIG_FILE: text},
+    }
+
+
+def build_children(
+    job: DGXTrainingJob, ctx: BuildContext, *, namespace: str | None = None, uid: str | None = None
+) -> list[dict[str, Any]]:
+    """Everything created when the job starts, in creation order: config, Service, workers
+    0..maxNodes-1 (one in interactive debug mode)."""
+    ident = JobIdentity.of(job, namespace, uid)
+    r = resolve(job.spec, ctx.catalog)
+    children: list[dict[str, Any]] = []
+    config = trainer_config_map(ident, job.spec)
+    if config is not None:
+        children.append(config)
+    children.append(headless_service(ident, r, ctx.defaults.master_port))
+    workers = 1 if r.interactive else r.max_nodes
+    children.extend(worker_pod(ident, job.spec, i, r, ctx) for i in range(workers))
+    return children

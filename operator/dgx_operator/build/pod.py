@@ -1,0 +1,284 @@
+"""Worker pods: one per node, placed by GPU product, shape, NVLink domain and capacity pool."""
+
+from __future__ import annotations
+
+import posixpath
+from typing import Any
+
+from dgx_operator.api.common import API_VERSION
+from dgx_operator.api.datamount import DGXDataMountSpec
+from dgx_operator.api.trainingjob import KIND, DGXTrainingJobSpec
+from dgx_operator.build.names import (
+    CONFIG_FILE,
+    CONTAINER_NAME,
+    config_map_name,
+    job_selector,
+    service_name,
+    worker_labels,
+    worker_name,
+)
+from dgx_operator.build.resolved import BuildContext, JobIdentity, Resolved
+
+GPU_RESOURCE = "nvidia.com/gpu"
+HOSTNAME_KEY = "kubernetes.io/hostname"
+
+#: The interactive debug worker idles until deleted, and exits at once on SIGTERM.
+IDLE_COMMAND = ["/bin/sh", "-c", "trap 'exit 0' TERM; echo 'kubedgx: interactive debug worker, idle'; "
+                "sleep infinity & wait"]
+
+
+class BuildError(ValueError):
+    """The job cannot be turned into children; ``path`` names the spec field at fault."""
+
+    def __init__(self, path: str, message: str) -> None:
+        super().__init__(f"{path}: {message}")
+        self.path = path
+        self.message = message
+
+
+def owner_reference(job: JobIdentity) -> dict[str, Any]:
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "name": job.name,
+        "uid": job.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def rendezvous_host(job: JobIdentity) -> str:
+    """Worker 0's stable DNS name through the headless Service (hostname + subdomain)."""
+    return f"{worker_name(job.name, 0)}.{service_name(job.name)}.{job.namespace}.svc"
+
+
+def torchrun_env(job: JobIdentity, index: int, r: Resolved, master_port: int) -> dict[str, str]:
+    """torchrun's configuration in Kubeflow PyTorchJob's variable names, so existing images work.
+
+    Elastic jobs get no PET_NODE_RANK or WORLD_SIZE: both are decided at rendezvous, and torchrun
+    gives each process the true values. Claiming a fixed world size there would be a lie.
+    """
+    host = rendezvous_host(job)
+    env = {
+        "PET_NNODES": f"{r.min_nodes}:{r.max_nodes}" if r.elastic else str(r.max_nodes),
+        "PET_NPROC_PER_NODE": str(r.nproc_per_node),
+        "PET_RDZV_BACKEND": "c10d",
+        "PET_RDZV_ENDPOINT": f"{host}:{r.rdzv_port}",
+        "PET_RDZV_ID": job.uid,
+        "PET_RDZV_CONF": f"join_timeout={r.join_timeout_s},last_call_timeout={r.last_call_timeout_s}",
+        "PET_MAX_RESTARTS": str(r.max_restarts),
+        "MASTER_ADDR": host,
+        "MASTER_PORT": str(master_port),
+        # A fresh TCP store per restart round: with the shared store a worker that died after
+        # init_process_group makes the next round fail or hang (see docs/architecture.md).
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+    }
+    if not r.elastic:
+        env["PET_NODE_RANK"] = str(index)
+        env["WORLD_SIZE"] = str(r.max_nodes * r.nproc_per_node)
+    return env
+
+
+def kubedgx_env(job: JobIdentity, index: int, attempt: int, spec: DGXTrainingJobSpec, r: Resolved,
+                config_dir: str) -> dict[str, str]:
+    """What the trainer's preflight and progress reporting need to know about its placement."""
+    env = {
+        "KUBEDGX_JOB_NAME": job.name,
+        "KUBEDGX_REPLICA_INDEX": str(index),
+        "KUBEDGX_ATTEMPT": str(attempt),
+        "KUBEDGX_INSTANCE": r.instance.name,
+        "KUBEDGX_GPUS_PER_NODE": str(r.gpus),
+        "KUBEDGX_GPU_PRODUCTS": ",".join(r.instance.products),
+        "KUBEDGX_NVLINK": "true" if r.gpus > 1 else "false",
+        "KUBEDGX_MULTI_NODE_NVLINK": "true" if r.instance.multi_node_nvlink else "false",
+    }
+    if spec.trainer is not None:
+        env["KUBEDGX_TRAINER_CONFIG"] = posixpath.join(config_dir, CONFIG_FILE)
+    if r.debug:
+        env.update(
+            {
+                "KUBEDGX_LOG_LEVEL": "DEBUG",
+                "NCCL_DEBUG": "INFO",
+                "TORCH_DISTRIBUTED_DEBUG": "DETAIL",
+                "TORCH_CPP_LOG_LEVEL": "INFO",
+                "PYTHONFAULTHANDLER": "1",
+            }
+        )
+    return env
+
+
+def container_env(job: JobIdentity, index: int, attempt: int, spec: DGXTrainingJobSpec, r: Resolved,
+                  ctx: BuildContext) -> list[dict[str, Any]]:
+    """Operator variables first, then the user's. Reserved names were rejected at admission; any
+    other name the user sets (NCCL_DEBUG, say) replaces the operator's default."""
+    ours = {
+        **torchrun_env(job, index, r, ctx.defaults.master_port),
+        **kubedgx_env(job, index, attempt, spec, r, ctx.defaults.config_dir),
+    }
+    user_names = {e.name for e in spec.env}
+    env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in ours.items() if k not in user_names]
+    env.append({"name": "KUBEDGX_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}})
+    env.append({"name": "KUBEDGX_NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}})
+    env.extend(e.to_manifest() for e in spec.env)
+    return env
+
+
+def affinity(job: JobIdentity, r: Resolved) -> dict[str, Any]:
+    """Whole nodes of the right GPU, one worker per node, workers kept in one NVLink domain."""
+    inst = r.instance
+
+    def same_job() -> dict[str, Any]:
+        return {"matchLabels": job_selector(job.name)}
+
+    node_terms = [
+        {"key": inst.labels.product, "operator": "In", "values": list(inst.products)},
+        {"key": inst.labels.count, "operator": "In", "values": [str(inst.gpus)]},
+    ]
+    out: dict[str, Any] = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": node_terms}]}
+        },
+        "podAntiAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [{"labelSelector": same_job(), "topologyKey": HOSTNAME_KEY}]
+        },
+    }
+    if inst.multi_node_nvlink:
+        # GB200 NVL: GPUs talk over NVLink only inside one clique, so every worker must share it.
+        # The first worker matches itself, which the scheduler accepts for self-affinity.
+        out["podAffinity"] = {
+            "requiredDuringSchedulingIgnoredDuringExecution": [
+                {"labelSelector": same_job(), "topologyKey": inst.labels.clique}
+            ]
+        }
+    else:
+        out["podAffinity"] = {
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {"weight": 100, "podAffinityTerm": {"labelSelector": same_job(), "topologyKey": inst.topology_key}}
+            ]
+        }
+    return out
+
+
+def _data_volume(job: JobIdentity, mount_name: str, mount: DGXDataMountSpec, ctx: BuildContext) -> dict[str, Any]:
+    cache = mount.cache
+    if cache is not None and cache.type == "pvc":
+        claim: dict[str, Any] = {
+            "accessModes": ["ReadWriteOnce"],
+            "resources": {"requests": {"storage": str(cache.size)}},
+        }
+        if cache.storage_class_name:
+            claim["storageClassName"] = cache.storage_class_name
+        return {"ephemeral": {"volumeClaimTemplate": {"spec": claim}}}
+    root = (cache.path if cache is not None and cache.path else None) or ctx.defaults.cache_root
+    return {"hostPath": {"path": posixpath.join(root, job.namespace, mount_name), "type": "DirectoryOrCreate"}}
+
+
+def volumes_and_mounts(job: JobIdentity, spec: DGXTrainingJobSpec, ctx: BuildContext,
+                       r: Resolved) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    volumes: list[dict[str, Any]] = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": r.shm}}]
+    mounts: list[dict[str, Any]] = [{"name": "dshm", "mountPath": "/dev/shm"}]
+    if spec.trainer is not None:
+        volumes.append({"name": "trainer-config", "configMap": {"name": config_map_name(job.name)}})
+        mounts.append({"name": "trainer-config", "mountPath": ctx.defaults.config_dir, "readOnly": True})
+    for i, ref in enumerate(spec.data_mounts):
+        mount = ctx.data_mounts.get(ref.name)
+        if mount is None:
+            raise BuildError(
+                f"spec.dataMounts[{i}].name",
+                f"DGXDataMount {ref.name!r} not found (give its manifest too, or create it in namespace "
+                f"{job.namespace!r})",
+            )
+        volume = f"data-{i}"
+        volumes.append({"name": volume, **_data_volume(job, ref.name, mount, ctx)})
+        mounts.append({"name": volume, "mountPath": ref.mount_path, "readOnly": mount.direction == "In"})
+    if spec.trainer is not None and spec.trainer.output.dir.startswith("/"):
+        # A relative output dir lands in the container's working directory; only an absolute
+        # one can get a volume of its own.
+        out_dir = spec.trainer.output.dir
+        covered = any(out_dir == m["mountPath"] or out_dir.startswith(m["mountPath"].rstrip("/") + "/")
+                      for m in mounts if not m.get("readOnly"))
+        if not covered:
+            volumes.append({"name": "output", "emptyDir": {}})
+            mounts.append({"name": "output", "mountPath": out_dir})
+    return volumes, mounts
+
+
+def container_command(spec: DGXTrainingJobSpec, r: Resolved, ctx: BuildContext) -> dict[str, list[str]]:
+    if r.interactive:
+        return {"command": list(IDLE_COMMAND)}
+    if spec.trainer is not None:
+        config = posixpath.join(ctx.defaults.config_dir, CONFIG_FILE)
+        return {"command": ["torchrun"], "args": ["-m", "dgx_trainer", "--config", config]}
+    out: dict[str, list[str]] = {"command": list(spec.command or [])}
+    if spec.args:
+        out["args"] = list(spec.args)
+    return out
+
+
+def worker_pod(
+    job: JobIdentity,
+    spec: DGXTrainingJobSpec,
+    index: int,
+    r: Resolved,
+    ctx: BuildContext,
+    *,
+    attempt: int = 0,
+    active_deadline_seconds: int | None = None,
+) -> dict[str, Any]:
+    """Worker ``index`` of ``job``. ``active_deadline_seconds`` is what is left of maxDuration
+    (the operator passes the remainder for a worker created late); by default the whole of it."""
+    name = worker_name(job.name, index)
+    resources = {"cpu": r.cpu, "memory": r.memory, GPU_RESOURCE: str(r.gpus)}
+    volumes, mounts = volumes_and_mounts(job, spec, ctx, r)
+    container: dict[str, Any] = {
+        "name": CONTAINER_NAME,
+        "image": spec.image or ctx.defaults.trainer_image,
+        "imagePullPolicy": ctx.defaults.image_pull_policy,
+        **container_command(spec, r, ctx),
+        "env": container_env(job, index, attempt, spec, r, ctx),
+        "ports": [
+            {"name": "rdzv", "containerPort": r.rdzv_port, "protocol": "TCP"},
+            {"name": "master", "containerPort": ctx.defaults.master_port, "protocol": "TCP"},
+        ],
+        # requests == limits: Guaranteed QoS, the last to be evicted, and pinnable by the CPU manager.
+        "resources": {"requests": dict(resources), "limits": dict(resources)},
+        "volumeMounts": mounts,
+        "terminationMessagePath": "/dev/termination-log",
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",  # the operator restarts workers, so that it can count and decide
+        "hostname": name,
+        "subdomain": service_name(job.name),
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": ctx.defaults.termination_grace_seconds,
+        "affinity": affinity(job, r),
+        "tolerations": [*r.instance.tolerations, *(t.to_manifest() for t in spec.tolerations)],
+        "containers": [container],
+        "volumes": volumes,
+    }
+    priority_class = ctx.defaults.priority_classes.get(spec.priority)
+    if priority_class:
+        pod_spec["priorityClassName"] = priority_class
+    node_selector = {**r.instance.node_selector, **spec.node_selector}
+    if node_selector:
+        pod_spec["nodeSelector"] = node_selector
+    deadline = active_deadline_seconds if active_deadline_seconds is not None else r.max_duration_s
+    if deadline is not None:
+        pod_spec["activeDeadlineSeconds"] = max(1, deadline)
+    if spec.service_account_name:
+        pod_spec["serviceAccountName"] = spec.service_account_name
+    if spec.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [s.to_manifest() for s in spec.image_pull_secrets]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": job.namespace,
+            "labels": worker_labels(job.name, index, attempt, job.labels),
+            "annotations": {"kubedgx.io/instance": r.instance.name},
+            "ownerReferences": [owner_reference(job)],
+        },
+        "spec": pod_spec,
+    }

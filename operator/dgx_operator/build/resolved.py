@@ -1,0 +1,136 @@
+"""A job's effective settings: the spec with every default filled in from the models and the
+instance catalog. Builders, semantic validation and (later) the reconcile planner all read this
+one record, so "what does an unset nprocPerNode mean" is decided in exactly one place.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+from dgx_operator.api.common import parse_duration
+from dgx_operator.api.datamount import DGXDataMountSpec
+from dgx_operator.api.trainingjob import DGXTrainingJob, DGXTrainingJobSpec, Elastic, Resources
+from dgx_operator.catalog import Catalog, Instance
+
+#: restartPolicy ExitCode without retryableExitCodes: retry only deaths by signal (128 + n).
+SIGNAL_EXIT_CODES = tuple(range(128, 256))
+
+DEFAULT_TRAINER_IMAGE = "ghcr.io/kubedgx/trainer:0.1.0"
+
+
+@dataclass(frozen=True)
+class Defaults:
+    """Cluster-wide settings the operator gets from its Helm values; pure data for the builders."""
+
+    trainer_image: str = DEFAULT_TRAINER_IMAGE
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    priority_classes: Mapping[str, str] = field(
+        default_factory=lambda: {"low": "kubedgx-low", "normal": "kubedgx-normal", "high": "kubedgx-high"}
+    )
+    #: Seconds a worker gets after SIGTERM (a spot reclaim notice) to write a last checkpoint.
+    termination_grace_seconds: int = 120
+    master_port: int = 23456
+    config_dir: str = "/etc/kubedgx"
+    cache_root: str = "/raid/kubedgx"
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """Effective settings of one job on one catalog."""
+
+    instance: Instance
+    gpus: int
+    cpu: str
+    memory: str
+    shm: str
+    min_nodes: int
+    max_nodes: int
+    nproc_per_node: int
+    max_restarts: int
+    rdzv_port: int
+    join_timeout_s: int
+    last_call_timeout_s: int
+    retryable_exit_codes: tuple[int, ...]
+    interactive: bool
+    debug: bool
+    max_duration_s: int | None
+    max_pending_s: int | None
+
+    @property
+    def elastic(self) -> bool:
+        return self.min_nodes < self.max_nodes
+
+
+def _seconds(text: str | None) -> int | None:
+    return None if text is None else max(1, math.ceil(parse_duration(text).total_seconds()))
+
+
+def resolve(spec: DGXTrainingJobSpec, catalog: Catalog) -> Resolved:
+    """Fill in defaults. Raises :class:`~dgx_operator.catalog.UnknownInstance` for unknown types."""
+    instance = catalog.get(spec.instance)
+    res = spec.resources or Resources()
+    el = spec.elastic or Elastic()
+    gpus = res.gpu if res.gpu is not None else instance.gpus
+    interactive = bool(spec.debug and spec.debug.interactive)
+    if spec.restart_policy == "ExitCode":
+        codes = tuple(sorted(set(spec.retryable_exit_codes or SIGNAL_EXIT_CODES)))
+    else:
+        codes = ()
+    return Resolved(
+        instance=instance,
+        gpus=gpus,
+        cpu=str(res.cpu) if res.cpu is not None else instance.cpu,
+        memory=str(res.memory) if res.memory is not None else instance.memory,
+        shm=str(res.shm) if res.shm is not None else instance.shm,
+        min_nodes=el.min_nodes,
+        max_nodes=el.max_nodes if el.max_nodes is not None else el.min_nodes,
+        nproc_per_node=el.nproc_per_node if el.nproc_per_node is not None else gpus,
+        max_restarts=el.max_restarts,
+        rdzv_port=el.rendezvous.port,
+        join_timeout_s=_seconds(el.rendezvous.join_timeout) or 1,
+        last_call_timeout_s=_seconds(el.rendezvous.last_call_timeout) or 1,
+        retryable_exit_codes=codes,
+        interactive=interactive,
+        debug=bool(spec.debug and (spec.debug.enabled or spec.debug.interactive)),
+        max_duration_s=_seconds(spec.max_duration),
+        max_pending_s=_seconds(spec.max_pending),
+    )
+
+
+@dataclass(frozen=True)
+class BuildContext:
+    """Everything besides the job that decides its children: pure inputs, no API access."""
+
+    catalog: Catalog
+    defaults: Defaults = field(default_factory=Defaults)
+    #: DGXDataMount specs by name, as the operator (or `kubedgx render`) found them.
+    data_mounts: Mapping[str, DGXDataMountSpec] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class JobIdentity:
+    """Who owns the children: the job's name, namespace and UID."""
+
+    name: str
+    namespace: str
+    uid: str
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, job: DGXTrainingJob, namespace: str | None = None, uid: str | None = None) -> JobIdentity:
+        ns = namespace or job.metadata.namespace or "default"
+        return cls(
+            name=job.metadata.name,
+            namespace=ns,
+            uid=uid or job.metadata.uid or placeholder_uid(ns, job.metadata.name),
+            labels=dict(job.metadata.labels),
+        )
+
+
+def placeholder_uid(namespace: str, name: str) -> str:
+    """A stable stand-in for metadata.uid when rendering a manifest that was never stored."""
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"kubedgx.io/{namespace}/{name}"))

@@ -1,0 +1,240 @@
+"""Instance types: what ``dgxa100.80g.8.norm`` means on this cluster.
+
+The catalog is data (``catalog.yaml``, replaceable by the chart's ConfigMap) because clusters
+differ in their GPU label values, spot pools and topology labels; the code only parses names
+and expands families x shapes x capacities into :class:`Instance` records.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from dataclasses import dataclass, field
+from functools import cached_property
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic.alias_generators import to_camel
+
+NAME_RE = re.compile(r"^dgx(?P<family>[a-z0-9]+)\.(?P<memory>[0-9]+)g\.(?P<gpus>[0-9]+)\.(?P<capacity>[a-z]+)$")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True)
+
+
+class TolerationSpec(_Model):
+    key: str | None = None
+    operator: Literal["Exists", "Equal"] = "Equal"
+    value: str | None = None
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+
+    def manifest(self) -> dict[str, str]:
+        return self.model_dump(by_alias=True, exclude_none=True)
+
+
+class CapacitySpec(_Model):
+    description: str = ""
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: tuple[TolerationSpec, ...] = ()
+
+
+class PerGpu(_Model):
+    cpu: int = Field(ge=1)
+    memory_gi: int = Field(ge=1)
+    shm_gi: int = Field(ge=1)
+
+
+class GpuFamily(_Model):
+    family: str = Field(pattern=r"^[a-z0-9]+$")
+    memory_gi_b: int = Field(ge=1, alias="memoryGiB")
+    description: str = ""
+    products: tuple[str, ...] = Field(min_length=1)
+    shapes: tuple[int, ...] = Field(min_length=1)
+    per_gpu: PerGpu
+    multi_node_nvlink: bool = False
+    nvlink_domain_nodes: int | None = Field(default=None, ge=1)
+
+    @property
+    def key(self) -> str:
+        return f"{self.family}.{self.memory_gi_b}g"
+
+
+class Labels(_Model):
+    product: str = "nvidia.com/gpu.product"
+    count: str = "nvidia.com/gpu.count"
+    clique: str = "nvidia.com/gpu.clique"
+
+
+class CatalogSpec(_Model):
+    """The YAML file's shape; loading errors name the offending key."""
+
+    labels: Labels = Field(default_factory=Labels)
+    topology_key: str = "topology.kubernetes.io/zone"
+    gpu_tolerations: tuple[TolerationSpec, ...] = ()
+    capacities: dict[str, CapacitySpec]
+    gpus: tuple[GpuFamily, ...] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _unique_families(self) -> CatalogSpec:
+        keys = [g.key for g in self.gpus]
+        dupes = sorted({k for k in keys if keys.count(k) > 1})
+        if dupes:
+            raise ValueError(f"GPU families listed twice: {', '.join(dupes)}")
+        bad = [c for c in self.capacities if not re.fullmatch(r"[a-z]+", c)]
+        if bad:
+            raise ValueError(f"capacity names must be lower-case letters: {', '.join(bad)}")
+        return self
+
+
+@dataclass(frozen=True)
+class Instance:
+    """One instance type, resolved: everything a builder needs to place a worker."""
+
+    name: str
+    family: GpuFamily
+    gpus: int
+    capacity: str
+    capacity_spec: CapacitySpec
+    labels: Labels
+    topology_key: str
+    gpu_tolerations: tuple[TolerationSpec, ...] = field(default=())
+
+    @property
+    def products(self) -> tuple[str, ...]:
+        return self.family.products
+
+    @property
+    def gpu_memory_gib(self) -> int:
+        return self.family.memory_gi_b
+
+    @property
+    def multi_node_nvlink(self) -> bool:
+        return self.family.multi_node_nvlink
+
+    @property
+    def cpu(self) -> str:
+        return str(self.family.per_gpu.cpu * self.gpus)
+
+    @property
+    def memory(self) -> str:
+        return f"{self.family.per_gpu.memory_gi * self.gpus}Gi"
+
+    @property
+    def shm(self) -> str:
+        return f"{self.family.per_gpu.shm_gi * self.gpus}Gi"
+
+    @property
+    def node_selector(self) -> dict[str, str]:
+        return dict(self.capacity_spec.node_selector)
+
+    @property
+    def tolerations(self) -> list[dict[str, str]]:
+        return [t.manifest() for t in (*self.gpu_tolerations, *self.capacity_spec.tolerations)]
+
+
+class CatalogError(ValueError):
+    """The catalog file itself is unusable."""
+
+
+class UnknownInstance(LookupError):
+    """An instance name this catalog does not define; the message lists what it does define."""
+
+    def __init__(self, name: str, message: str) -> None:
+        super().__init__(message)
+        self.name = name
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class Catalog:
+    """Instance types by name, from a catalog spec."""
+
+    def __init__(self, spec: CatalogSpec) -> None:
+        self.spec = spec
+
+    @classmethod
+    def from_mapping(cls, data: Any, source: str = "<catalog>") -> Catalog:
+        try:
+            return cls(CatalogSpec.model_validate(data))
+        except ValidationError as exc:
+            lines = "; ".join(
+                f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}" for err in exc.errors()
+            )
+            raise CatalogError(f"{source}: invalid instance catalog: {lines}") from exc
+
+    @classmethod
+    def load(cls, path: str | Path | None = None) -> Catalog:
+        """The catalog at ``path``, or the default one shipped with kubedgx."""
+        if path is None:
+            text = resources.files("dgx_operator").joinpath("catalog.yaml").read_text(encoding="utf-8")
+            source = "default catalog"
+        else:
+            text = Path(path).read_text(encoding="utf-8")
+            source = str(path)
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise CatalogError(f"{source}: not valid YAML: {exc}") from exc
+        return cls.from_mapping(data, source)
+
+    @cached_property
+    def instances(self) -> dict[str, Instance]:
+        out: dict[str, Instance] = {}
+        for fam in self.spec.gpus:
+            for gpus in fam.shapes:
+                for capacity, cap in self.spec.capacities.items():
+                    name = f"dgx{fam.key}.{gpus}.{capacity}"
+                    out[name] = Instance(
+                        name=name,
+                        family=fam,
+                        gpus=gpus,
+                        capacity=capacity,
+                        capacity_spec=cap,
+                        labels=self.spec.labels,
+                        topology_key=self.spec.topology_key,
+                        gpu_tolerations=self.spec.gpu_tolerations,
+                    )
+        return out
+
+    def known(self) -> str:
+        """Every known name in a compact brace form: dgxa100.80g.{1,2,4,8}.{norm,spot,debug}, ..."""
+        caps = ",".join(self.spec.capacities)
+        return ", ".join(
+            f"dgx{fam.key}.{{{','.join(str(s) for s in fam.shapes)}}}.{{{caps}}}" for fam in self.spec.gpus
+        )
+
+    def get(self, name: str) -> Instance:
+        """The instance called ``name``; :class:`UnknownInstance` says why not and what exists."""
+        found = self.instances.get(name)
+        if found is not None:
+            return found
+        raise UnknownInstance(name, self._explain_unknown(name))
+
+    def _explain_unknown(self, name: str) -> str:
+        match = NAME_RE.match(name)
+        families = {fam.key: fam for fam in self.spec.gpus}
+        reason = ""
+        if match:
+            key = f"{match['family']}.{match['memory']}g"
+            fam = families.get(key)
+            if match["capacity"] not in self.spec.capacities:
+                reason = f"no capacity pool {match['capacity']!r} (pools: {', '.join(self.spec.capacities)})"
+            elif fam is None:
+                reason = f"no GPU family {key!r} in the catalog"
+            elif int(match["gpus"]) not in fam.shapes:
+                shapes = ", ".join(str(s) for s in fam.shapes)
+                return f"unknown instance type {name!r}: dgx{key} nodes have {shapes} GPUs, not {match['gpus']}"
+        close = difflib.get_close_matches(name, list(self.instances), n=1, cutoff=0.8)
+        parts = [f"unknown instance type {name!r}"]
+        if reason:
+            parts.append(f": {reason}")
+        if close:
+            parts.append(f"; did you mean {close[0]}?")
+        parts.append(f" Known: {self.known()}")
+        return "".join(parts)

@@ -1,0 +1,249 @@
+"""The `kubedgx` command: validate and render manifests (and, as later issues land, run a job
+locally and run the operator).
+
+Exit codes: 0 success, 1 invalid input (each problem on its own line), 2 usage or I/O errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+import yaml
+from dgx_trainer.schema import Problem
+
+from dgx_operator import __version__
+from dgx_operator.api import API_VERSION, DGXDataMount, DGXDataMountSpec, DGXTrainingJob
+from dgx_operator.build import BuildContext, BuildError, Defaults, build_children
+from dgx_operator.build.resolved import DEFAULT_TRAINER_IMAGE
+from dgx_operator.catalog import Catalog, CatalogError
+from dgx_operator.crdgen import KINDS, render as render_crd
+from dgx_operator.validation import DEFAULT_KUBE_VERSION, Validator, object_label, reference_problems
+
+
+class _NoAliasDumper(yaml.SafeDumper):
+    """YAML without &anchors/*aliases: what kubectl users expect to read and diff."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def dump_yaml(obj: Any) -> str:
+    return yaml.dump(obj, Dumper=_NoAliasDumper, sort_keys=False, width=120, allow_unicode=True)
+
+
+@dataclass(frozen=True)
+class Document:
+    source: str
+    index: int
+    obj: Any
+
+    @property
+    def label(self) -> str:
+        return object_label(self.obj)
+
+
+class InputError(Exception):
+    """A file that cannot be read or parsed at all."""
+
+
+def read_documents(path: str, stdin: TextIO) -> Iterator[Document]:
+    source = "<stdin>" if path == "-" else path
+    try:
+        text = stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise InputError(f"{source}: cannot read: {exc.strerror or exc}") from exc
+    try:
+        for index, obj in enumerate(yaml.safe_load_all(text)):
+            if obj is not None:
+                yield Document(source, index, obj)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}: " if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise InputError(f"{source}: {where}not valid YAML: {problem}") from exc
+
+
+def _load_all(paths: Sequence[str], stdin: TextIO, err: TextIO) -> list[Document] | None:
+    docs: list[Document] = []
+    failed = False
+    for path in paths:
+        try:
+            docs.extend(read_documents(path, stdin))
+        except InputError as exc:
+            print(exc, file=err)
+            failed = True
+    return None if failed else docs
+
+
+def _catalog(path: str | None, err: TextIO) -> Catalog | None:
+    try:
+        return Catalog.load(path)
+    except (OSError, CatalogError) as exc:
+        print(f"kubedgx: {exc}", file=err)
+        return None
+
+
+def _line(doc: Document, problem: Problem) -> str:
+    return f"{doc.source}: {doc.label}: {problem}"
+
+
+# --------------------------------------------------------------------------------------------
+
+
+def cmd_validate(args: argparse.Namespace, out: TextIO, err: TextIO, stdin: TextIO) -> int:
+    catalog = _catalog(args.catalog, err)
+    docs = _load_all(args.files, stdin, err)
+    if catalog is None or docs is None:
+        return 2 if catalog is None else 1
+    validator = Validator(catalog, args.kube_version)
+    invalid = 0
+    lines: list[str] = []
+    for doc in docs:
+        outcome = validator.validate(doc.obj)
+        lines.extend(_line(doc, p) for p in outcome.problems)
+        for note in outcome.notes:
+            print(f"{doc.source}: {doc.label}: note: {note}", file=err)
+        invalid += not outcome.ok
+    for doc, problem in reference_problems((d.obj, d) for d in docs if isinstance(d.obj, dict)):
+        lines.append(_line(doc, problem))
+        invalid += 1
+    for line in lines:
+        print(line, file=out)
+    if not args.quiet:
+        summary = f"{len(docs)} object(s) checked, {invalid} invalid" if docs else "no objects found"
+        print(summary, file=err)
+    return 1 if invalid or not docs else 0
+
+
+def cmd_render(args: argparse.Namespace, out: TextIO, err: TextIO, stdin: TextIO) -> int:
+    catalog = _catalog(args.catalog, err)
+    docs = _load_all(args.files, stdin, err)
+    if catalog is None or docs is None:
+        return 2 if catalog is None else 1
+    validator = Validator(catalog, args.kube_version)
+    bad = False
+    mounts: dict[tuple[str, str], DGXDataMountSpec] = {}
+    jobs: list[tuple[Document, DGXTrainingJob]] = []
+    for doc in docs:
+        if not isinstance(doc.obj, dict) or doc.obj.get("apiVersion") != API_VERSION:
+            continue
+        outcome = validator.validate(doc.obj)
+        if not outcome.ok:
+            bad = True
+            for p in outcome.problems:
+                print(_line(doc, p), file=err)
+            continue
+        if doc.obj["kind"] == "DGXDataMount":
+            mount = DGXDataMount.model_validate(doc.obj)
+            mounts[(args.namespace or mount.metadata.namespace or "default", mount.metadata.name)] = mount.spec
+        else:
+            jobs.append((doc, DGXTrainingJob.model_validate(doc.obj)))
+    if bad:
+        return 1
+    if not jobs:
+        print("kubedgx render: no DGXTrainingJob in the input", file=err)
+        return 1
+    defaults = Defaults(trainer_image=args.image)
+    chunks: list[str] = []
+    for doc, job in jobs:
+        ns = args.namespace or job.metadata.namespace or "default"
+        ctx = BuildContext(
+            catalog=catalog,
+            defaults=defaults,
+            data_mounts={name: spec for (mns, name), spec in mounts.items() if mns == ns},
+        )
+        try:
+            children = build_children(job, ctx, namespace=ns, uid=args.uid)
+        except BuildError as exc:
+            print(_line(doc, Problem(exc.path, exc.message)), file=err)
+            bad = True
+            continue
+        kinds = ", ".join(f"{sum(c['kind'] == k for c in children)} {k}" for k in dict.fromkeys(c["kind"] for c in children))
+        header = f"# {job.kind} {ns}/{job.metadata.name}: {kinds}"
+        if not (args.uid or job.metadata.uid):
+            header += "\n# ownerReferences[].uid and PET_RDZV_ID use a placeholder; the operator uses the job's metadata.uid"
+        chunks.append(header + "\n" + "---\n".join(dump_yaml(c) for c in children))
+    if bad:
+        return 1
+    out.write("---\n".join(chunks))
+    return 0
+
+
+def cmd_crds(args: argparse.Namespace, out: TextIO, err: TextIO, stdin: TextIO) -> int:
+    out.write("---\n".join(render_crd(k) for k in KINDS))
+    return 0
+
+
+def cmd_instances(args: argparse.Namespace, out: TextIO, err: TextIO, stdin: TextIO) -> int:
+    catalog = _catalog(args.catalog, err)
+    if catalog is None:
+        return 2
+    rows = [("INSTANCE", "GPU", "GPUS", "GPU MEM", "CPU", "MEMORY", "NVLINK DOMAIN")]
+    for inst in catalog.instances.values():
+        domain = f"{inst.family.nvlink_domain_nodes} nodes" if inst.multi_node_nvlink else "node"
+        rows.append((inst.name, inst.products[0], str(inst.gpus), f"{inst.gpu_memory_gib}GiB", inst.cpu,
+                     inst.memory, domain))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip(), file=out)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kubedgx",
+        description="kubedgx: GPU training on DGX-class Kubernetes nodes. Validate and render DGXTrainingJob "
+        "and DGXDataMount manifests.",
+    )
+    parser.add_argument("--version", action="version", version=f"kubedgx {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--catalog", metavar="FILE", help="instance catalog YAML (default: the built-in one)")
+        p.add_argument("--kube-version", default=DEFAULT_KUBE_VERSION, metavar="X.Y",
+                       help=f"Kubernetes version whose schemas built-in kinds are checked against "
+                       f"(default {DEFAULT_KUBE_VERSION})")
+
+    v = sub.add_parser("validate", help="check manifests against the CRDs, their CEL rules and the catalog",
+                       description="Check every DGXTrainingJob and DGXDataMount against the generated CRD schema, "
+                       "its CEL rules and the instance catalog, and every other object against the official "
+                       "Kubernetes schemas. Prints one line per problem; exits 1 if any.")
+    v.add_argument("files", nargs="+", metavar="FILE", help="YAML files (multi-document); - for stdin")
+    v.add_argument("-q", "--quiet", action="store_true", help="no summary line")
+    common(v)
+    v.set_defaults(func=cmd_validate)
+
+    r = sub.add_parser("render", help="print the objects the operator would create for each DGXTrainingJob",
+                       description="Print, as multi-document YAML, exactly what the operator creates when each "
+                       "DGXTrainingJob starts. DGXDataMounts that jobs reference must be in the input too.")
+    r.add_argument("files", nargs="+", metavar="FILE", help="YAML files (multi-document); - for stdin")
+    r.add_argument("-n", "--namespace", help="namespace (default: the manifest's, else 'default')")
+    r.add_argument("--image", default=DEFAULT_TRAINER_IMAGE, help="default trainer image (the chart's value)")
+    r.add_argument("--uid", help="job UID to use instead of a placeholder")
+    common(r)
+    r.set_defaults(func=cmd_render)
+
+    c = sub.add_parser("crds", help="print the CustomResourceDefinitions (kubectl apply -f -)")
+    c.set_defaults(func=cmd_crds)
+
+    i = sub.add_parser("instances", help="list the instance types of the catalog")
+    i.add_argument("--catalog", metavar="FILE", help="instance catalog YAML (default: the built-in one)")
+    i.set_defaults(func=cmd_instances)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None, err: TextIO | None = None,
+         stdin: TextIO | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    code: int = args.func(args, out or sys.stdout, err or sys.stderr, stdin or sys.stdin)
+    return code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,226 @@
+"""Generate ``crds/*.yaml`` from the API models: ``python -m dgx_operator.crdgen [OUTDIR]``.
+
+The CRDs are build output checked into git (Helm, Argo CD and ``kubectl apply -f crds/`` need
+files); ``tests/unit/test_crdgen.py`` fails when they are stale. ``--check`` does the same here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from dgx_trainer.schema import cel, structural_schema
+from pydantic import BaseModel
+
+from dgx_operator.api import GROUP, VERSION
+from dgx_operator.api.datamount import DGXDataMountSpec, DGXDataMountStatus
+from dgx_operator.api.trainingjob import DGXTrainingJobSpec, DGXTrainingJobStatus
+
+#: Worker pods are named <job>-worker-<i> and must be DNS labels (<= 63 chars) with i < 512.
+MAX_JOB_NAME = 50
+
+
+@dataclass(frozen=True)
+class Kind:
+    kind: str
+    plural: str
+    singular: str
+    short_names: tuple[str, ...]
+    spec: type[BaseModel]
+    status: type[BaseModel]
+    description: str
+    columns: tuple[dict[str, Any], ...]
+    name_rules: tuple[dict[str, str], ...]
+
+
+_NAME_LABEL_RULE = cel(
+    f"self.metadata.name.size() <= {MAX_JOB_NAME} && self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",
+    f"a DGXTrainingJob name must be a DNS-1035 label of at most {MAX_JOB_NAME} characters (lower-case letters, "
+    "digits and '-', starting with a letter): it names the job's Service and its <name>-worker-<i> pods",
+    field_path=".metadata.name",
+)
+
+KINDS: tuple[Kind, ...] = (
+    Kind(
+        kind="DGXTrainingJob",
+        plural="dgxtrainingjobs",
+        singular="dgxtrainingjob",
+        short_names=("dgxjob",),
+        spec=DGXTrainingJobSpec,
+        status=DGXTrainingJobStatus,
+        description=(
+            "A QLoRA fine-tune or any torchrun-elastic program on whole DGX nodes, with NVLink-aware placement, "
+            "elastic scaling, restart policies and honest status."
+        ),
+        columns=(
+            {"name": "Phase", "type": "string", "jsonPath": ".status.phase", "description": "Lifecycle phase."},
+            {"name": "Instance", "type": "string", "jsonPath": ".spec.instance", "description": "Instance type."},
+            {"name": "Nodes", "type": "string", "jsonPath": ".status.nodes", "description": "Ready/desired workers."},
+            {
+                "name": "Restarts",
+                "type": "integer",
+                "jsonPath": ".status.restarts",
+                "description": "Restarts counted against backoffLimit.",
+            },
+            {
+                "name": "Step",
+                "type": "integer",
+                "jsonPath": ".status.progress.step",
+                "priority": 1,
+                "description": "Optimizer steps done.",
+            },
+            {
+                "name": "Loss",
+                "type": "number",
+                "jsonPath": ".status.progress.loss",
+                "priority": 1,
+                "description": "Last training loss.",
+            },
+            {
+                "name": "Priority",
+                "type": "string",
+                "jsonPath": ".spec.priority",
+                "priority": 1,
+                "description": "Scheduling priority.",
+            },
+            {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+        ),
+        name_rules=(_NAME_LABEL_RULE,),
+    ),
+    Kind(
+        kind="DGXDataMount",
+        plural="dgxdatamounts",
+        singular="dgxdatamount",
+        short_names=("dgxmount",),
+        spec=DGXDataMountSpec,
+        status=DGXDataMountStatus,
+        description=(
+            "An s3:// or gs:// prefix synced to node-local NVMe before training (In), or the destination that "
+            "checkpoints stream to and the final model is archived to (Out)."
+        ),
+        columns=(
+            {"name": "Phase", "type": "string", "jsonPath": ".status.phase", "description": "Lifecycle phase."},
+            {"name": "Direction", "type": "string", "jsonPath": ".spec.direction", "description": "In or Out."},
+            {"name": "Source", "type": "string", "jsonPath": ".spec.source", "description": "Object-store URI."},
+            {"name": "Objects", "type": "integer", "jsonPath": ".status.objects", "description": "Objects listed."},
+            {
+                "name": "Bytes",
+                "type": "integer",
+                "jsonPath": ".status.totalBytes",
+                "priority": 1,
+                "description": "Total size.",
+            },
+            {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+        ),
+        name_rules=(),
+    ),
+)
+
+
+def kind_by_name(kind: str) -> Kind:
+    for k in KINDS:
+        if k.kind == kind:
+            return k
+    raise KeyError(kind)
+
+
+def openapi_schema(kind: Kind) -> dict[str, Any]:
+    """The CRD's openAPIV3Schema for ``kind``: the object with its generated spec and status."""
+    schema: dict[str, Any] = {
+        "description": kind.description,
+        "type": "object",
+        "required": ["spec"],
+        "properties": {
+            "apiVersion": {
+                "description": "APIVersion defines the versioned schema of this representation of an object.",
+                "type": "string",
+            },
+            "kind": {"description": "Kind is a string value representing the REST resource.", "type": "string"},
+            "metadata": {"type": "object"},
+            "spec": structural_schema(kind.spec),
+            "status": structural_schema(kind.status),
+        },
+    }
+    if kind.name_rules:
+        schema["x-kubernetes-validations"] = list(kind.name_rules)
+    return schema
+
+
+def crd(kind: Kind) -> dict[str, Any]:
+    """The full CustomResourceDefinition for ``kind``."""
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {
+            "name": f"{kind.plural}.{GROUP}",
+            "labels": {"app.kubernetes.io/name": "kubedgx", "app.kubernetes.io/part-of": "kubedgx"},
+        },
+        "spec": {
+            "group": GROUP,
+            "names": {
+                "kind": kind.kind,
+                "listKind": f"{kind.kind}List",
+                "plural": kind.plural,
+                "singular": kind.singular,
+                "shortNames": list(kind.short_names),
+                "categories": ["dgx"],
+            },
+            "scope": "Namespaced",
+            "versions": [
+                {
+                    "name": VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": [dict(c) for c in kind.columns],
+                    "schema": {"openAPIV3Schema": openapi_schema(kind)},
+                }
+            ],
+        },
+    }
+
+
+HEADER = "# Generated by `python -m dgx_operator.crdgen` from dgx_operator.api. Do not edit.\n"
+
+
+def render(kind: Kind) -> str:
+    return HEADER + yaml.safe_dump(crd(kind), sort_keys=False, width=100, allow_unicode=True)
+
+
+def file_name(kind: Kind) -> str:
+    return f"{GROUP}_{kind.plural}.yaml"
+
+
+def default_outdir() -> Path:
+    return Path(__file__).resolve().parents[2] / "crds"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m dgx_operator.crdgen", description=__doc__)
+    parser.add_argument("outdir", nargs="?", type=Path, default=None, help="where to write (default: crds/)")
+    parser.add_argument("--check", action="store_true", help="exit 1 if the files on disk are stale")
+    args = parser.parse_args(argv)
+    outdir: Path = args.outdir or default_outdir()
+    stale = []
+    for kind in KINDS:
+        path = outdir / file_name(kind)
+        text = render(kind)
+        if args.check:
+            if not path.exists() or path.read_text(encoding="utf-8") != text:
+                stale.append(str(path))
+            continue
+        outdir.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+        print(f"wrote {path}")
+    if stale:
+        print("stale CRDs (run `python -m dgx_operator.crdgen`): " + ", ".join(stale), file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
