@@ -140,7 +140,7 @@ class CatalogError(ValueError):
     """The catalog file itself is unusable."""
 
 
-class UnknownInstance(LookupError):
+class UnknownInstanceError(LookupError):
     """An instance name this catalog does not define; the message lists what it does define."""
 
     def __init__(self, name: str, message: str) -> None:
@@ -210,11 +210,11 @@ class Catalog:
         )
 
     def get(self, name: str) -> Instance:
-        """The instance called ``name``; :class:`UnknownInstance` says why not and what exists."""
+        """The instance called ``name``; :class:`UnknownInstanceError` says why not and what exists."""
         found = self.instances.get(name)
         if found is not None:
             return found
-        raise UnknownInstance(name, self._explain_unknown(name))
+        raise UnknownInstanceError(name, self._explain_unknown(name))
 
     def _explain_unknown(self, name: str) -> str:
         match = NAME_RE.match(name)

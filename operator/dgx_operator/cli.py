@@ -14,15 +14,16 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import yaml
-from dgx_trainer.schema import Problem
 
 from dgx_operator import __version__
 from dgx_operator.api import API_VERSION, DGXDataMount, DGXDataMountSpec, DGXTrainingJob
 from dgx_operator.build import BuildContext, BuildError, Defaults, build_children
 from dgx_operator.build.resolved import DEFAULT_TRAINER_IMAGE
 from dgx_operator.catalog import Catalog, CatalogError
-from dgx_operator.crdgen import KINDS, render as render_crd
+from dgx_operator.crdgen import KINDS
+from dgx_operator.crdgen import render as render_crd
 from dgx_operator.validation import DEFAULT_KUBE_VERSION, Validator, object_label, reference_problems
+from dgx_trainer.schema import Problem
 
 
 class _NoAliasDumper(yaml.SafeDumper):
@@ -163,10 +164,14 @@ def cmd_render(args: argparse.Namespace, out: TextIO, err: TextIO, stdin: TextIO
             print(_line(doc, Problem(exc.path, exc.message)), file=err)
             bad = True
             continue
-        kinds = ", ".join(f"{sum(c['kind'] == k for c in children)} {k}" for k in dict.fromkeys(c["kind"] for c in children))
+        kinds = ", ".join(
+            f"{sum(c['kind'] == k for c in children)} {k}" for k in dict.fromkeys(c["kind"] for c in children)
+        )
         header = f"# {job.kind} {ns}/{job.metadata.name}: {kinds}"
         if not (args.uid or job.metadata.uid):
-            header += "\n# ownerReferences[].uid and PET_RDZV_ID use a placeholder; the operator uses the job's metadata.uid"
+            header += (
+                "\n# ownerReferences[].uid and PET_RDZV_ID use a placeholder; the operator uses the job's metadata.uid"
+            )
         chunks.append(header + "\n" + "---\n".join(dump_yaml(c) for c in children))
     if bad:
         return 1
@@ -186,8 +191,17 @@ def cmd_instances(args: argparse.Namespace, out: TextIO, err: TextIO, stdin: Tex
     rows = [("INSTANCE", "GPU", "GPUS", "GPU MEM", "CPU", "MEMORY", "NVLINK DOMAIN")]
     for inst in catalog.instances.values():
         domain = f"{inst.family.nvlink_domain_nodes} nodes" if inst.multi_node_nvlink else "node"
-        rows.append((inst.name, inst.products[0], str(inst.gpus), f"{inst.gpu_memory_gib}GiB", inst.cpu,
-                     inst.memory, domain))
+        rows.append(
+            (
+                inst.name,
+                inst.products[0],
+                str(inst.gpus),
+                f"{inst.gpu_memory_gib}GiB",
+                inst.cpu,
+                inst.memory,
+                domain,
+            )
+        )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip(), file=out)
@@ -205,22 +219,32 @@ def build_parser() -> argparse.ArgumentParser:
 
     def common(p: argparse.ArgumentParser) -> None:
         p.add_argument("--catalog", metavar="FILE", help="instance catalog YAML (default: the built-in one)")
-        p.add_argument("--kube-version", default=DEFAULT_KUBE_VERSION, metavar="X.Y",
-                       help=f"Kubernetes version whose schemas built-in kinds are checked against "
-                       f"(default {DEFAULT_KUBE_VERSION})")
+        p.add_argument(
+            "--kube-version",
+            default=DEFAULT_KUBE_VERSION,
+            metavar="X.Y",
+            help=f"Kubernetes version whose schemas built-in kinds are checked against "
+            f"(default {DEFAULT_KUBE_VERSION})",
+        )
 
-    v = sub.add_parser("validate", help="check manifests against the CRDs, their CEL rules and the catalog",
-                       description="Check every DGXTrainingJob and DGXDataMount against the generated CRD schema, "
-                       "its CEL rules and the instance catalog, and every other object against the official "
-                       "Kubernetes schemas. Prints one line per problem; exits 1 if any.")
+    v = sub.add_parser(
+        "validate",
+        help="check manifests against the CRDs, their CEL rules and the catalog",
+        description="Check every DGXTrainingJob and DGXDataMount against the generated CRD schema, "
+        "its CEL rules and the instance catalog, and every other object against the official "
+        "Kubernetes schemas. Prints one line per problem; exits 1 if any.",
+    )
     v.add_argument("files", nargs="+", metavar="FILE", help="YAML files (multi-document); - for stdin")
     v.add_argument("-q", "--quiet", action="store_true", help="no summary line")
     common(v)
     v.set_defaults(func=cmd_validate)
 
-    r = sub.add_parser("render", help="print the objects the operator would create for each DGXTrainingJob",
-                       description="Print, as multi-document YAML, exactly what the operator creates when each "
-                       "DGXTrainingJob starts. DGXDataMounts that jobs reference must be in the input too.")
+    r = sub.add_parser(
+        "render",
+        help="print the objects the operator would create for each DGXTrainingJob",
+        description="Print, as multi-document YAML, exactly what the operator creates when each "
+        "DGXTrainingJob starts. DGXDataMounts that jobs reference must be in the input too.",
+    )
     r.add_argument("files", nargs="+", metavar="FILE", help="YAML files (multi-document); - for stdin")
     r.add_argument("-n", "--namespace", help="namespace (default: the manifest's, else 'default')")
     r.add_argument("--image", default=DEFAULT_TRAINER_IMAGE, help="default trainer image (the chart's value)")
@@ -237,8 +261,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None, err: TextIO | None = None,
-         stdin: TextIO | None = None) -> int:
+def main(
+    argv: Sequence[str] | None = None,
+    *,
+    out: TextIO | None = None,
+    err: TextIO | None = None,
+    stdin: TextIO | None = None,
+) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     code: int = args.func(args, out or sys.stdout, err or sys.stderr, stdin or sys.stdin)

@@ -13,12 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from dgx_trainer.schema import cel, structural_schema
 from pydantic import BaseModel
 
 from dgx_operator.api import GROUP, VERSION
 from dgx_operator.api.datamount import DGXDataMountSpec, DGXDataMountStatus
 from dgx_operator.api.trainingjob import DGXTrainingJobSpec, DGXTrainingJobStatus
+from dgx_trainer.schema import cel, structural_schema
 
 #: Worker pods are named <job>-worker-<i> and must be DNS labels (<= 63 chars) with i < 512.
 MAX_JOB_NAME = 50
@@ -57,9 +57,24 @@ KINDS: tuple[Kind, ...] = (
             "elastic scaling, restart policies and honest status."
         ),
         columns=(
-            {"name": "Phase", "type": "string", "jsonPath": ".status.phase", "description": "Lifecycle phase."},
-            {"name": "Instance", "type": "string", "jsonPath": ".spec.instance", "description": "Instance type."},
-            {"name": "Nodes", "type": "string", "jsonPath": ".status.nodes", "description": "Ready/desired workers."},
+            {
+                "name": "Phase",
+                "type": "string",
+                "jsonPath": ".status.phase",
+                "description": "Lifecycle phase.",
+            },
+            {
+                "name": "Instance",
+                "type": "string",
+                "jsonPath": ".spec.instance",
+                "description": "Instance type.",
+            },
+            {
+                "name": "Nodes",
+                "type": "string",
+                "jsonPath": ".status.nodes",
+                "description": "Ready/desired workers.",
+            },
             {
                 "name": "Restarts",
                 "type": "integer",
@@ -103,10 +118,30 @@ KINDS: tuple[Kind, ...] = (
             "checkpoints stream to and the final model is archived to (Out)."
         ),
         columns=(
-            {"name": "Phase", "type": "string", "jsonPath": ".status.phase", "description": "Lifecycle phase."},
-            {"name": "Direction", "type": "string", "jsonPath": ".spec.direction", "description": "In or Out."},
-            {"name": "Source", "type": "string", "jsonPath": ".spec.source", "description": "Object-store URI."},
-            {"name": "Objects", "type": "integer", "jsonPath": ".status.objects", "description": "Objects listed."},
+            {
+                "name": "Phase",
+                "type": "string",
+                "jsonPath": ".status.phase",
+                "description": "Lifecycle phase.",
+            },
+            {
+                "name": "Direction",
+                "type": "string",
+                "jsonPath": ".spec.direction",
+                "description": "In or Out.",
+            },
+            {
+                "name": "Source",
+                "type": "string",
+                "jsonPath": ".spec.source",
+                "description": "Object-store URI.",
+            },
+            {
+                "name": "Objects",
+                "type": "integer",
+                "jsonPath": ".status.objects",
+                "description": "Objects listed.",
+            },
             {
                 "name": "Bytes",
                 "type": "integer",
@@ -139,7 +174,10 @@ def openapi_schema(kind: Kind) -> dict[str, Any]:
                 "description": "APIVersion defines the versioned schema of this representation of an object.",
                 "type": "string",
             },
-            "kind": {"description": "Kind is a string value representing the REST resource.", "type": "string"},
+            "kind": {
+                "description": "Kind is a string value representing the REST resource.",
+                "type": "string",
+            },
             "metadata": {"type": "object"},
             "spec": structural_schema(kind.spec),
             "status": structural_schema(kind.status),

@@ -19,13 +19,13 @@ from typing import Any
 
 import jsonschema
 import kubernetes_validate
-from dgx_trainer.schema import Problem, explain, join_path, validate
 from pydantic import ValidationError
 
 from dgx_operator.api import API_VERSION, GROUP, DGXDataMount, DGXTrainingJob
 from dgx_operator.build.resolved import resolve
-from dgx_operator.catalog import Catalog, UnknownInstance
+from dgx_operator.catalog import Catalog, UnknownInstanceError
 from dgx_operator.crdgen import KINDS, kind_by_name, openapi_schema
+from dgx_trainer.schema import Problem, explain, join_path, validate
 
 DEFAULT_KUBE_VERSION = "1.34"
 OUR_KINDS = tuple(k.kind for k in KINDS)
@@ -81,10 +81,17 @@ class Validator:
     def _validate_ours(self, obj: Mapping[str, Any], old: Any) -> Outcome:
         kind = obj["kind"]
         if kind not in OUR_KINDS:
-            return Outcome((Problem("kind", f"unknown kind {kind!r} in {GROUP}: known kinds are {', '.join(OUR_KINDS)}"),))
+            return Outcome(
+                (Problem("kind", f"unknown kind {kind!r} in {GROUP}: known kinds are {', '.join(OUR_KINDS)}"),)
+            )
         if obj["apiVersion"] != API_VERSION:
             return Outcome(
-                (Problem("apiVersion", f"unsupported version {obj['apiVersion']!r}: this kubedgx serves {API_VERSION}"),)
+                (
+                    Problem(
+                        "apiVersion",
+                        f"unsupported version {obj['apiVersion']!r}: this kubedgx serves {API_VERSION}",
+                    ),
+                )
             )
         problems = validate(crd_schema(kind), obj, old=old)
         meta = obj.get("metadata")
@@ -103,29 +110,16 @@ class Validator:
         return Outcome()
 
     def semantic_problems(self, job: DGXTrainingJob) -> list[Problem]:
-        """Rules that depend on the instance catalog, which a CRD cannot know."""
+        """Rules that depend on the instance catalog, which admins may change and a CRD therefore
+        cannot hold: the instance type exists, NVLink-domain size, labels the instance decides.
+        The admission webhook runs them at `kubectl apply` time."""
         spec = job.spec
         try:
             r = resolve(spec, self.catalog)
-        except UnknownInstance as exc:
+        except UnknownInstanceError as exc:
             return [Problem("spec.instance", exc.message)]
         problems: list[Problem] = []
         inst = r.instance
-        if spec.resources and spec.resources.gpu is not None and spec.resources.gpu > inst.gpus:
-            problems.append(
-                Problem(
-                    "spec.resources.gpu",
-                    f"{inst.name} nodes have {inst.gpus} GPUs; ask for at most {inst.gpus} "
-                    "or pick a larger instance type",
-                )
-            )
-        elif r.nproc_per_node > r.gpus:
-            problems.append(
-                Problem(
-                    "spec.elastic.nprocPerNode",
-                    f"must be <= the GPUs per node ({r.nproc_per_node} > {r.gpus}): torchrun starts one process per GPU",
-                )
-            )
         domain = inst.family.nvlink_domain_nodes
         if inst.multi_node_nvlink and domain is not None and r.max_nodes > domain:
             problems.append(
@@ -152,12 +146,14 @@ class Validator:
         try:
             kubernetes_validate.validate(dict(obj), self.kube_version, strict=True)
         except kubernetes_validate.SchemaNotFoundError:
-            return Outcome(notes=(f"no schema for {obj['apiVersion']} {obj['kind']} in Kubernetes "
-                                  f"{self.kube_version}; not checked",))
+            return Outcome(
+                notes=(
+                    f"no schema for {obj['apiVersion']} {obj['kind']} in Kubernetes {self.kube_version}; not checked",
+                )
+            )
         except jsonschema.ValidationError as exc:
             return Outcome(tuple(explain(exc)))
         return Outcome()
-
 
 
 def reference_problems(objects: Iterable[tuple[Mapping[str, Any], Any]]) -> list[tuple[Any, Problem]]:

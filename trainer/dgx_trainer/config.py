@@ -77,7 +77,9 @@ class DatasetSource(KubeModel):
     )
     format: Literal["auto", "jsonl", "parquet", "hf"] = Field(
         default="auto",
-        description="`jsonl`, `parquet`, or `hf` for a dataset saved with save_to_disk; `auto` decides by the files found.",
+        description=(
+            "`jsonl`, `parquet`, or `hf` for a dataset saved with save_to_disk; `auto` decides by the files found."
+        ),
     )
     split: str = Field(default="train", max_length=64, description="Split to train on.")
     template: Literal["text", "chat", "instruction"] = Field(
@@ -201,8 +203,8 @@ class Training(KubeModel):
         default=1, ge=1, le=4096, description="Micro-batches summed before each optimizer step."
     )
     learning_rate: float = Field(default=2e-4, gt=0.0, le=1.0, description="Peak learning rate.")
-    lr_scheduler: Literal["linear", "cosine", "constant", "constant_with_warmup", "cosine_with_restarts"] = (
-        Field(default="cosine", description="Learning-rate schedule after warm-up.")
+    lr_scheduler: Literal["linear", "cosine", "constant", "constant_with_warmup", "cosine_with_restarts"] = Field(
+        default="cosine", description="Learning-rate schedule after warm-up."
     )
     warmup_ratio: float = Field(default=0.03, ge=0.0, lt=1.0, description="Fraction of steps spent warming up.")
     weight_decay: float = Field(default=0.0, ge=0.0, le=1.0, description="AdamW weight decay.")
@@ -213,14 +215,14 @@ class Training(KubeModel):
     max_seq_length: int = Field(
         default=2048, ge=1, le=1048576, description="Tokens per sequence; longer examples are truncated."
     )
-    packing: bool = Field(
-        default=False, description="Pack several short examples into each maxSeqLength sequence."
-    )
+    packing: bool = Field(default=False, description="Pack several short examples into each maxSeqLength sequence.")
     gradient_checkpointing: bool = Field(
-        default=True, description="Recompute activations in the backward pass: less memory, ~30% more compute."
+        default=True,
+        description="Recompute activations in the backward pass: less memory, ~30% more compute.",
     )
     precision: Literal["auto", "bf16", "fp16", "fp32"] = Field(
-        default="auto", description="Mixed precision; `auto` picks bf16 on GPUs that have it, else fp16, fp32 on CPU."
+        default="auto",
+        description="Mixed precision; `auto` picks bf16 on GPUs that have it, else fp16, fp32 on CPU.",
     )
     seed: int = Field(default=42, ge=0, le=2**31 - 1, description="Seed for data order, dropout and adapter init.")
     logging_steps: int = Field(default=10, ge=1, description="Report progress every N optimizer steps.")
@@ -240,7 +242,9 @@ class Output(KubeModel):
 
     dir: LocalPath = Field(
         default="/workspace/output",
-        description="Directory for checkpoints, the adapter and summary.json; point it at an Out data mount to keep them.",
+        description=(
+            "Directory for checkpoints, the adapter and summary.json; point it at an Out data mount to keep them."
+        ),
     )
     save_merged: bool = Field(
         default=False,

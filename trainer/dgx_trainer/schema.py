@@ -28,6 +28,8 @@ from typing import Any, ClassVar
 import celpy
 import jsonschema
 from celpy import celtypes
+from celpy.adapter import json_to_cel
+from celpy.evaluation import CELEvalError
 from pydantic import BaseModel, ConfigDict
 from pydantic.alias_generators import to_camel
 
@@ -185,9 +187,7 @@ def _structural(node: Mapping[str, Any], defs: Mapping[str, Any], where: str) ->
     _describe_default(out)
 
     if "properties" in out:
-        out["properties"] = {
-            name: _structural(sub, defs, f"{where}.{name}") for name, sub in out["properties"].items()
-        }
+        out["properties"] = {name: _structural(sub, defs, f"{where}.{name}") for name, sub in out["properties"].items()}
         out.setdefault("type", "object")
         if out.get("additionalProperties") is False:
             del out["additionalProperties"]
@@ -233,9 +233,7 @@ def join_path(base: str, part: str | int) -> str:
     return f"{base}.{part}" if base else part
 
 
-def validate(
-    schema: Mapping[str, Any], document: Any, *, root: str = "", old: Any = None
-) -> list[Problem]:
+def validate(schema: Mapping[str, Any], document: Any, *, root: str = "", old: Any = None) -> list[Problem]:
     """All problems of ``document`` under ``schema``, sorted and de-duplicated.
 
     CEL rules run only on subtrees with no schema error, as the API server would have rejected
@@ -315,7 +313,10 @@ def explain(error: jsonschema.ValidationError, root: str = "") -> Iterator[Probl
     path = root
     for part in error.absolute_path:
         path = join_path(path, part)
-    keyword, expected, value = error.validator, error.validator_value, error.instance
+    # jsonschema types these as "maybe unset"; on a raised error they are always set.
+    keyword: Any = error.validator
+    expected: Any = error.validator_value
+    value: Any = error.instance
     if keyword == "required":
         for name in expected:
             if isinstance(value, Mapping) and name not in value:
@@ -336,12 +337,17 @@ def explain(error: jsonschema.ValidationError, root: str = "") -> Iterator[Probl
         options = ", ".join(_show(v) for v in expected)
         yield Problem(path, f"unsupported value {_show(value)}: must be one of {options}")
     elif keyword == "pattern":
-        hint = _PATTERN_HINTS.get(expected, f"must match the regular expression {expected}")
-        yield Problem(path, f"invalid value {_show(value)}: {hint}")
+        text = _PATTERN_HINTS.get(expected, f"must match the regular expression {expected}")
+        yield Problem(path, f"invalid value {_show(value)}: {text}")
     elif keyword in ("minimum", "maximum"):
         bounds = error.schema if isinstance(error.schema, Mapping) else {}
         exclusive = bounds.get("exclusiveMinimum" if keyword == "minimum" else "exclusiveMaximum")
-        op = {("minimum", False): ">=", ("minimum", True): ">", ("maximum", False): "<=", ("maximum", True): "<"}
+        op = {
+            ("minimum", False): ">=",
+            ("minimum", True): ">",
+            ("maximum", False): "<=",
+            ("maximum", True): "<",
+        }
         yield Problem(path, f"must be {op[(keyword, bool(exclusive))]} {expected} (got {_show(value)})")
     elif keyword in ("minLength", "maxLength"):
         bound = "at least" if keyword == "minLength" else "at most"
@@ -413,15 +419,13 @@ def to_cel(value: Any, schema: Mapping[str, Any]) -> Any:
         props = schema.get("properties", {})
         extra = schema.get("additionalProperties")
         fallback = extra if isinstance(extra, Mapping) else {}
-        return celtypes.MapType(
-            {celtypes.StringType(k): to_cel(v, props.get(k, fallback)) for k, v in value.items()}
-        )
+        return celtypes.MapType({celtypes.StringType(k): to_cel(v, props.get(k, fallback)) for k, v in value.items()})
     if isinstance(value, list):
         item_schema = schema.get("items", {})
         return celtypes.ListType([to_cel(v, item_schema) for v in value])
     if kind == "number" and isinstance(value, int | float) and not isinstance(value, bool):
         return celtypes.DoubleType(float(value))
-    return celpy.json_to_cel(value)
+    return json_to_cel(value)
 
 
 def _field_path(base: str, field_path: str | None) -> str:
@@ -446,9 +450,9 @@ def evaluate_rule(rule: Mapping[str, str], self_value: Any, old_value: Any = Non
         activation["oldSelf"] = old_value
     try:
         result = _program(rule["rule"]).evaluate(activation)
-    except celpy.CELEvalError as exc:
+    except CELEvalError as exc:
         return f"rule {rule['rule']!r} could not be evaluated: {exc.args[0] if exc.args else exc}"
-    if isinstance(result, celpy.CELEvalError):
+    if isinstance(result, CELEvalError):
         return f"rule {rule['rule']!r} could not be evaluated: {result.args[0] if result.args else result}"
     if bool(result):
         return None
@@ -457,7 +461,7 @@ def evaluate_rule(rule: Mapping[str, str], self_value: Any, old_value: Any = Non
             message = _program(rule["messageExpression"]).evaluate(activation)
             if isinstance(message, str) and message:
                 return str(message)
-        except celpy.CELEvalError:
+        except CELEvalError:
             pass
     return rule.get("message") or f"failed rule: {rule['rule']}"
 
@@ -467,9 +471,7 @@ def _within(path: str, ancestor: str) -> bool:
     return not ancestor or path == ancestor or path.startswith((ancestor + ".", ancestor + "["))
 
 
-def _cel_problems(
-    schema: Mapping[str, Any], document: Any, old: Any, root: str, broken: set[str]
-) -> list[Problem]:
+def _cel_problems(schema: Mapping[str, Any], document: Any, old: Any, root: str, broken: set[str]) -> list[Problem]:
     problems: list[Problem] = []
     old_by_path = {path: value for _, value, path in _walk(schema, old, root)} if old is not None else {}
     for node, value, path in _walk(schema, document, root):

@@ -5,15 +5,16 @@ from __future__ import annotations
 
 import re
 from datetime import datetime, timedelta
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal
 
-from dgx_trainer.schema import KubeModel, cel, pattern
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-GROUP = "kubedgx.io"
-VERSION = "v1alpha1"
-API_VERSION = f"{GROUP}/{VERSION}"
+from dgx_trainer.schema import KubeModel, cel, pattern
+
+GROUP: Final = "kubedgx.io"
+VERSION: Final = "v1alpha1"
+API_VERSION: Final = "kubedgx.io/v1alpha1"
 
 DURATION_PATTERN = pattern(
     r"^([0-9]+(\.[0-9]+)?(ns|us|ms|s|m|h))+$",
@@ -116,7 +117,11 @@ class EnvVar(KubeModel):
     """An environment variable for the training container (core/v1 EnvVar)."""
 
     cel_rules = (
-        cel("!(has(self.value) && has(self.valueFrom))", "set value or valueFrom, not both", field_path=".valueFrom"),
+        cel(
+            "!(has(self.value) && has(self.valueFrom))",
+            "set value or valueFrom, not both",
+            field_path=".valueFrom",
+        ),
     )
 
     name: str = Field(min_length=1, max_length=256, pattern=ENV_NAME, description="Variable name.")

@@ -7,10 +7,8 @@ checkpoints stream to during training and the final model is archived to afterwa
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Literal
+from typing import Annotated, Final, Literal
 
-from dgx_trainer.config import AbsolutePath
-from dgx_trainer.schema import KubeModel, cel, pattern
 from pydantic import Field
 
 from dgx_operator.api.common import (
@@ -21,8 +19,10 @@ from dgx_operator.api.common import (
     Quantity,
     condition_list_field,
 )
+from dgx_trainer.config import AbsolutePath
+from dgx_trainer.schema import KubeModel, cel, pattern
 
-KIND = "DGXDataMount"
+KIND: Final = "DGXDataMount"
 
 SOURCE_PATTERN = pattern(
     r"^(s3|gs)://[a-z0-9][a-z0-9._-]{1,61}[a-z0-9](/[^\s]*)?$",
@@ -139,7 +139,8 @@ class DGXDataMountSpec(KubeModel):
         description="s3://bucket/prefix or gs://bucket/prefix. For direction Out, the destination.",
     )
     direction: Literal["In", "Out"] = Field(
-        default="In", description="In: synced to the nodes before training. Out: checkpoints and the model go here."
+        default="In",
+        description="In: synced to the nodes before training. Out: checkpoints and the model go here.",
     )
     endpoint: str | None = Field(
         default=None,
@@ -153,12 +154,16 @@ class DGXDataMountSpec(KubeModel):
         description="Credentials; unset uses the pod's ambient identity (IRSA, GKE workload identity).",
     )
     include: list[Glob] = Field(
-        default_factory=list, max_length=64, description="Only keys matching one of these globs (relative to the prefix)."
+        default_factory=list,
+        max_length=64,
+        description="Only keys matching one of these globs (relative to the prefix).",
     )
     exclude: list[Glob] = Field(
         default_factory=list, max_length=64, description="Skip keys matching any of these globs."
     )
-    cache: Cache | None = Field(default=None, description="Node-local storage; a hostPath under /raid/kubedgx by default.")
+    cache: Cache | None = Field(
+        default=None, description="Node-local storage; a hostPath under /raid/kubedgx by default."
+    )
     archive: Archive | None = Field(default=None, description="Final-model archiving (direction Out).")
     sync_checkpoints: bool | None = Field(
         default=None,
@@ -180,7 +185,9 @@ class DGXDataMountStatus(KubeModel):
     objects: int | None = Field(default=None, ge=0, description="Objects under the prefix (after include/exclude).")
     total_bytes: int | None = Field(default=None, ge=0, description="Their total size in bytes.")
     manifest_digest: str | None = Field(
-        default=None, max_length=128, description="sha256 of the object listing; equal digests mean equal data."
+        default=None,
+        max_length=128,
+        description="sha256 of the object listing; equal digests mean equal data.",
     )
     last_sync_time: datetime | None = Field(default=None, description="When the listing was taken.")
 

@@ -8,10 +8,8 @@ manifest shows no drift in Argo CD.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Literal
+from typing import Annotated, Final, Literal
 
-from dgx_trainer.config import AbsolutePath, TrainerConfig
-from dgx_trainer.schema import KubeModel, cel, pattern
 from pydantic import Field
 
 from dgx_operator.api.common import (
@@ -26,13 +24,14 @@ from dgx_operator.api.common import (
     Toleration,
     condition_list_field,
 )
+from dgx_trainer.config import AbsolutePath, TrainerConfig
+from dgx_trainer.schema import KubeModel, cel, pattern
 
-KIND = "DGXTrainingJob"
+KIND: Final = "DGXTrainingJob"
 
 INSTANCE_PATTERN = pattern(
     r"^dgx[a-z0-9]+\.[0-9]+g\.[0-9]+\.(norm|spot|debug)$",
-    "must look like dgx<gpu>.<memory>g.<gpus>.<capacity>, e.g. dgxa100.80g.8.norm "
-    "(capacity: norm, spot or debug)",
+    "must look like dgx<gpu>.<memory>g.<gpus>.<capacity>, e.g. dgxa100.80g.8.norm (capacity: norm, spot or debug)",
 )
 
 #: Variables the operator sets for torchrun (Kubeflow PyTorchJob's names) or for itself.
@@ -51,6 +50,7 @@ RESERVED_ENV_NAMES = (
 RESERVED_ENV_PREFIXES = ("PET_", "TORCHELASTIC_", "KUBEDGX_")
 
 MAX_NODES = 512
+MAX_GPUS_PER_NODE = 64
 
 _RESERVED_RULE = " && ".join(
     [f"!self.name.startsWith('{p}')" for p in RESERVED_ENV_PREFIXES]
@@ -79,12 +79,16 @@ class Resources(KubeModel):
     the kubelet's static CPU manager can pin them next to their GPUs."""
 
     gpu: int | None = Field(
-        default=None, ge=1, le=64, description="GPUs per node. Defaults to all GPUs of the instance type."
+        default=None,
+        ge=1,
+        le=MAX_GPUS_PER_NODE,
+        description="GPUs per node. Defaults to all GPUs of the instance type.",
     )
     cpu: Quantity | None = Field(default=None, description="CPU per node. Defaults to the instance type's.")
     memory: Quantity | None = Field(default=None, description="Memory per node. Defaults to the instance type's.")
     shm: Quantity | None = Field(
-        default=None, description="Size of /dev/shm (NCCL and data loaders need it). Defaults to the instance type's."
+        default=None,
+        description="Size of /dev/shm (NCCL and data loaders need it). Defaults to the instance type's.",
     )
 
 
@@ -93,7 +97,8 @@ class Rendezvous(KubeModel):
 
     port: int = Field(default=29400, ge=1024, le=65535, description="Port of the rendezvous store on worker 0.")
     join_timeout: Duration = Field(
-        default="15m", description="How long a starting group waits for minNodes workers (torchrun join_timeout)."
+        default="15m",
+        description="How long a starting group waits for minNodes workers (torchrun join_timeout).",
     )
     last_call_timeout: Duration = Field(
         default="30s",
@@ -125,7 +130,7 @@ class Elastic(KubeModel):
         description="Most nodes; minNodes < maxNodes makes the job elastic. Defaults to minNodes.",
     )
     nproc_per_node: int | None = Field(
-        default=None, ge=1, le=64, description="Processes per node. Defaults to the GPUs per node."
+        default=None, ge=1, le=MAX_GPUS_PER_NODE, description="Processes per node. Defaults to the GPUs per node."
     )
     max_restarts: int = Field(
         default=3, ge=0, le=1000, description="In-place restarts torchrun may make before the worker fails."
@@ -156,6 +161,25 @@ class Debug(KubeModel):
     )
 
 
+def _instance_has_at_least(expr: str) -> str:
+    """CEL: the instance name's GPU count is >= ``expr``. Standard CEL has no string-to-number
+    parsing of a name part, so the rule tries each possible count against the name."""
+    counts = ", ".join(str(n) for n in range(1, MAX_GPUS_PER_NODE + 1))
+    return (
+        f"[{counts}].exists(n, n >= {expr} && self.instance.matches('^dgx[a-z0-9]+[.][0-9]+g[.]' + string(n) + '[.]'))"
+    )
+
+
+_GPUS_FIT_INSTANCE = "!has(self.resources) || !has(self.resources.gpu) || " + _instance_has_at_least(
+    "self.resources.gpu"
+)
+_NPROC_FITS_GPUS = (
+    "!has(self.elastic) || !has(self.elastic.nprocPerNode) || "
+    "((has(self.resources) && has(self.resources.gpu)) ? self.elastic.nprocPerNode <= self.resources.gpu : "
+    + _instance_has_at_least("self.elastic.nprocPerNode")
+    + ")"
+)
+
 _INTERACTIVE_ONE_NODE = (
     "!has(self.debug) || !has(self.debug.interactive) || !self.debug.interactive || !has(self.elastic) || "
     "((!has(self.elastic.minNodes) || self.elastic.minNodes == 1) && "
@@ -185,8 +209,20 @@ class DGXTrainingJobSpec(KubeModel):
         ),
         cel(
             _INTERACTIVE_ONE_NODE,
-            "interactive debug runs exactly one worker: set spec.elastic.minNodes and maxNodes to 1 (or leave them out)",
+            "interactive debug runs exactly one worker: set spec.elastic.minNodes and maxNodes to 1 "
+            "(or leave them out)",
             field_path=".debug.interactive",
+        ),
+        cel(
+            _GPUS_FIT_INSTANCE,
+            "must not exceed the GPUs per node that spec.instance names (its third part, e.g. 8 in dgxa100.80g.8.norm)",
+            field_path=".resources.gpu",
+        ),
+        cel(
+            _NPROC_FITS_GPUS,
+            "must not exceed the GPUs per node (spec.resources.gpu, else the instance's): torchrun starts one "
+            "process per GPU",
+            field_path=".elastic.nprocPerNode",
         ),
         cel(
             "!has(self.maxDuration) || duration(self.maxDuration) > duration('0s')",
@@ -304,7 +340,8 @@ class DGXTrainingJobSpec(KubeModel):
         default_factory=list, max_length=32, description="Tolerations on top of the instance type's."
     )
     service_account_name: ObjectName | None = Field(
-        default=None, description="ServiceAccount of the workers (e.g. for workload identity to object storage)."
+        default=None,
+        description="ServiceAccount of the workers (e.g. for workload identity to object storage).",
     )
     image_pull_secrets: list[LocalObjectReference] = Field(
         default_factory=list, max_length=16, description="Secrets for pulling a private image."
@@ -317,7 +354,9 @@ Phase = Literal["Pending", "WaitingForData", "Running", "Restarting", "Suspended
 class WorkerCounts(KubeModel):
     """Worker pods by state, as last observed."""
 
-    desired: int = Field(default=0, ge=0, description="Workers the job wants now (maxNodes, or 0 when suspended/finished).")
+    desired: int = Field(
+        default=0, ge=0, description="Workers the job wants now (maxNodes, or 0 when suspended/finished)."
+    )
     active: int = Field(default=0, ge=0, description="Workers that exist and have not finished.")
     ready: int = Field(default=0, ge=0, description="Workers whose training container runs.")
     failed: int = Field(default=0, ge=0, description="Workers that failed in the current attempt.")
@@ -353,7 +392,9 @@ class DGXTrainingJobStatus(KubeModel):
         default=None, max_length=32, description="Ready/desired workers, e.g. 3/4 (for kubectl get)."
     )
     restarts: int = Field(default=0, ge=0, description="Worker restarts counted against backoffLimit.")
-    start_time: datetime | None = Field(default=None, description="When the current run started (maxDuration counts from here).")
+    start_time: datetime | None = Field(
+        default=None, description="When the current run started (maxDuration counts from here)."
+    )
     completion_time: datetime | None = Field(default=None, description="When the job succeeded or failed.")
     progress: Progress | None = Field(default=None, description="Training progress reported by the trainer.")
 

@@ -23,8 +23,11 @@ GPU_RESOURCE = "nvidia.com/gpu"
 HOSTNAME_KEY = "kubernetes.io/hostname"
 
 #: The interactive debug worker idles until deleted, and exits at once on SIGTERM.
-IDLE_COMMAND = ["/bin/sh", "-c", "trap 'exit 0' TERM; echo 'kubedgx: interactive debug worker, idle'; "
-                "sleep infinity & wait"]
+IDLE_COMMAND = [
+    "/bin/sh",
+    "-c",
+    "trap 'exit 0' TERM; echo 'kubedgx: interactive debug worker, idle'; sleep infinity & wait",
+]
 
 
 class BuildError(ValueError):
@@ -79,8 +82,9 @@ def torchrun_env(job: JobIdentity, index: int, r: Resolved, master_port: int) ->
     return env
 
 
-def kubedgx_env(job: JobIdentity, index: int, attempt: int, spec: DGXTrainingJobSpec, r: Resolved,
-                config_dir: str) -> dict[str, str]:
+def kubedgx_env(
+    job: JobIdentity, index: int, attempt: int, spec: DGXTrainingJobSpec, r: Resolved, config_dir: str
+) -> dict[str, str]:
     """What the trainer's preflight and progress reporting need to know about its placement."""
     env = {
         "KUBEDGX_JOB_NAME": job.name,
@@ -107,8 +111,9 @@ def kubedgx_env(job: JobIdentity, index: int, attempt: int, spec: DGXTrainingJob
     return env
 
 
-def container_env(job: JobIdentity, index: int, attempt: int, spec: DGXTrainingJobSpec, r: Resolved,
-                  ctx: BuildContext) -> list[dict[str, Any]]:
+def container_env(
+    job: JobIdentity, index: int, attempt: int, spec: DGXTrainingJobSpec, r: Resolved, ctx: BuildContext
+) -> list[dict[str, Any]]:
     """Operator variables first, then the user's. Reserved names were rejected at admission; any
     other name the user sets (NCCL_DEBUG, say) replaces the operator's default."""
     ours = {
@@ -139,7 +144,9 @@ def affinity(job: JobIdentity, r: Resolved) -> dict[str, Any]:
             "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": node_terms}]}
         },
         "podAntiAffinity": {
-            "requiredDuringSchedulingIgnoredDuringExecution": [{"labelSelector": same_job(), "topologyKey": HOSTNAME_KEY}]
+            "requiredDuringSchedulingIgnoredDuringExecution": [
+                {"labelSelector": same_job(), "topologyKey": HOSTNAME_KEY}
+            ]
         },
     }
     if inst.multi_node_nvlink:
@@ -153,7 +160,10 @@ def affinity(job: JobIdentity, r: Resolved) -> dict[str, Any]:
     else:
         out["podAffinity"] = {
             "preferredDuringSchedulingIgnoredDuringExecution": [
-                {"weight": 100, "podAffinityTerm": {"labelSelector": same_job(), "topologyKey": inst.topology_key}}
+                {
+                    "weight": 100,
+                    "podAffinityTerm": {"labelSelector": same_job(), "topologyKey": inst.topology_key},
+                }
             ]
         }
     return out
@@ -173,8 +183,9 @@ def _data_volume(job: JobIdentity, mount_name: str, mount: DGXDataMountSpec, ctx
     return {"hostPath": {"path": posixpath.join(root, job.namespace, mount_name), "type": "DirectoryOrCreate"}}
 
 
-def volumes_and_mounts(job: JobIdentity, spec: DGXTrainingJobSpec, ctx: BuildContext,
-                       r: Resolved) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def volumes_and_mounts(
+    job: JobIdentity, spec: DGXTrainingJobSpec, ctx: BuildContext, r: Resolved
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     volumes: list[dict[str, Any]] = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": r.shm}}]
     mounts: list[dict[str, Any]] = [{"name": "dshm", "mountPath": "/dev/shm"}]
     if spec.trainer is not None:
@@ -195,8 +206,11 @@ def volumes_and_mounts(job: JobIdentity, spec: DGXTrainingJobSpec, ctx: BuildCon
         # A relative output dir lands in the container's working directory; only an absolute
         # one can get a volume of its own.
         out_dir = spec.trainer.output.dir
-        covered = any(out_dir == m["mountPath"] or out_dir.startswith(m["mountPath"].rstrip("/") + "/")
-                      for m in mounts if not m.get("readOnly"))
+        covered = any(
+            out_dir == m["mountPath"] or out_dir.startswith(m["mountPath"].rstrip("/") + "/")
+            for m in mounts
+            if not m.get("readOnly")
+        )
         if not covered:
             volumes.append({"name": "output", "emptyDir": {}})
             mounts.append({"name": "output", "mountPath": out_dir})

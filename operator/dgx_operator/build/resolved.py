@@ -70,7 +70,7 @@ def _seconds(text: str | None) -> int | None:
 
 
 def resolve(spec: DGXTrainingJobSpec, catalog: Catalog) -> Resolved:
-    """Fill in defaults. Raises :class:`~dgx_operator.catalog.UnknownInstance` for unknown types."""
+    """Fill in defaults. Raises :class:`~dgx_operator.catalog.UnknownInstanceError` for unknown types."""
     instance = catalog.get(spec.instance)
     res = spec.resources or Resources()
     el = spec.elastic or Elastic()
