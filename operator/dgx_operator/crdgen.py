@@ -18,7 +18,7 @@ from pydantic import BaseModel
 from dgx_operator.api import GROUP, VERSION
 from dgx_operator.api.datamount import DGXDataMountSpec, DGXDataMountStatus
 from dgx_operator.api.trainingjob import DGXTrainingJobSpec, DGXTrainingJobStatus
-from dgx_trainer.schema import cel, structural_schema
+from dgx_trainer.schema import pattern, structural_schema
 
 #: Worker pods are named <job>-worker-<i> and must be DNS labels (<= 63 chars) with i < 512.
 MAX_JOB_NAME = 50
@@ -34,14 +34,14 @@ class Kind:
     status: type[BaseModel]
     description: str
     columns: tuple[dict[str, Any], ...]
-    name_rules: tuple[dict[str, str], ...]
+    #: Restrictions on metadata.name (the only metadata field a CRD schema may restrict).
+    name_schema: dict[str, Any] | None = None
 
 
-_NAME_LABEL_RULE = cel(
-    f"self.metadata.name.size() <= {MAX_JOB_NAME} && self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",
-    f"a DGXTrainingJob name must be a DNS-1035 label of at most {MAX_JOB_NAME} characters (lower-case letters, "
-    "digits and '-', starting with a letter): it names the job's Service and its <name>-worker-<i> pods",
-    field_path=".metadata.name",
+JOB_NAME_PATTERN = pattern(
+    r"^[a-z]([-a-z0-9]*[a-z0-9])?$",
+    "must be a DNS-1035 label (lower-case letters, digits and '-', starting with a letter): it names the "
+    "job's Service and its <name>-worker-<i> pods",
 )
 
 KINDS: tuple[Kind, ...] = (
@@ -104,7 +104,12 @@ KINDS: tuple[Kind, ...] = (
             },
             {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
         ),
-        name_rules=(_NAME_LABEL_RULE,),
+        name_schema={
+            "type": "string",
+            "maxLength": MAX_JOB_NAME,
+            "pattern": JOB_NAME_PATTERN,
+            "description": f"Job name: a DNS-1035 label of at most {MAX_JOB_NAME} characters.",
+        },
     ),
     Kind(
         kind="DGXDataMount",
@@ -151,7 +156,6 @@ KINDS: tuple[Kind, ...] = (
             },
             {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
         ),
-        name_rules=(),
     ),
 )
 
@@ -183,8 +187,8 @@ def openapi_schema(kind: Kind) -> dict[str, Any]:
             "status": structural_schema(kind.status),
         },
     }
-    if kind.name_rules:
-        schema["x-kubernetes-validations"] = list(kind.name_rules)
+    if kind.name_schema is not None:
+        schema["properties"]["metadata"]["properties"] = {"name": dict(kind.name_schema)}
     return schema
 
 

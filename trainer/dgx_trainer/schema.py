@@ -247,13 +247,18 @@ def validate(schema: Mapping[str, Any], document: Any, *, root: str = "", old: A
     return sorted(set(problems))
 
 
-def _strict_copy(schema: Mapping[str, Any]) -> dict[str, Any]:
+def _strict_copy(schema: Mapping[str, Any], *, open_object: bool = False) -> dict[str, Any]:
     """Draft-4 view of a structural schema: objects with declared properties reject unknown
-    fields (kubectl --validate=strict), the K8s-only keywords are left for our own passes."""
+    fields (kubectl --validate=strict), the K8s-only keywords are left for our own passes.
+    ``metadata`` stays open: a CRD may restrict its name but the API server owns the rest."""
     out = {k: _strict_copy(v) if isinstance(v, Mapping) else v for k, v in schema.items()}
     if "properties" in out:
-        out["properties"] = {k: _strict_copy(v) for k, v in schema["properties"].items()}
-        if "additionalProperties" not in out and not schema.get("x-kubernetes-preserve-unknown-fields"):
+        out["properties"] = {k: _strict_copy(v, open_object=(k == "metadata")) for k, v in schema["properties"].items()}
+        if (
+            "additionalProperties" not in out
+            and not schema.get("x-kubernetes-preserve-unknown-fields")
+            and not open_object
+        ):
             out["additionalProperties"] = False
     if isinstance(schema.get("items"), Mapping):
         out["items"] = _strict_copy(schema["items"])

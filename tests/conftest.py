@@ -1,0 +1,88 @@
+"""Shared fixtures. Tests never touch the network: hub lookups are forced offline."""
+
+from __future__ import annotations
+
+import copy
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+CRDS = ROOT / "crds"
+
+
+@pytest.fixture(scope="session")
+def root() -> Path:
+    return ROOT
+
+
+@pytest.fixture(scope="session")
+def catalog() -> Any:
+    from dgx_operator.catalog import Catalog
+
+    return Catalog.load()
+
+
+BASE_JOB: dict[str, Any] = {
+    "apiVersion": "kubedgx.io/v1alpha1",
+    "kind": "DGXTrainingJob",
+    "metadata": {"name": "job", "namespace": "ml"},
+    "spec": {
+        "instance": "dgxa100.80g.8.norm",
+        "trainer": {"model": {"name": "org/model"}, "dataset": {"path": "/data/train.jsonl"}},
+    },
+}
+
+BASE_MOUNT: dict[str, Any] = {
+    "apiVersion": "kubedgx.io/v1alpha1",
+    "kind": "DGXDataMount",
+    "metadata": {"name": "data", "namespace": "ml"},
+    "spec": {"source": "s3://bucket/prefix"},
+}
+
+
+def with_changes(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+    """A deep copy of ``base`` with dotted-path changes applied; a value of ``DELETE`` removes the key.
+
+    ``{"spec.elastic.minNodes": 3}`` creates ``spec.elastic`` as needed.
+    """
+    out = copy.deepcopy(base)
+    for dotted, value in changes.items():
+        node = out
+        *parents, leaf = dotted.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        if value is DELETE:
+            node.pop(leaf, None)
+        else:
+            node[leaf] = copy.deepcopy(value)
+    return out
+
+
+DELETE = object()
+
+
+@pytest.fixture
+def job_with() -> Callable[[dict[str, Any]], dict[str, Any]]:
+    return lambda changes: with_changes(BASE_JOB, changes)
+
+
+@pytest.fixture
+def mount_with() -> Callable[[dict[str, Any]], dict[str, Any]]:
+    return lambda changes: with_changes(BASE_MOUNT, changes)
+
+
+def example_files() -> list[Path]:
+    return sorted(EXAMPLES.glob("*.yaml"))
+
+
+def load_yaml_docs(path: Path) -> list[Any]:
+    return [d for d in yaml.safe_load_all(path.read_text(encoding="utf-8")) if d is not None]

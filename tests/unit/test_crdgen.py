@@ -1,0 +1,228 @@
+"""The generated CRDs: up to date, structural, documented, and with CEL rules that work."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import celpy
+import pytest
+import yaml
+
+from dgx_operator.crdgen import KINDS, Kind, crd, file_name, render
+from dgx_trainer.config import trainer_schema
+from dgx_trainer.schema import to_cel, validate
+from tests.conftest import BASE_JOB, BASE_MOUNT, CRDS, example_files, load_yaml_docs
+
+Node = Mapping[str, Any]
+
+
+def on_disk(kind: Kind) -> dict[str, Any]:
+    loaded: dict[str, Any] = yaml.safe_load((CRDS / file_name(kind)).read_text(encoding="utf-8"))
+    return loaded
+
+
+def openapi(kind: Kind) -> dict[str, Any]:
+    schema: dict[str, Any] = on_disk(kind)["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    return schema
+
+
+def walk(node: Node, path: str = "") -> Iterator[tuple[str, Node]]:
+    yield path, node
+    for name, sub in node.get("properties", {}).items():
+        yield from walk(sub, f"{path}.{name}")
+    if isinstance(node.get("items"), Mapping):
+        yield from walk(node["items"], f"{path}[]")
+    if isinstance(node.get("additionalProperties"), Mapping):
+        yield from walk(node["additionalProperties"], f"{path}.*")
+
+
+def structural_violations(root: Node) -> list[str]:
+    """The rules of https://kubernetes.io/docs/tasks/extend-kubernetes/custom-resources/custom-resource-definitions/
+    #specifying-a-structural-schema, plus our own conventions (no defaults, bounded lists, descriptions)."""
+    out: list[str] = []
+    for path, node in walk(root):
+        int_or_string = node.get("x-kubernetes-int-or-string") is True
+        if "type" not in node and not int_or_string and not node.get("x-kubernetes-preserve-unknown-fields"):
+            out.append(f"{path}: no type")
+        for banned in ("$ref", "definitions", "$defs", "title", "default", "oneOf", "allOf", "not", "nullable"):
+            if banned in node:
+                out.append(f"{path}: has {banned}")
+        if node.get("uniqueItems"):
+            out.append(f"{path}: uniqueItems is forbidden in CRDs")
+        if node.get("additionalProperties") is False:
+            out.append(f"{path}: additionalProperties false is not structural")
+        if "properties" in node and "additionalProperties" in node:
+            out.append(f"{path}: properties and additionalProperties together")
+        if "anyOf" in node and not (int_or_string and node["anyOf"] == [{"type": "integer"}, {"type": "string"}]):
+            out.append(f"{path}: anyOf other than int-or-string")
+        if int_or_string and "type" in node:
+            out.append(f"{path}: int-or-string must not have a type")
+        if node.get("type") == "array" and "maxItems" not in node:
+            out.append(f"{path}: list without maxItems (CEL cost estimation needs a bound)")
+        is_field = path.count(".") > 0 and path != ".metadata" and not path.endswith(("[]", ".*"))
+        if is_field and not node.get("description"):
+            out.append(f"{path}: no description")
+        if node.get("x-kubernetes-list-type") == "map":
+            keys = node.get("x-kubernetes-list-map-keys", [])
+            required = set(node["items"].get("required", []))
+            if not keys or not set(keys) <= required:
+                out.append(f"{path}: list-map keys {keys} must be required in items")
+        if path == ".metadata" and not set(node.get("properties", {})) <= {"name", "generateName"}:
+            out.append(".metadata: only name and generateName may be restricted")
+    return out
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.kind)
+def test_crds_on_disk_are_up_to_date(kind: Kind) -> None:
+    path = CRDS / file_name(kind)
+    assert path.read_text(encoding="utf-8") == render(kind), (
+        f"{path} is stale: run `python -m dgx_operator.crdgen` and commit the result"
+    )
+
+
+def test_crdgen_check_mode_detects_staleness(tmp_path: Path) -> None:
+    gen = [sys.executable, "-m", "dgx_operator.crdgen"]
+    assert subprocess.run([*gen, str(tmp_path)], capture_output=True, check=False).returncode == 0
+    assert subprocess.run([*gen, "--check", str(tmp_path)], capture_output=True, check=False).returncode == 0
+    victim = tmp_path / file_name(KINDS[0])
+    victim.write_text(victim.read_text(encoding="utf-8").replace("dgxjob", "dgxjb"), encoding="utf-8")
+    stale = subprocess.run([*gen, "--check", str(tmp_path)], capture_output=True, text=True, check=False)
+    assert stale.returncode == 1
+    assert "stale" in stale.stderr
+    assert victim.name in stale.stderr
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.kind)
+def test_schemas_are_structural(kind: Kind) -> None:
+    assert structural_violations(openapi(kind)) == []
+
+
+def test_the_structural_checker_catches_violations() -> None:
+    bad = {
+        "type": "object",
+        "properties": {
+            "a": {"description": "no type"},
+            "b": {"type": "array", "description": "unbounded", "items": {"type": "string"}},
+            "c": {"type": "string", "default": "x", "description": "defaulted"},
+            "d": {"type": "integer"},
+        },
+    }
+    problems = structural_violations(bad)
+    assert ".a: no type" in problems
+    assert ".b: list without maxItems (CEL cost estimation needs a bound)" in problems
+    assert ".c: has default" in problems
+    assert ".d: no description" in problems
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.kind)
+def test_crd_shape(kind: Kind) -> None:
+    doc = on_disk(kind)
+    assert doc["apiVersion"] == "apiextensions.k8s.io/v1"
+    spec = doc["spec"]
+    assert doc["metadata"]["name"] == f"{spec['names']['plural']}.kubedgx.io"
+    assert spec["scope"] == "Namespaced"
+    assert spec["names"]["categories"] == ["dgx"]
+    assert spec["names"]["shortNames"]
+    (version,) = spec["versions"]
+    assert version["name"] == "v1alpha1"
+    assert version["served"]
+    assert version["storage"]
+    assert version["subresources"] == {"status": {}}
+    assert set(version["schema"]["openAPIV3Schema"]["properties"]) == {
+        "apiVersion",
+        "kind",
+        "metadata",
+        "spec",
+        "status",
+    }
+
+
+def schema_at(root: Node, json_path: str) -> Node | None:
+    node: Node | None = root
+    for part in json_path.strip(".").split("."):
+        if node is None:
+            return None
+        while node.get("type") == "array":
+            node = node["items"]
+        node = node.get("properties", {}).get(part)
+    return node
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.kind)
+def test_printer_columns_point_at_typed_fields(kind: Kind) -> None:
+    root = openapi(kind)
+    columns = on_disk(kind)["spec"]["versions"][0]["additionalPrinterColumns"]
+    for col in columns:
+        if col["jsonPath"] == ".metadata.creationTimestamp":
+            assert col["type"] == "date"
+            continue
+        node = schema_at(root, col["jsonPath"])
+        assert node is not None, f"{col['name']}: {col['jsonPath']} is not in the schema"
+        assert node["type"] == col["type"], col
+
+
+def test_job_columns_show_phase_instance_nodes_restarts_age() -> None:
+    job = next(k for k in KINDS if k.kind == "DGXTrainingJob")
+    names = [c["name"] for c in crd(job)["spec"]["versions"][0]["additionalPrinterColumns"] if "priority" not in c]
+    assert names == ["Phase", "Instance", "Nodes", "Restarts", "Age"]
+
+
+def all_rules(root: Node) -> Iterator[tuple[str, dict[str, str]]]:
+    for path, node in walk(root):
+        for rule in node.get("x-kubernetes-validations", []):
+            yield path, rule
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.kind)
+def test_every_cel_rule_compiles_and_its_field_path_exists(kind: Kind) -> None:
+    env = celpy.Environment()
+    root = openapi(kind)
+    rules = list(all_rules(root))
+    assert rules, "expected cross-field rules"
+    for path, rule in rules:
+        env.compile(rule["rule"])
+        if "messageExpression" in rule:
+            env.compile(rule["messageExpression"])
+        assert rule.get("message") or rule.get("messageExpression"), rule
+        if "fieldPath" in rule:
+            target = schema_at(root, (path + rule["fieldPath"]).replace("[]", ""))
+            assert target is not None, f"{path}: fieldPath {rule['fieldPath']} does not exist"
+
+
+def valid_objects(kind: str) -> list[dict[str, Any]]:
+    docs = [d for f in example_files() for d in load_yaml_docs(f) if d.get("kind") == kind]
+    return [BASE_JOB if kind == "DGXTrainingJob" else BASE_MOUNT, *docs]
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.kind)
+def test_rules_never_fail_to_evaluate_on_valid_objects(kind: Kind) -> None:
+    """The CRD has no defaults, so a rule that reads an unset field without has() errors in a
+    cluster; every rule must evaluate cleanly on minimal and on full objects."""
+    objects = valid_objects(kind.kind)
+    assert len(objects) >= 2
+    for obj in objects:
+        assert validate(openapi(kind), obj) == [], obj["metadata"]["name"]
+
+
+def test_the_trainer_section_is_the_trainer_schema() -> None:
+    """Operator and trainer share one contract: spec.trainer is exactly TrainerConfig's schema."""
+    job = next(k for k in KINDS if k.kind == "DGXTrainingJob")
+    embedded = dict(openapi(job)["properties"]["spec"]["properties"]["trainer"])
+    own = trainer_schema()
+    assert embedded.pop("description")
+    assert own.pop("description")
+    assert embedded == own
+
+
+def test_messages_from_expressions_use_the_values() -> None:
+    job = next(k for k in KINDS if k.kind == "DGXTrainingJob")
+    elastic = openapi(job)["properties"]["spec"]["properties"]["elastic"]
+    (rule,) = elastic["x-kubernetes-validations"]
+    program = celpy.Environment()
+    value = to_cel({"minNodes": 5, "maxNodes": 2}, elastic)
+    message = program.program(program.compile(rule["messageExpression"])).evaluate({"self": value})
+    assert message == "must be <= spec.elastic.maxNodes (5 > 2)"
