@@ -1,4 +1,4 @@
-"""Generate ``crds/*.yaml`` from the API models: ``python -m dgx_operator.crdgen [OUTDIR]``.
+"""Generate ``crds/*.yaml`` (and docs/api.md) from the API models: ``python -m dgx_operator.crdgen [OUTDIR]``.
 
 The CRDs are build output checked into git (Helm, Argo CD and ``kubectl apply -f crds/`` need
 files); ``tests/unit/test_crdgen.py`` fails when they are stale. ``--check`` does the same here.
@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
+from dgx_operator import apidoc
 from dgx_operator.api import GROUP, VERSION
 from dgx_operator.api.datamount import DGXDataMountSpec, DGXDataMountStatus
 from dgx_operator.api.trainingjob import DGXTrainingJobSpec, DGXTrainingJobStatus
@@ -241,6 +242,14 @@ def default_outdir() -> Path:
     return Path(__file__).resolve().parents[2] / "crds"
 
 
+def outputs(outdir: Path) -> dict[Path, str]:
+    """Every generated file and its content: the CRDs, and docs/api.md next to crds/."""
+    files = {outdir / file_name(kind): render(kind) for kind in KINDS}
+    sections = [apidoc.section(k.kind, k.plural, k.short_names[0], openapi_schema(k)) for k in KINDS]
+    files[outdir.parent / "docs" / "api.md"] = apidoc.render(sections)
+    return files
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m dgx_operator.crdgen", description=__doc__)
     parser.add_argument("outdir", nargs="?", type=Path, default=None, help="where to write (default: crds/)")
@@ -248,18 +257,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     outdir: Path = args.outdir or default_outdir()
     stale = []
-    for kind in KINDS:
-        path = outdir / file_name(kind)
-        text = render(kind)
+    for path, text in outputs(outdir).items():
         if args.check:
             if not path.exists() or path.read_text(encoding="utf-8") != text:
                 stale.append(str(path))
             continue
-        outdir.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")
         print(f"wrote {path}")
     if stale:
-        print("stale CRDs (run `python -m dgx_operator.crdgen`): " + ", ".join(stale), file=sys.stderr)
+        print("stale generated files (run `python -m dgx_operator.crdgen`): " + ", ".join(stale), file=sys.stderr)
         return 1
     return 0
 

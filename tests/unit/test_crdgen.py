@@ -12,7 +12,7 @@ import celpy
 import pytest
 import yaml
 
-from dgx_operator.crdgen import KINDS, Kind, crd, file_name, render
+from dgx_operator.crdgen import KINDS, Kind, crd, file_name, outputs
 from dgx_trainer.config import trainer_schema
 from dgx_trainer.schema import to_cel, validate
 from tests.conftest import BASE_JOB, BASE_MOUNT, CRDS, example_files, load_yaml_docs
@@ -76,15 +76,22 @@ def structural_violations(root: Node) -> list[str]:
     return out
 
 
-@pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.kind)
-def test_crds_on_disk_are_up_to_date(kind: Kind) -> None:
-    path = CRDS / file_name(kind)
-    assert path.read_text(encoding="utf-8") == render(kind), (
+@pytest.mark.parametrize("path", sorted(outputs(CRDS)), ids=lambda p: p.name)
+def test_generated_files_on_disk_are_up_to_date(path: Path) -> None:
+    assert path.read_text(encoding="utf-8") == outputs(CRDS)[path], (
         f"{path} is stale: run `python -m dgx_operator.crdgen` and commit the result"
     )
 
 
+def test_api_reference_lists_every_field_with_its_description() -> None:
+    text = outputs(CRDS)[CRDS.parent / "docs" / "api.md"]
+    assert "| `spec.elastic.minNodes` | integer (>= 1, <= 512) | Fewest nodes" in text
+    assert "| `spec.env[].name` | string |" in text
+    assert "- `spec.elastic.minNodes`: (computed)" in text
+
+
 def test_crdgen_check_mode_detects_staleness(tmp_path: Path) -> None:
+    tmp_path = tmp_path / "crds"  # docs/api.md goes next to it, inside the temporary directory
     gen = [sys.executable, "-m", "dgx_operator.crdgen"]
     assert subprocess.run([*gen, str(tmp_path)], capture_output=True, check=False).returncode == 0
     assert subprocess.run([*gen, "--check", str(tmp_path)], capture_output=True, check=False).returncode == 0
