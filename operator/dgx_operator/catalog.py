@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -53,7 +53,7 @@ class GpuFamily(_Model):
     memory_gi_b: int = Field(ge=1, alias="memoryGiB")
     description: str = ""
     products: tuple[str, ...] = Field(min_length=1)
-    shapes: tuple[int, ...] = Field(min_length=1)
+    shapes: tuple[Annotated[int, Field(ge=1, le=64)], ...] = Field(min_length=1)
     per_gpu: PerGpu
     multi_node_nvlink: bool = False
     nvlink_domain_nodes: int | None = Field(default=None, ge=1)
@@ -219,22 +219,20 @@ class Catalog:
     def _explain_unknown(self, name: str) -> str:
         match = NAME_RE.match(name)
         families = {fam.key: fam for fam in self.spec.gpus}
-        reason = ""
-        if match:
+        suggest = True
+        if match is None:
+            reason = "expected dgx<gpu>.<memory>g.<gpus>.<capacity>, e.g. dgxa100.80g.8.norm"
+        else:
             key = f"{match['family']}.{match['memory']}g"
             fam = families.get(key)
             if match["capacity"] not in self.spec.capacities:
                 reason = f"no capacity pool {match['capacity']!r} (pools: {', '.join(self.spec.capacities)})"
             elif fam is None:
                 reason = f"no GPU family {key!r} in the catalog"
-            elif int(match["gpus"]) not in fam.shapes:
+            else:
                 shapes = ", ".join(str(s) for s in fam.shapes)
-                return f"unknown instance type {name!r}: dgx{key} nodes have {shapes} GPUs, not {match['gpus']}"
-        close = difflib.get_close_matches(name, list(self.instances), n=1, cutoff=0.8)
-        parts = [f"unknown instance type {name!r}"]
-        if reason:
-            parts.append(f": {reason}")
-        if close:
-            parts.append(f"; did you mean {close[0]}?")
-        parts.append(f" Known: {self.known()}")
-        return "".join(parts)
+                reason = f"dgx{key} nodes have {shapes} GPUs, not {match['gpus']}"
+                suggest = False  # the closest name would only differ in the GPU count the user chose
+        close = difflib.get_close_matches(name, list(self.instances), n=1, cutoff=0.8) if suggest else []
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        return f"unknown instance type {name!r}: {reason}{hint}. Known: {self.known()}"

@@ -49,7 +49,11 @@ class Document:
 
 
 class InputError(Exception):
-    """A file that cannot be read or parsed at all."""
+    """A file that cannot be read (exit 2: an I/O problem) or parsed (exit 1: invalid input)."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 def read_documents(path: str, stdin: TextIO) -> Iterator[Document]:
@@ -57,7 +61,7 @@ def read_documents(path: str, stdin: TextIO) -> Iterator[Document]:
     try:
         text = stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
     except OSError as exc:
-        raise InputError(f"{source}: cannot read: {exc.strerror or exc}") from exc
+        raise InputError(f"{source}: cannot read: {exc.strerror or exc}", 2) from exc
     try:
         for index, obj in enumerate(yaml.safe_load_all(text)):
             if obj is not None:
@@ -66,19 +70,20 @@ def read_documents(path: str, stdin: TextIO) -> Iterator[Document]:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}: " if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc)
-        raise InputError(f"{source}: {where}not valid YAML: {problem}") from exc
+        raise InputError(f"{source}: {where}not valid YAML: {problem}", 1) from exc
 
 
-def _load_all(paths: Sequence[str], stdin: TextIO, err: TextIO) -> list[Document] | None:
+def _load_all(paths: Sequence[str], stdin: TextIO, err: TextIO) -> list[Document] | int:
+    """All documents of all files, or the exit code when some file could not be loaded."""
     docs: list[Document] = []
-    failed = False
+    code = 0
     for path in paths:
         try:
             docs.extend(read_documents(path, stdin))
         except InputError as exc:
             print(exc, file=err)
-            failed = True
-    return None if failed else docs
+            code = max(code, exc.code)
+    return code or docs
 
 
 def _catalog(path: str | None, err: TextIO) -> Catalog | None:
@@ -99,24 +104,26 @@ def _line(doc: Document, problem: Problem) -> str:
 def cmd_validate(args: argparse.Namespace, out: TextIO, err: TextIO, stdin: TextIO) -> int:
     catalog = _catalog(args.catalog, err)
     docs = _load_all(args.files, stdin, err)
-    if catalog is None or docs is None:
-        return 2 if catalog is None else 1
+    if catalog is None:
+        return 2
+    if isinstance(docs, int):
+        return docs
     validator = Validator(catalog, args.kube_version)
-    invalid = 0
-    lines: list[str] = []
-    for doc in docs:
+    invalid: set[int] = set()
+    for i, doc in enumerate(docs):
         outcome = validator.validate(doc.obj)
-        lines.extend(_line(doc, p) for p in outcome.problems)
+        for problem in outcome.problems:
+            print(_line(doc, problem), file=out)
         for note in outcome.notes:
             print(f"{doc.source}: {doc.label}: note: {note}", file=err)
-        invalid += not outcome.ok
-    for doc, problem in reference_problems((d.obj, d) for d in docs if isinstance(d.obj, dict)):
-        lines.append(_line(doc, problem))
-        invalid += 1
-    for line in lines:
-        print(line, file=out)
+        if not outcome.ok:
+            invalid.add(i)
+    valid = [(doc.obj, i) for i, doc in enumerate(docs) if i not in invalid]
+    for i, problem in reference_problems(catalog, valid):
+        print(_line(docs[i], problem), file=out)
+        invalid.add(i)
     if not args.quiet:
-        summary = f"{len(docs)} object(s) checked, {invalid} invalid" if docs else "no objects found"
+        summary = f"{len(docs)} object(s) checked, {len(invalid)} invalid" if docs else "no objects found"
         print(summary, file=err)
     return 1 if invalid or not docs else 0
 
@@ -124,8 +131,10 @@ def cmd_validate(args: argparse.Namespace, out: TextIO, err: TextIO, stdin: Text
 def cmd_render(args: argparse.Namespace, out: TextIO, err: TextIO, stdin: TextIO) -> int:
     catalog = _catalog(args.catalog, err)
     docs = _load_all(args.files, stdin, err)
-    if catalog is None or docs is None:
-        return 2 if catalog is None else 1
+    if catalog is None:
+        return 2
+    if isinstance(docs, int):
+        return docs
     validator = Validator(catalog, args.kube_version)
     bad = False
     mounts: dict[tuple[str, str], DGXDataMountSpec] = {}

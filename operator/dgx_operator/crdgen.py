@@ -18,11 +18,13 @@ from pydantic import BaseModel
 from dgx_operator import apidoc
 from dgx_operator.api import GROUP, VERSION
 from dgx_operator.api.datamount import DGXDataMountSpec, DGXDataMountStatus
-from dgx_operator.api.trainingjob import DGXTrainingJobSpec, DGXTrainingJobStatus
-from dgx_trainer.schema import pattern, structural_schema
-
-#: Worker pods are named <job>-worker-<i> and must be DNS labels (<= 63 chars) with i < 512.
-MAX_JOB_NAME = 50
+from dgx_operator.api.trainingjob import (
+    JOB_NAME_PATTERN,
+    MAX_JOB_NAME,
+    DGXTrainingJobSpec,
+    DGXTrainingJobStatus,
+)
+from dgx_trainer.schema import structural_schema
 
 
 @dataclass(frozen=True)
@@ -38,12 +40,6 @@ class Kind:
     #: Restrictions on metadata.name (the only metadata field a CRD schema may restrict).
     name_schema: dict[str, Any] | None = None
 
-
-JOB_NAME_PATTERN = pattern(
-    r"^[a-z]([-a-z0-9]*[a-z0-9])?$",
-    "must be a DNS-1035 label (lower-case letters, digits and '-', starting with a letter): it names the "
-    "job's Service and its <name>-worker-<i> pods",
-)
 
 KINDS: tuple[Kind, ...] = (
     Kind(

@@ -13,15 +13,19 @@ Three layers, in the order the API server would apply them:
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import jsonschema
 import kubernetes_validate
+import kubernetes_validate.utils
+import referencing
 from pydantic import ValidationError
 
-from dgx_operator.api import API_VERSION, GROUP, DGXDataMount, DGXTrainingJob
+from dgx_operator.api import API_VERSION, GROUP, DGXDataMount, DGXDataMountSpec, DGXTrainingJob
+from dgx_operator.build import BuildContext, BuildError, build_children
 from dgx_operator.build.resolved import resolve
 from dgx_operator.catalog import Catalog, UnknownInstanceError
 from dgx_operator.crdgen import KINDS, kind_by_name, openapi_schema
@@ -34,6 +38,25 @@ OUR_KINDS = tuple(k.kind for k in KINDS)
 @functools.cache
 def crd_schema(kind: str) -> dict[str, Any]:
     return openapi_schema(kind_by_name(kind))
+
+
+@functools.cache
+def builtin_validator(api_version: str, kind: str, kube_version: str) -> jsonschema.Validator | None:
+    """The strict validator kubernetes-validate builds for a built-in kind, kept to iterate over
+    every error (its own API raises the first). None if its schema layout is not the expected one."""
+    utils = kubernetes_validate.utils
+    try:
+        version = [v for v in utils.all_versions() if utils.major_minor(v) <= utils.major_minor(kube_version)][-1]
+        group = re.sub(r"^([^./]*)(?:\.[^/]*)?/", r"\1-", api_version)
+        folder = f"kubernetes-json-schema/v{version}-local-strict"
+        schema = utils.schema_contents(f"{folder}/{kind.lower()}-{group}.json", kube_version)
+        definitions = utils.schema_contents(f"{folder}/_definitions.json", kube_version)
+    except (OSError, IndexError, ValueError, utils.VersionNotSupportedError):
+        return None
+    registry: referencing.Registry[Any] = referencing.Registry()
+    registry = referencing.Resource.from_contents(schema) @ (referencing.Resource.from_contents(definitions) @ registry)
+    validator: jsonschema.Validator = jsonschema.Draft202012Validator(schema, registry=registry)
+    return validator
 
 
 def object_label(obj: Any) -> str:
@@ -134,7 +157,7 @@ class Validator:
             if key in owned and owned[key] != value:
                 problems.append(
                     Problem(
-                        f"spec.nodeSelector[{key!r}]",
+                        join_path("spec.nodeSelector", key),
                         f"is decided by spec.instance ({inst.name}); change the instance type instead",
                     )
                 )
@@ -146,57 +169,42 @@ class Validator:
         try:
             kubernetes_validate.validate(dict(obj), self.kube_version, strict=True)
         except kubernetes_validate.SchemaNotFoundError:
-            return Outcome(
-                notes=(
-                    f"no schema for {obj['apiVersion']} {obj['kind']} in Kubernetes {self.kube_version}; not checked",
-                )
-            )
-        except jsonschema.ValidationError as exc:
-            return Outcome(tuple(explain(exc)))
+            note = f"no schema for {obj['apiVersion']} {obj['kind']} in Kubernetes {self.kube_version}; not checked"
+            return Outcome(notes=(note,))
+        except jsonschema.ValidationError as first:
+            # kubernetes-validate stops at the first error; report them all, one line each.
+            validator = builtin_validator(str(obj["apiVersion"]), str(obj["kind"]), self.kube_version)
+            errors = list(validator.iter_errors(dict(obj))) if validator is not None else [first]
+            return Outcome(tuple(sorted({p for e in errors for p in explain(e)})))
         return Outcome()
 
 
-def reference_problems(objects: Iterable[tuple[Mapping[str, Any], Any]]) -> list[tuple[Any, Problem]]:
-    """Rules between documents given together (``(object, key)`` pairs): a trainer that writes
-    its output into an input mount, which workers see read-only. Returns (key, problem) pairs."""
-    mounts: dict[tuple[str, str], Mapping[str, Any]] = {}
-    jobs: list[tuple[Any, Mapping[str, Any]]] = []
+def reference_problems(catalog: Catalog, objects: Iterable[tuple[Mapping[str, Any], Any]]) -> list[tuple[Any, Problem]]:
+    """Rules between documents given together (``(object, key)`` pairs of objects that passed
+    :meth:`Validator.validate`): each job
+    whose DGXDataMounts are all among them is built, and what the builders refuse (an output
+    directory inside a read-only input mount, a mount at a path kubedgx uses) is reported. Jobs that
+    reference mounts living only in the cluster are left to the operator. Returns (key, problem)."""
+    mounts: dict[tuple[str, str], DGXDataMountSpec] = {}
+    jobs: list[tuple[Any, DGXTrainingJob]] = []
     for obj, key in objects:
         if obj.get("apiVersion") != API_VERSION:
             continue
-        meta = obj.get("metadata") or {}
-        ns = meta.get("namespace") or "default"
         if obj.get("kind") == "DGXDataMount":
-            mounts[(ns, meta.get("name", ""))] = obj
+            mount = DGXDataMount.model_validate(obj)
+            mounts[(mount.metadata.namespace or "default", mount.metadata.name)] = mount.spec
         elif obj.get("kind") == "DGXTrainingJob":
-            jobs.append((key, obj))
+            jobs.append((key, DGXTrainingJob.model_validate(obj)))
     out: list[tuple[Any, Problem]] = []
     for key, job in jobs:
-        ns = (job.get("metadata") or {}).get("namespace") or "default"
-        spec = job.get("spec") or {}
-        trainer = spec.get("trainer") or {}
-        output_dir = (trainer.get("output") or {}).get("dir")
-        for i, ref in enumerate(spec.get("dataMounts") or []):
-            mount = mounts.get((ns, ref.get("name", "")))
-            if mount is None:
-                continue
-            direction = (mount.get("spec") or {}).get("direction", "In")
-            mount_path = str(ref.get("mountPath", "")).rstrip("/")
-            if (
-                direction == "In"
-                and output_dir
-                and (output_dir == mount_path or output_dir.startswith(mount_path + "/"))
-            ):
-                out.append(
-                    (
-                        key,
-                        Problem(
-                            "spec.trainer.output.dir",
-                            f"is inside spec.dataMounts[{i}] ({ref.get('name')}), an input mount that "
-                            "workers see read-only; use a direction: Out mount for outputs",
-                        ),
-                    )
-                )
+        ns = job.metadata.namespace or "default"
+        found = {name: spec for (mns, name), spec in mounts.items() if mns == ns}
+        if any(ref.name not in found for ref in job.spec.data_mounts):
+            continue
+        try:
+            build_children(job, BuildContext(catalog=catalog, data_mounts=found))
+        except BuildError as exc:
+            out.append((key, Problem(exc.path, exc.message)))
     return out
 
 

@@ -16,11 +16,13 @@ GROUP: Final = "kubedgx.io"
 VERSION: Final = "v1alpha1"
 API_VERSION: Final = "kubedgx.io/v1alpha1"
 
+# At most 6 digits per part and 20 characters in all keep every accepted value below Go's
+# time.Duration limit (~2562047h), so CEL's duration() in the API server never overflows.
 DURATION_PATTERN = pattern(
-    r"^([0-9]+(\.[0-9]+)?(ns|us|ms|s|m|h))+$",
-    "must be a Go duration such as 90m, 24h or 1h30m (units: h, m, s, ms, us, ns)",
+    r"^([0-9]{1,6}(\.[0-9]{1,9})?(ns|us|ms|s|m|h))+$",
+    "must be a Go duration such as 90m, 24h or 1h30m (units: h, m, s, ms, us, ns; at most 6 digits per part)",
 )
-Duration = Annotated[str, Field(pattern=DURATION_PATTERN, max_length=64)]
+Duration = Annotated[str, Field(pattern=DURATION_PATTERN, max_length=20)]
 
 _DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ns|us|ms|s|m|h)")
 _UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}

@@ -7,10 +7,11 @@ manifest shows no drift in Argo CD.
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Annotated, Final, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from dgx_operator.api.common import (
     API_VERSION,
@@ -50,6 +51,14 @@ RESERVED_ENV_NAMES = (
 RESERVED_ENV_PREFIXES = ("PET_", "TORCHELASTIC_", "KUBEDGX_")
 
 MAX_NODES = 512
+#: Worker pods are named <job>-worker-<i> and their hostnames must be DNS labels (<= 63 chars) for i < 512.
+MAX_JOB_NAME = 50
+JOB_NAME_PATTERN = pattern(
+    r"^[a-z]([-a-z0-9]*[a-z0-9])?$",
+    "must be a DNS-1035 label (lower-case letters, digits and '-', starting with a letter): it names the "
+    "job's Service and its <name>-worker-<i> pods",
+)
+_PATTERN_TEXT = "must be a DNS-1035 label: lower-case letters, digits and '-', starting with a letter"
 MAX_GPUS_PER_NODE = 64
 
 _RESERVED_RULE = " && ".join(
@@ -407,3 +416,11 @@ class DGXTrainingJob(KubeModel):
     metadata: ObjectMeta = Field(description="Standard object metadata.")
     spec: DGXTrainingJobSpec = Field(description="Desired state.")
     status: DGXTrainingJobStatus | None = Field(default=None, description="Observed state.")
+
+    @field_validator("metadata")
+    @classmethod
+    def _job_name(cls, meta: ObjectMeta) -> ObjectMeta:
+        """The same restriction the CRD puts on metadata.name (see crdgen)."""
+        if len(meta.name) > MAX_JOB_NAME or not re.fullmatch(JOB_NAME_PATTERN, meta.name):
+            raise ValueError(f"metadata.name {meta.name!r} {_PATTERN_TEXT} (at most {MAX_JOB_NAME} characters)")
+        return meta

@@ -183,14 +183,21 @@ def _data_volume(job: JobIdentity, mount_name: str, mount: DGXDataMountSpec, ctx
     return {"hostPath": {"path": posixpath.join(root, job.namespace, mount_name), "type": "DirectoryOrCreate"}}
 
 
+def _under(path: str, mount_path: str) -> bool:
+    return path == mount_path or path.startswith(mount_path.rstrip("/") + "/")
+
+
 def volumes_and_mounts(
     job: JobIdentity, spec: DGXTrainingJobSpec, ctx: BuildContext, r: Resolved
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Volumes and the training container's mounts. Raises :class:`BuildError` for mounts the API
+    server would reject (two at one path) or that cannot work (outputs into a read-only input)."""
     volumes: list[dict[str, Any]] = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": r.shm}}]
     mounts: list[dict[str, Any]] = [{"name": "dshm", "mountPath": "/dev/shm"}]
     if spec.trainer is not None:
         volumes.append({"name": "trainer-config", "configMap": {"name": config_map_name(job.name)}})
         mounts.append({"name": "trainer-config", "mountPath": ctx.defaults.config_dir, "readOnly": True})
+    reserved = {m["mountPath"] for m in mounts}
     for i, ref in enumerate(spec.data_mounts):
         mount = ctx.data_mounts.get(ref.name)
         if mount is None:
@@ -199,6 +206,10 @@ def volumes_and_mounts(
                 f"DGXDataMount {ref.name!r} not found (give its manifest too, or create it in namespace "
                 f"{job.namespace!r})",
             )
+        if ref.mount_path.rstrip("/") in reserved:
+            raise BuildError(
+                f"spec.dataMounts[{i}].mountPath", f"{ref.mount_path} is used by kubedgx itself; pick another path"
+            )
         volume = f"data-{i}"
         volumes.append({"name": volume, **_data_volume(job, ref.name, mount, ctx)})
         mounts.append({"name": volume, "mountPath": ref.mount_path, "readOnly": mount.direction == "In"})
@@ -206,12 +217,15 @@ def volumes_and_mounts(
         # A relative output dir lands in the container's working directory; only an absolute
         # one can get a volume of its own.
         out_dir = spec.trainer.output.dir
-        covered = any(
-            out_dir == m["mountPath"] or out_dir.startswith(m["mountPath"].rstrip("/") + "/")
-            for m in mounts
-            if not m.get("readOnly")
-        )
-        if not covered:
+        holders = [m for m in mounts if _under(out_dir, m["mountPath"])]
+        deepest = max(holders, key=lambda m: len(m["mountPath"]), default=None)
+        if deepest is not None and deepest.get("readOnly"):
+            raise BuildError(
+                "spec.trainer.output.dir",
+                f"{out_dir} is inside {deepest['mountPath']}, which workers see read-only (an input mount or "
+                "the config); write outputs to a direction: Out mount or another directory",
+            )
+        if deepest is None or deepest["name"] == "dshm":
             volumes.append({"name": "output", "emptyDir": {}})
             mounts.append({"name": "output", "mountPath": out_dir})
     return volumes, mounts

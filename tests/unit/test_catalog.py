@@ -1,0 +1,393 @@
+"""The instance catalog: which names exist, what they place on, and how broken catalogs fail."""
+
+from __future__ import annotations
+
+import copy
+import re
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from dgx_operator.catalog import Catalog, CatalogError, Instance, UnknownInstanceError
+
+# The default catalog, written out: (family key, products, GPU memory GiB, shapes, per-GPU cpu, memoryGi, shmGi).
+FAMILIES: dict[str, tuple[tuple[str, ...], int, tuple[int, ...], tuple[int, int, int]]] = {
+    "a100.40g": (("NVIDIA-A100-SXM4-40GB",), 40, (1, 2, 4, 8), (28, 110, 8)),
+    "a100.80g": (("NVIDIA-A100-SXM4-80GB",), 80, (1, 2, 4, 8), (28, 220, 16)),
+    "h100.80g": (("NVIDIA-H100-80GB-HBM3", "NVIDIA-H100-SXM5-80GB"), 80, (1, 2, 4, 8), (24, 220, 16)),
+    "h200.141g": (
+        ("NVIDIA-H200", "NVIDIA-H200-141GB-HBM3e", "NVIDIA-H200-SXM5-141GB"),
+        141,
+        (1, 2, 4, 8),
+        (24, 220, 16),
+    ),
+    "b200.180g": (
+        ("NVIDIA-B200", "NVIDIA-B200-180GB-HBM3e", "NVIDIA-B200-192GB-HBM3e"),
+        180,
+        (1, 2, 4, 8),
+        (24, 220, 16),
+    ),
+    "gb200.186g": (("NVIDIA-GB200",), 186, (1, 2, 4), (32, 400, 24)),
+}
+SINGLE_NODE_NVLINK = ("a100.40g", "a100.80g", "h100.80g", "h200.141g", "b200.180g")
+CAPACITIES = ("norm", "spot", "debug")
+
+GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+
+# Every family x shape x capacity the brief promises for the classic DGX products.
+CLASSIC_COMBOS = [
+    (key, gpus, capacity) for key in SINGLE_NODE_NVLINK for gpus in (1, 2, 4, 8) for capacity in CAPACITIES
+]
+
+
+def default_catalog_data() -> dict[str, Any]:
+    """The shipped catalog as a plain mapping, to derive broken or extended variants from."""
+    text = resources.files("dgx_operator").joinpath("catalog.yaml").read_text(encoding="utf-8")
+    data = yaml.safe_load(text)
+    assert isinstance(data, dict)
+    return data
+
+
+def write_catalog(tmp_path: Path, data: Any) -> Path:
+    path = tmp_path / "catalog.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def family_entry(data: dict[str, Any], key: str) -> dict[str, Any]:
+    for fam in data["gpus"]:
+        if f"{fam['family']}.{fam['memoryGiB']}g" == key:
+            return dict(fam)
+    raise AssertionError(f"no family {key} in the catalog data")
+
+
+# --- the default catalog -------------------------------------------------------------------------
+
+
+def test_default_catalog_defines_exactly_the_expected_names(catalog: Catalog) -> None:
+    expected = {
+        f"dgx{key}.{gpus}.{capacity}"
+        for key, (_, _, shapes, _) in FAMILIES.items()
+        for gpus in shapes
+        for capacity in CAPACITIES
+    }
+    assert len(expected) == 5 * 4 * 3 + 3 * 3
+    assert set(catalog.instances) == expected
+
+
+@pytest.mark.parametrize(("key", "gpus", "capacity"), CLASSIC_COMBOS)
+def test_every_classic_combination_resolves(catalog: Catalog, key: str, gpus: int, capacity: str) -> None:
+    products, memory_gib, _, _ = FAMILIES[key]
+    name = f"dgx{key}.{gpus}.{capacity}"
+    inst = catalog.get(name)
+    assert isinstance(inst, Instance)
+    assert inst.name == name
+    assert inst.gpus == gpus
+    assert inst.capacity == capacity
+    assert inst.products == products
+    assert inst.gpu_memory_gib == memory_gib
+    assert inst.multi_node_nvlink is False
+    assert inst.family.nvlink_domain_nodes is None
+    assert inst.labels.product == "nvidia.com/gpu.product"
+    assert inst.labels.count == "nvidia.com/gpu.count"
+    assert inst.topology_key == "topology.kubernetes.io/zone"
+
+
+@pytest.mark.parametrize("gpus", [1, 2, 4])
+@pytest.mark.parametrize("capacity", CAPACITIES)
+def test_gb200_is_multi_node_nvlink_with_a_domain_size(catalog: Catalog, gpus: int, capacity: str) -> None:
+    inst = catalog.get(f"dgxgb200.186g.{gpus}.{capacity}")
+    assert inst.gpus == gpus
+    assert inst.multi_node_nvlink is True
+    assert inst.family.nvlink_domain_nodes == 18
+    assert inst.products == ("NVIDIA-GB200",)
+    assert inst.gpu_memory_gib == 186
+    assert inst.labels.clique == "nvidia.com/gpu.clique"
+
+
+def test_gb200_has_no_eight_gpu_shape(catalog: Catalog) -> None:
+    with pytest.raises(UnknownInstanceError):
+        catalog.get("dgxgb200.186g.8.norm")
+
+
+@pytest.mark.parametrize("key", sorted(FAMILIES))
+@pytest.mark.parametrize("capacity", CAPACITIES)
+def test_per_node_resources_scale_with_the_shape(catalog: Catalog, key: str, capacity: str) -> None:
+    _, _, shapes, (cpu, memory_gi, shm_gi) = FAMILIES[key]
+    for gpus in shapes:
+        inst = catalog.get(f"dgx{key}.{gpus}.{capacity}")
+        assert inst.cpu == str(cpu * gpus)
+        assert inst.memory == f"{memory_gi * gpus}Gi"
+        assert inst.shm == f"{shm_gi * gpus}Gi"
+
+
+def _gi(quantity: str) -> int:
+    match = re.fullmatch(r"([0-9]+)Gi", quantity)
+    assert match, quantity
+    return int(match[1])
+
+
+@pytest.mark.parametrize("key", SINGLE_NODE_NVLINK)
+def test_four_gpu_node_is_half_of_an_eight_gpu_node(catalog: Catalog, key: str) -> None:
+    four = catalog.get(f"dgx{key}.4.norm")
+    eight = catalog.get(f"dgx{key}.8.norm")
+    assert int(four.cpu) * 2 == int(eight.cpu)
+    assert _gi(four.memory) * 2 == _gi(eight.memory)
+    assert _gi(four.shm) * 2 == _gi(eight.shm)
+
+
+def test_a100_80g_eight_gpu_node_written_out(catalog: Catalog) -> None:
+    inst = catalog.get("dgxa100.80g.8.norm")
+    assert (inst.cpu, inst.memory, inst.shm) == ("224", "1760Gi", "128Gi")
+
+
+@pytest.mark.parametrize("capacity", ["spot", "debug"])
+def test_spot_and_debug_carry_a_node_selector_and_a_toleration(catalog: Catalog, capacity: str) -> None:
+    inst = catalog.get(f"dgxh100.80g.8.{capacity}")
+    assert inst.node_selector == {"kubedgx.io/capacity": capacity}
+    pool_toleration = {"key": "kubedgx.io/capacity", "operator": "Equal", "value": capacity, "effect": "NoSchedule"}
+    assert [t.manifest() for t in inst.capacity_spec.tolerations] == [pool_toleration]
+    assert inst.tolerations == [GPU_TOLERATION, pool_toleration]
+
+
+def test_norm_carries_no_node_selector_and_only_the_gpu_toleration(catalog: Catalog) -> None:
+    inst = catalog.get("dgxh100.80g.8.norm")
+    assert inst.node_selector == {}
+    assert inst.capacity_spec.tolerations == ()
+    assert inst.tolerations == [GPU_TOLERATION]
+
+
+def test_node_selector_is_a_copy(catalog: Catalog) -> None:
+    inst = catalog.get("dgxa100.80g.8.spot")
+    inst.node_selector["mutated"] = "yes"
+    assert inst.node_selector == {"kubedgx.io/capacity": "spot"}
+
+
+def test_known_lists_every_family_in_brace_form(catalog: Catalog) -> None:
+    assert catalog.known() == (
+        "dgxa100.40g.{1,2,4,8}.{norm,spot,debug}, dgxa100.80g.{1,2,4,8}.{norm,spot,debug}, "
+        "dgxh100.80g.{1,2,4,8}.{norm,spot,debug}, dgxh200.141g.{1,2,4,8}.{norm,spot,debug}, "
+        "dgxb200.180g.{1,2,4,8}.{norm,spot,debug}, dgxgb200.186g.{1,2,4}.{norm,spot,debug}"
+    )
+
+
+# --- unknown instances ---------------------------------------------------------------------------
+
+KNOWN_FRAGMENTS = (
+    "dgxa100.40g.{1,2,4,8}.{norm,spot,debug}",
+    "dgxh200.141g.{1,2,4,8}.{norm,spot,debug}",
+    "dgxgb200.186g.{1,2,4}.{norm,spot,debug}",
+)
+
+
+def unknown(catalog: Catalog, name: str) -> UnknownInstanceError:
+    with pytest.raises(UnknownInstanceError) as info:
+        catalog.get(name)
+    assert info.value.name == name
+    assert isinstance(info.value, LookupError)
+    assert str(info.value) == info.value.message
+    assert repr(name) in str(info.value)
+    return info.value
+
+
+def test_wrong_shape_names_the_family_shapes(catalog: Catalog) -> None:
+    msg = str(unknown(catalog, "dgxa100.80g.3.norm"))
+    assert "1, 2, 4, 8 GPUs" in msg
+    assert "not 3" in msg
+
+
+def test_wrong_shape_for_gb200_names_its_shapes(catalog: Catalog) -> None:
+    msg = str(unknown(catalog, "dgxgb200.186g.8.spot"))
+    assert "1, 2, 4 GPUs" in msg
+    assert "not 8" in msg
+
+
+def test_wrong_shape_message_also_lists_the_known_instances(catalog: Catalog) -> None:
+    msg = str(unknown(catalog, "dgxa100.80g.3.norm"))
+    assert "Known:" in msg
+    for fragment in KNOWN_FRAGMENTS:
+        assert fragment in msg
+
+
+def test_unknown_capacity_names_the_pools(catalog: Catalog) -> None:
+    msg = str(unknown(catalog, "dgxa100.80g.8.preempt"))
+    assert "no capacity pool 'preempt'" in msg
+    assert "pools: norm, spot, debug" in msg
+    assert "Known:" in msg
+    for fragment in KNOWN_FRAGMENTS:
+        assert fragment in msg
+
+
+def test_misspelt_capacity_suggests_the_close_name(catalog: Catalog) -> None:
+    msg = str(unknown(catalog, "dgxa100.80g.8.nrom"))
+    assert "no capacity pool 'nrom'" in msg
+    assert "did you mean dgxa100.80g.8.norm?" in msg
+
+
+@pytest.mark.parametrize(("name", "key"), [("dgxv100.32g.8.norm", "v100.32g"), ("dgxa100.48g.8.norm", "a100.48g")])
+def test_unknown_family_names_the_family(catalog: Catalog, name: str, key: str) -> None:
+    msg = str(unknown(catalog, name))
+    assert f"no GPU family {key!r}" in msg
+    assert "Known:" in msg
+    for fragment in KNOWN_FRAGMENTS:
+        assert fragment in msg
+
+
+@pytest.mark.parametrize("name", ["not-an-instance", "DGXA100.80G.8.NORM", "", "a100"])
+def test_garbage_name_lists_the_known_instances(catalog: Catalog, name: str) -> None:
+    msg = str(unknown(catalog, name))
+    assert msg.startswith(f"unknown instance type {name!r}")
+    assert "Known:" in msg
+    for fragment in KNOWN_FRAGMENTS:
+        assert fragment in msg
+
+
+def test_garbage_name_explains_the_expected_form(catalog: Catalog) -> None:
+    msg = str(unknown(catalog, "not-an-instance"))
+    assert "dgx<gpu>.<memory>g.<gpus>.<capacity>" in msg
+
+
+# --- custom and broken catalogs ------------------------------------------------------------------
+
+
+def test_custom_catalog_adds_a_family(tmp_path: Path) -> None:
+    data = default_catalog_data()
+    data["topologyKey"] = "network.example.com/rail-block"
+    data["gpus"].append(
+        {
+            "family": "l40s",
+            "memoryGiB": 48,
+            "products": ["NVIDIA-L40S"],
+            "shapes": [2, 4],
+            "perGpu": {"cpu": 16, "memoryGi": 96, "shmGi": 4},
+        }
+    )
+    cat = Catalog.load(write_catalog(tmp_path, data))
+    inst = cat.get("dgxl40s.48g.4.spot")
+    assert inst.gpus == 4
+    assert inst.products == ("NVIDIA-L40S",)
+    assert inst.gpu_memory_gib == 48
+    assert (inst.cpu, inst.memory, inst.shm) == ("64", "384Gi", "16Gi")
+    assert inst.node_selector == {"kubedgx.io/capacity": "spot"}
+    assert inst.topology_key == "network.example.com/rail-block"
+    assert inst.multi_node_nvlink is False
+    assert len(cat.instances) == 69 + 2 * 3
+    # The shipped families are still there.
+    assert cat.get("dgxa100.80g.8.norm").gpus == 8
+    assert "dgxl40s.48g.{2,4}.{norm,spot,debug}" in cat.known()
+    with pytest.raises(UnknownInstanceError, match="have 2, 4 GPUs, not 8"):
+        cat.get("dgxl40s.48g.8.norm")
+
+
+def test_custom_catalog_with_its_own_capacity_pool(tmp_path: Path) -> None:
+    data = {
+        "capacities": {"reserved": {"nodeSelector": {"pool": "reserved"}}},
+        "gpus": [
+            {
+                "family": "h100",
+                "memoryGiB": 80,
+                "products": ["NVIDIA-H100-80GB-HBM3"],
+                "shapes": [8],
+                "perGpu": {"cpu": 20, "memoryGi": 200, "shmGi": 10},
+            }
+        ],
+    }
+    cat = Catalog.load(write_catalog(tmp_path, data))
+    assert set(cat.instances) == {"dgxh100.80g.8.reserved"}
+    inst = cat.get("dgxh100.80g.8.reserved")
+    assert inst.node_selector == {"pool": "reserved"}
+    # No gpuTolerations and no pool tolerations in this catalog.
+    assert inst.tolerations == []
+    # Defaults of the optional sections.
+    assert inst.labels.product == "nvidia.com/gpu.product"
+    assert inst.topology_key == "topology.kubernetes.io/zone"
+    with pytest.raises(UnknownInstanceError, match="no capacity pool 'norm'"):
+        cat.get("dgxh100.80g.8.norm")
+
+
+def test_duplicate_family_is_a_catalog_error(tmp_path: Path) -> None:
+    data = default_catalog_data()
+    data["gpus"].append(family_entry(data, "h100.80g"))
+    path = write_catalog(tmp_path, data)
+    with pytest.raises(CatalogError) as info:
+        Catalog.load(path)
+    assert "GPU families listed twice: h100.80g" in str(info.value)
+    assert str(path) in str(info.value)
+
+
+def test_same_family_with_other_memory_is_not_a_duplicate() -> None:
+    data = default_catalog_data()
+    # a100 appears twice already (40g and 80g); that is two families, not one listed twice.
+    assert [f["family"] for f in data["gpus"]].count("a100") == 2
+    assert Catalog.from_mapping(data).get("dgxa100.40g.8.norm").gpu_memory_gib == 40
+
+
+def test_missing_per_gpu_is_a_catalog_error(tmp_path: Path) -> None:
+    data = default_catalog_data()
+    del data["gpus"][2]["perGpu"]
+    path = write_catalog(tmp_path, data)
+    with pytest.raises(CatalogError) as info:
+        Catalog.load(path)
+    msg = str(info.value)
+    assert "gpus.2.perGpu" in msg
+    assert "Field required" in msg
+    assert str(path) in msg
+
+
+@pytest.mark.parametrize("bad", ["Spot", "on-demand", "pool1"])
+def test_bad_capacity_name_is_a_catalog_error(tmp_path: Path, bad: str) -> None:
+    data = default_catalog_data()
+    data["capacities"][bad] = {"description": "bad name"}
+    with pytest.raises(CatalogError) as info:
+        Catalog.load(write_catalog(tmp_path, data))
+    assert f"capacity names must be lower-case letters: {bad}" in str(info.value)
+
+
+def test_invalid_yaml_is_a_catalog_error(tmp_path: Path) -> None:
+    path = tmp_path / "broken.yaml"
+    path.write_text("capacities: {norm: {}\ngpus: [\n", encoding="utf-8")
+    with pytest.raises(CatalogError) as info:
+        Catalog.load(path)
+    assert "not valid YAML" in str(info.value)
+    assert str(path) in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("mutate", "fragment"),
+    [
+        (lambda d: d.pop("capacities"), "capacities: Field required"),
+        (lambda d: d.update(gpus=[]), "gpus: Tuple should have at least 1 item"),
+        (lambda d: d["gpus"][0].update(products=[]), "gpus.0.products"),
+        (lambda d: d["gpus"][0].update(family="A100"), "gpus.0.family"),
+        (lambda d: d["gpus"][0]["perGpu"].update(cpu=0), "gpus.0.perGpu.cpu"),
+        (lambda d: d["gpus"][0].update(unknownKey=1), "gpus.0.unknownKey"),
+    ],
+    ids=["no-capacities", "no-gpus", "no-products", "upper-case-family", "zero-cpu", "unknown-key"],
+)
+def test_other_broken_catalogs_name_the_offending_key(mutate: Any, fragment: str) -> None:
+    data = copy.deepcopy(default_catalog_data())
+    mutate(data)
+    with pytest.raises(CatalogError) as info:
+        Catalog.from_mapping(data, "my-catalog")
+    msg = str(info.value)
+    assert msg.startswith("my-catalog: invalid instance catalog: ")
+    assert fragment in msg
+
+
+def test_empty_catalog_file_is_a_catalog_error(tmp_path: Path) -> None:
+    path = tmp_path / "empty.yaml"
+    path.write_text("", encoding="utf-8")
+    with pytest.raises(CatalogError, match="invalid instance catalog"):
+        Catalog.load(path)
+
+
+@pytest.mark.parametrize("shape", [0, -1, 65])
+def test_out_of_range_shape_is_a_catalog_error(shape: int) -> None:
+    data = default_catalog_data()
+    data["gpus"][0]["shapes"] = [shape, 8]
+    with pytest.raises(CatalogError) as info:
+        Catalog.from_mapping(data)
+    assert "gpus.0.shapes.0" in str(info.value)
