@@ -101,14 +101,22 @@ def _line(doc: Document, problem: Problem) -> str:
 # --------------------------------------------------------------------------------------------
 
 
-def cmd_validate(args: argparse.Namespace, out: TextIO, err: TextIO, stdin: TextIO) -> int:
+def _inputs(args: argparse.Namespace, err: TextIO, stdin: TextIO) -> tuple[Validator, list[Document]] | int:
+    """The validator and every document of the given files, or the exit code if either failed."""
     catalog = _catalog(args.catalog, err)
     docs = _load_all(args.files, stdin, err)
     if catalog is None:
         return 2
     if isinstance(docs, int):
         return docs
-    validator = Validator(catalog, args.kube_version)
+    return Validator(catalog, args.kube_version), docs
+
+
+def cmd_validate(args: argparse.Namespace, out: TextIO, err: TextIO, stdin: TextIO) -> int:
+    loaded = _inputs(args, err, stdin)
+    if isinstance(loaded, int):
+        return loaded
+    validator, docs = loaded
     invalid: set[int] = set()
     for i, doc in enumerate(docs):
         outcome = validator.validate(doc.obj)
@@ -119,7 +127,7 @@ def cmd_validate(args: argparse.Namespace, out: TextIO, err: TextIO, stdin: Text
         if not outcome.ok:
             invalid.add(i)
     valid = [(doc.obj, i) for i, doc in enumerate(docs) if i not in invalid]
-    for i, problem in reference_problems(catalog, valid):
+    for i, problem in reference_problems(validator.catalog, valid):
         print(_line(docs[i], problem), file=out)
         invalid.add(i)
     if not args.quiet:
@@ -129,13 +137,11 @@ def cmd_validate(args: argparse.Namespace, out: TextIO, err: TextIO, stdin: Text
 
 
 def cmd_render(args: argparse.Namespace, out: TextIO, err: TextIO, stdin: TextIO) -> int:
-    catalog = _catalog(args.catalog, err)
-    docs = _load_all(args.files, stdin, err)
-    if catalog is None:
-        return 2
-    if isinstance(docs, int):
-        return docs
-    validator = Validator(catalog, args.kube_version)
+    loaded = _inputs(args, err, stdin)
+    if isinstance(loaded, int):
+        return loaded
+    validator, docs = loaded
+    catalog = validator.catalog
     bad = False
     mounts: dict[tuple[str, str], DGXDataMountSpec] = {}
     jobs: list[tuple[Document, DGXTrainingJob]] = []
