@@ -211,6 +211,20 @@ def test_a_rule_that_cannot_be_evaluated_is_reported_not_swallowed() -> None:
     assert "could not be evaluated" in message
 
 
+@pytest.mark.parametrize(
+    ("text", "separator", "parts"),
+    [("dgxa100.80g.8.norm", ".", ["dgxa100", "80g", "8", "norm"]), ("a", ".", ["a"]), ("ab", "", ["a", "b"])],
+)
+def test_kubernetes_strings_split_is_available_to_rules(text: str, separator: str, parts: list[str]) -> None:
+    """Kubernetes enables cel-go's strings extension for CRD rules; cel-python lacks it."""
+    rule = {"rule": f"self.split('{separator}') == {parts!r}", "message": "split differs"}
+    assert evaluate_rule(rule, to_cel(text, {"type": "string"})) is None
+    assert (
+        evaluate_rule({"rule": "int(self.split('.')[2]) == 8"}, to_cel("dgxa100.80g.8.norm", {"type": "string"}))
+        is None
+    )
+
+
 def test_join_path_quotes_keys_that_are_not_identifiers() -> None:
     assert join_path("spec", "nodeSelector") == "spec.nodeSelector"
     assert join_path("spec.env", 2) == "spec.env[2]"

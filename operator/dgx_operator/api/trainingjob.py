@@ -170,23 +170,13 @@ class Debug(KubeModel):
     )
 
 
-def _instance_has_at_least(expr: str) -> str:
-    """CEL: the instance name's GPU count is >= ``expr``. Standard CEL has no string-to-number
-    parsing of a name part, so the rule tries each possible count against the name."""
-    counts = ", ".join(str(n) for n in range(1, MAX_GPUS_PER_NODE + 1))
-    return (
-        f"[{counts}].exists(n, n >= {expr} && self.instance.matches('^dgx[a-z0-9]+[.][0-9]+g[.]' + string(n) + '[.]'))"
-    )
+#: The GPUs per node that the instance name states (its third part: 8 in dgxa100.80g.8.norm).
+_INSTANCE_GPUS = "int(self.instance.split('.')[2])"
 
-
-_GPUS_FIT_INSTANCE = "!has(self.resources) || !has(self.resources.gpu) || " + _instance_has_at_least(
-    "self.resources.gpu"
-)
+_GPUS_FIT_INSTANCE = f"!has(self.resources) || !has(self.resources.gpu) || self.resources.gpu <= {_INSTANCE_GPUS}"
+_GPUS_PER_NODE = f"((has(self.resources) && has(self.resources.gpu)) ? self.resources.gpu : {_INSTANCE_GPUS})"
 _NPROC_FITS_GPUS = (
-    "!has(self.elastic) || !has(self.elastic.nprocPerNode) || "
-    "((has(self.resources) && has(self.resources.gpu)) ? self.elastic.nprocPerNode <= self.resources.gpu : "
-    + _instance_has_at_least("self.elastic.nprocPerNode")
-    + ")"
+    f"!has(self.elastic) || !has(self.elastic.nprocPerNode) || self.elastic.nprocPerNode <= {_GPUS_PER_NODE}"
 )
 
 _INTERACTIVE_ONE_NODE = (
@@ -225,12 +215,20 @@ class DGXTrainingJobSpec(KubeModel):
         cel(
             _GPUS_FIT_INSTANCE,
             "must not exceed the GPUs per node that spec.instance names (its third part, e.g. 8 in dgxa100.80g.8.norm)",
+            message_expression=(
+                f"'must be <= ' + string({_INSTANCE_GPUS}) + ', the GPUs per node of ' + self.instance + "
+                "' (got ' + string(self.resources.gpu) + ')'"
+            ),
             field_path=".resources.gpu",
         ),
         cel(
             _NPROC_FITS_GPUS,
             "must not exceed the GPUs per node (spec.resources.gpu, else the instance's): torchrun starts one "
             "process per GPU",
+            message_expression=(
+                f"'must be <= ' + string({_GPUS_PER_NODE}) + ', the GPUs per node: torchrun starts one process "
+                "per GPU (got ' + string(self.elastic.nprocPerNode) + ')'"
+            ),
             field_path=".elastic.nprocPerNode",
         ),
         cel(
