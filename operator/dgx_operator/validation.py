@@ -82,7 +82,7 @@ class Outcome:
 
 
 class Validator:
-    """Validates single objects; :meth:`check_references` adds the cross-document rules."""
+    """Validates single objects; :func:`reference_problems` adds the rules across documents."""
 
     def __init__(self, catalog: Catalog, kube_version: str = DEFAULT_KUBE_VERSION) -> None:
         self.catalog = catalog
