@@ -223,6 +223,47 @@ def cmd_instances(args: argparse.Namespace, out: TextIO, err: TextIO, stdin: Tex
     return 0
 
 
+def cmd_operator(args: argparse.Namespace, out: TextIO, err: TextIO, stdin: TextIO) -> int:
+    """Run the kopf operator. kopf is imported here only, so validate/render stay light."""
+    import kopf
+
+    from dgx_operator import handlers  # noqa: F401  (registers the handlers with kopf)
+    from dgx_operator.settings import OperatorConfig, WebhookConfig
+
+    env = OperatorConfig.from_env()
+    webhook = env.webhook
+    if args.webhook_port is not None:
+        webhook = WebhookConfig(
+            port=args.webhook_port,
+            certfile=args.webhook_cert,
+            pkeyfile=args.webhook_key,
+            insecure=args.webhook_cert is None,
+        )
+    config = OperatorConfig(
+        catalog_path=args.catalog or env.catalog_path,
+        trainer_image=args.trainer_image or env.trainer_image,
+        webhook=webhook,
+    )
+    try:
+        config.catalog()
+    except (OSError, CatalogError) as exc:
+        print(f"kubedgx operator: {exc}", file=err)
+        return 2
+    kopf.configure(
+        verbose=args.verbose,
+        log_format=kopf.LogFormat.JSON if args.log_format == "json" else kopf.LogFormat.PLAIN,
+    )
+    kopf.run(
+        standalone=args.standalone,
+        clusterwide=not args.namespace,
+        namespaces=args.namespace or (),
+        liveness_endpoint=args.liveness,
+        peering_name=args.peering,
+        memo=kopf.Memo(config=config),
+    )
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kubedgx",
@@ -269,6 +310,32 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("crds", help="print the CustomResourceDefinitions (kubectl apply -f -)")
     c.set_defaults(func=cmd_crds)
+
+    o = sub.add_parser(
+        "operator",
+        help="run the operator (in the cluster, or locally against your kubeconfig)",
+        description="Run the kubedgx operator: reconcile DGXTrainingJobs into worker pods and serve the "
+        "validating webhook. Settings also come from KUBEDGX_* variables (see the Helm chart).",
+    )
+    scope = o.add_mutually_exclusive_group()
+    scope.add_argument("-n", "--namespace", action="append", metavar="NS", help="watch this namespace (repeatable)")
+    scope.add_argument("-A", "--all-namespaces", action="store_true", help="watch every namespace (default)")
+    o.add_argument("--catalog", metavar="FILE", help="instance catalog YAML (default: $KUBEDGX_CATALOG or built-in)")
+    o.add_argument("--trainer-image", help="default trainer image (default: $KUBEDGX_TRAINER_IMAGE)")
+    o.add_argument(
+        "--liveness",
+        metavar="URL",
+        default="http://0.0.0.0:8080/healthz",
+        help="kopf's liveness endpoint (default %(default)s)",
+    )
+    o.add_argument("--standalone", action="store_true", help="no peering: never pause for other operators")
+    o.add_argument("--peering", metavar="NAME", default=None, help="kopf peering object to coordinate through")
+    o.add_argument("--log-format", choices=("plain", "json"), default="plain", help="structured logs with json")
+    o.add_argument("--verbose", action="store_true", help="debug logging")
+    o.add_argument("--webhook-port", type=int, help="serve the validating webhook on this port")
+    o.add_argument("--webhook-cert", metavar="FILE", help="TLS certificate for the webhook (else plain HTTP)")
+    o.add_argument("--webhook-key", metavar="FILE", help="TLS key for the webhook")
+    o.set_defaults(func=cmd_operator)
 
     i = sub.add_parser("instances", help="list the instance types of the catalog")
     i.add_argument("--catalog", metavar="FILE", help="instance catalog YAML (default: the built-in one)")

@@ -208,6 +208,29 @@ def reference_problems(catalog: Catalog, objects: Iterable[tuple[Mapping[str, An
     return out
 
 
+#: Fields that define what a job runs: changing them under running workers would leave a
+#: half-old, half-new group. Suspend the job (or create a new one) to change them.
+IMMUTABLE_WHILE_RUNNING = ("instance", "trainer", "command", "args")
+ACTIVE_PHASES = ("Pending", "Running", "Restarting")
+
+
+def immutable_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[Problem]:
+    """Changes to fields that may not change while the job has workers."""
+    status = old.get("status") or {}
+    if status.get("phase") not in ACTIVE_PHASES or not status.get("startTime"):
+        return []
+    old_spec, new_spec = old.get("spec") or {}, new.get("spec") or {}
+    return [
+        Problem(
+            f"spec.{name}",
+            f"cannot change while the job is {status['phase']}: suspend it first (spec.suspend: true) "
+            "or create a new job",
+        )
+        for name in IMMUTABLE_WHILE_RUNNING
+        if old_spec.get(name) != new_spec.get(name)
+    ]
+
+
 def _pydantic_problems(exc: ValidationError) -> list[Problem]:
     problems = []
     for err in exc.errors():

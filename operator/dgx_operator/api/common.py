@@ -173,6 +173,9 @@ class ObjectMeta(BaseModel):
     namespace: str | None = None
     uid: str | None = None
     generation: int | None = None
+    resource_version: str | None = None
+    creation_timestamp: datetime | None = None
+    deletion_timestamp: datetime | None = None
     labels: dict[str, str] = Field(default_factory=dict)
     annotations: dict[str, str] = Field(default_factory=dict)
 

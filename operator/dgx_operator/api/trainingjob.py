@@ -399,6 +399,14 @@ class DGXTrainingJobStatus(KubeModel):
         default=None, max_length=32, description="Ready/desired workers, e.g. 3/4 (for kubectl get)."
     )
     restarts: int = Field(default=0, ge=0, description="Worker restarts counted against backoffLimit.")
+    attempt: int = Field(
+        default=0,
+        ge=0,
+        description=(
+            "Worker generation, bumped by every restart or disruption; pods created for it carry it in the "
+            "kubedgx.io/attempt label. Failures of pods from an older attempt belong to a restart already made."
+        ),
+    )
     start_time: datetime | None = Field(
         default=None, description="When the current run started (maxDuration counts from here)."
     )

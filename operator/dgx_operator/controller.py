@@ -1,0 +1,258 @@
+"""Observe -> plan -> act, once per job at a time.
+
+kopf delivers many triggers (the job's own watch events, every event of its pods, mount events,
+timers); they all land in :meth:`Controller.trigger`, which coalesces them into one reconcile per
+job at a time. A reconcile reads the job fresh, observes its children from kopf's indexes plus
+this process's *expectations* (children it has created or deleted but whose watch events have not
+arrived yet; without them an index that lags would make the operator create a worker twice), asks
+the pure planner, and carries the plan out through :mod:`dgx_operator.kube`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from dgx_operator.api import DGXTrainingJob
+from dgx_operator.api.datamount import DGXDataMount
+from dgx_operator.api.trainingjob import DGXTrainingJobStatus
+from dgx_operator.build import BuildContext
+from dgx_operator.build.names import config_map_name, service_name
+from dgx_operator.build.resolved import Defaults
+from dgx_operator.catalog import Catalog
+from dgx_operator.kube import ForeignObjectError, Kube, TransientError
+from dgx_operator.reconcile.planner import Event, MountState, Observed, Plan, plan
+from dgx_operator.reconcile.pods import PodView
+
+log = logging.getLogger("kubedgx")
+
+Key = tuple[str, str]
+#: How long a create/delete is assumed in flight before its watch event must have arrived.
+EXPECTATION_TTL = 60.0
+#: Backoff after failed reconciles of one job: 1, 2, 4 ... 60 s.
+MAX_BACKOFF = 60.0
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC).replace(microsecond=0)
+
+
+def status_patch(old: DGXTrainingJobStatus | None, new: DGXTrainingJobStatus) -> dict[str, Any] | None:
+    """The merge patch taking ``old`` to ``new`` (fields that disappeared become null), or None
+    when nothing changed: a reconcile that learns nothing writes nothing."""
+    before = old.to_manifest() if old is not None else {}
+    after = new.to_manifest()
+    if before == after:
+        return None
+    patch: dict[str, Any] = dict(after)
+    for key in before:
+        if key not in after:
+            patch[key] = None
+    return patch
+
+
+@dataclass
+class Expectations:
+    """Children this process created or deleted, until the watch caches reflect it. Keys are
+    "Kind/name"; values carry the monotonic time of the call (and the manifest for creates)."""
+
+    created: dict[str, tuple[float, dict[str, Any]]] = field(default_factory=dict)
+    deleted: dict[str, float] = field(default_factory=dict)
+
+    def settle(self, present: set[str], now: float) -> None:
+        """Drop what the caches now show (or what is older than the TTL: then a lost event must
+        not pin a phantom child forever; the next create simply answers 409)."""
+        self.created = {k: v for k, v in self.created.items() if k not in present and now - v[0] < EXPECTATION_TTL}
+        self.deleted = {k: t for k, t in self.deleted.items() if k in present and now - t < EXPECTATION_TTL}
+
+
+PodSource = Callable[[str, str], list[Mapping[str, Any]]]
+NamesSource = Callable[[str, str], bool]
+EventSink = Callable[[Mapping[str, Any], str, str, str], None]
+
+
+@dataclass
+class Controller:
+    """The reconcile loop of DGXTrainingJobs; see the module docstring."""
+
+    kube: Kube
+    catalog: Catalog
+    defaults: Defaults
+    pods_of: PodSource
+    has_service: NamesSource
+    has_config_map: NamesSource
+    post_event: EventSink
+    now: Callable[[], datetime] = utcnow
+    locks: dict[Key, asyncio.Lock] = field(default_factory=dict)
+    dirty: set[Key] = field(default_factory=set)
+    workers: dict[Key, asyncio.Task[None]] = field(default_factory=dict)
+    timers: dict[Key, asyncio.TimerHandle] = field(default_factory=dict)
+    expectations: dict[Key, Expectations] = field(default_factory=dict)
+    failures: dict[Key, int] = field(default_factory=dict)
+    on_reconciled: Callable[[Key, Plan | None], Awaitable[None]] | None = None
+
+    # -- triggering ----------------------------------------------------------------------------
+
+    def trigger(self, namespace: str, name: str) -> None:
+        """Ask for a reconcile of one job; bursts of triggers coalesce into one pass."""
+        key = (namespace, name)
+        self.dirty.add(key)
+        task = self.workers.get(key)
+        if task is None or task.done():
+            self.workers[key] = asyncio.get_running_loop().create_task(self._drain(key), name=f"reconcile-{key}")
+
+    async def _drain(self, key: Key) -> None:
+        while key in self.dirty:
+            self.dirty.discard(key)
+            delay: float | None
+            try:
+                result = await self.reconcile(*key)
+                self.failures.pop(key, None)
+                delay = result.requeue_after if result is not None else None
+            except TransientError as exc:
+                delay = self._backoff(key, exc.retry_after)
+                log.info("reconcile %s/%s: %s; retrying in %.1fs", *key, exc, delay)
+            except Exception:  # a bug or an unexpected answer: log it, back off, never stop the loop
+                delay = self._backoff(key, None)
+                log.exception("reconcile %s/%s failed; retrying in %.1fs", *key, delay)
+            self._schedule(key, delay)
+
+    def _backoff(self, key: Key, hint: float | None) -> float:
+        count = self.failures.get(key, 0) + 1
+        self.failures[key] = count
+        return hint if hint is not None else min(MAX_BACKOFF, 2.0 ** (count - 1))
+
+    def _schedule(self, key: Key, delay: float | None) -> None:
+        old = self.timers.pop(key, None)
+        if old is not None:
+            old.cancel()
+        if delay is not None:
+            loop = asyncio.get_running_loop()
+            self.timers[key] = loop.call_later(max(delay, 0.0), self.trigger, *key)
+
+    def forget(self, namespace: str, name: str) -> None:
+        """The job is gone: drop its bookkeeping."""
+        key = (namespace, name)
+        timer = self.timers.pop(key, None)
+        if timer is not None:
+            timer.cancel()
+        self.expectations.pop(key, None)
+        self.failures.pop(key, None)
+        self.locks.pop(key, None)
+
+    async def stop(self) -> None:
+        for timer in self.timers.values():
+            timer.cancel()
+        tasks = [t for t in self.workers.values() if not t.done()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    # -- one pass ------------------------------------------------------------------------------
+
+    async def reconcile(self, namespace: str, name: str) -> Plan | None:
+        key = (namespace, name)
+        lock = self.locks.setdefault(key, asyncio.Lock())
+        async with lock:
+            body = await self.kube.get_job(namespace, name)
+            if body is None:
+                self.forget(namespace, name)
+                return None
+            job = DGXTrainingJob.model_validate(body)
+            observed = await self.observe(key, job)
+            ctx = BuildContext(catalog=self.catalog, defaults=self.defaults, data_mounts=observed[1])
+            result = plan(job, ctx, observed[0], self.now())
+            foreign = await self.act(key, body, job, result)
+            if foreign:
+                # A child's name is taken by someone else: plan again knowing it, so the job fails
+                # with a condition naming the object instead of retrying forever.
+                retry = dataclasses.replace(observed[0], foreign=tuple(foreign))
+                result = plan(job, ctx, retry, self.now())
+                await self.act(key, body, job, result)
+            if self.on_reconciled is not None:
+                await self.on_reconciled(key, result)
+            return result
+
+    async def observe(self, key: Key, job: DGXTrainingJob) -> tuple[Observed, dict[str, Any]]:
+        """Children from the caches, corrected by this process's expectations; mounts read fresh."""
+        namespace, name = key
+        raw = list(self.pods_of(namespace, name))
+        present = {f"Pod/{p['metadata']['name']}" for p in raw}
+        if self.has_service(namespace, service_name(name)):
+            present.add(f"Service/{service_name(name)}")
+        if self.has_config_map(namespace, config_map_name(name)):
+            present.add(f"ConfigMap/{config_map_name(name)}")
+        exp = self.expectations.setdefault(key, Expectations())
+        exp.settle(present, time.monotonic())
+        views: list[PodView] = []
+        for pod in raw:
+            meta = pod["metadata"]
+            if f"Pod/{meta['name']}" in exp.deleted and not meta.get("deletionTimestamp"):
+                pod = {**pod, "metadata": {**meta, "deletionTimestamp": "requested"}}
+            views.append(PodView.of(pod))
+        views += [PodView.of(manifest) for k, (_, manifest) in exp.created.items() if k.startswith("Pod/")]
+        expected = present | set(exp.created)
+        mounts: dict[str, MountState] = {}
+        specs: dict[str, Any] = {}
+        for ref in job.spec.data_mounts:
+            body = await self.kube.get_mount(namespace, ref.name)
+            if body is None:
+                mounts[ref.name] = MountState(None)
+                continue
+            mount = DGXDataMount.model_validate(body)
+            specs[ref.name] = mount.spec
+            status = mount.status
+            ready = next((c for c in status.conditions if c.type == "Ready"), None) if status else None
+            mounts[ref.name] = MountState(
+                (status.phase if status else None) or "Pending", ready.message if ready else ""
+            )
+        observed = Observed(
+            pods=tuple(views),
+            service=f"Service/{service_name(name)}" in expected,
+            config_map=f"ConfigMap/{config_map_name(name)}" in expected,
+            mounts=mounts,
+        )
+        return observed, specs
+
+    async def act(self, key: Key, body: Mapping[str, Any], job: DGXTrainingJob, result: Plan) -> list[str]:
+        """Carry out a plan: creates, deletes, the status write, events, TTL deletion."""
+        namespace, name = key
+        exp = self.expectations.setdefault(key, Expectations())
+        uid = str(job.metadata.uid)
+        foreign: list[str] = []
+        for obj in result.create:
+            try:
+                outcome = await self.kube.create(obj, uid)
+            except ForeignObjectError as exc:
+                foreign.append(exc.description)
+                continue
+            except ApiException as exc:
+                self.post_event(body, "Warning", "CreateFailed", f"{obj['kind']} {obj['metadata']['name']}: {exc}")
+                raise TransientError(f"create {obj['kind']} failed: HTTP {exc.status}") from exc
+            if outcome == "blocked":
+                continue
+            exp.created[f"{obj['kind']}/{obj['metadata']['name']}"] = (time.monotonic(), obj)
+        if foreign:
+            return foreign
+        for pod in result.delete:
+            await self.kube.delete_pod(namespace, pod)
+            exp.deleted[f"Pod/{pod}"] = time.monotonic()
+        patch = status_patch(job.status, result.status)
+        if patch is not None:
+            await self.kube.patch_job_status(namespace, name, job.metadata.resource_version, patch)
+        for event in result.events:
+            self.emit(body, event)
+        if result.delete_job:
+            await self.kube.delete_job(namespace, name)
+        return []
+
+    def emit(self, body: Mapping[str, Any], event: Event) -> None:
+        self.post_event(body, event.type, event.reason, event.message)

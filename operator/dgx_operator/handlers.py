@@ -1,0 +1,148 @@
+"""kopf wiring, and nothing else: every decorator is a few lines that hand over to the one
+reconcile path (:class:`dgx_operator.controller.Controller`) or to the shared validator.
+
+Why event handlers rather than on.create/on.update: kopf's change-detecting handlers persist
+their progress and a diff base in annotations, i.e. extra writes for every job; a level-triggered
+reconcile needs none of that. The only change-detecting handler is on.delete, which makes kopf
+manage our finalizer.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, cast
+
+import kopf
+
+from dgx_operator import admission
+from dgx_operator.build.names import JOB_LABEL
+from dgx_operator.controller import Controller
+from dgx_operator.kube import Kube
+from dgx_operator.settings import OperatorConfig, configure
+
+JOB = ("kubedgx.io", "v1alpha1", "dgxtrainingjobs")
+MOUNT = ("kubedgx.io", "v1alpha1", "dgxdatamounts")
+OURS = {JOB_LABEL: kopf.PRESENT}
+
+
+@kopf.on.startup()
+async def startup(
+    settings: kopf.OperatorSettings,
+    memo: Any,
+    pods_by_job: Any = None,
+    services: Any = None,
+    config_maps: Any = None,
+    **_: Any,
+) -> None:
+    config: OperatorConfig = memo.get("config") or OperatorConfig.from_env()
+    memo.config = config
+    configure(settings, config)
+    kube = await Kube.connect()
+    memo.kube = kube
+    memo.controller = Controller(
+        kube=kube,
+        catalog=config.catalog(),
+        defaults=config.defaults(),
+        pods_of=lambda ns, name: list(pods_by_job.get((ns, name), [])),
+        has_service=lambda ns, name: (ns, name) in services,
+        has_config_map=lambda ns, name: (ns, name) in config_maps,
+        post_event=lambda body, type_, reason, message: kopf.event(
+            cast(kopf.Body, body), type=type_, reason=reason, message=message
+        ),
+    )
+
+
+@kopf.on.cleanup()
+async def cleanup(memo: Any, **_: Any) -> None:
+    if "controller" in memo:
+        await memo.controller.stop()
+    if "kube" in memo:
+        await memo.kube.close()
+
+
+@kopf.on.login()
+def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+    """In-cluster service account when there is one, else the kubeconfig (tests, local runs)."""
+    return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+
+
+@kopf.on.probe(id="jobs")
+def probe_jobs(memo: Any, **_: Any) -> int:
+    """Part of the liveness endpoint's report: jobs with a reconcile in flight."""
+    controller: Controller | None = memo.get("controller")
+    return len(controller.dirty) if controller is not None else 0
+
+
+# -- indexes: the operator's view of children, kept current by kopf's watches ----------------
+
+
+@kopf.index("pods", labels=OURS)
+def pods_by_job(namespace: Any, labels: Any, body: Any, **_: Any) -> Any:
+    return {(namespace, labels[JOB_LABEL]): dict(body)}
+
+
+@kopf.index("services", labels=OURS)
+def services(name: Any, namespace: Any, **_: Any) -> Any:
+    return {(namespace, name): True}
+
+
+@kopf.index("configmaps", labels=OURS)
+def config_maps(name: Any, namespace: Any, **_: Any) -> Any:
+    return {(namespace, name): True}
+
+
+@kopf.index(*JOB)
+def jobs_by_mount(name: Any, namespace: Any, spec: Any, **_: Any) -> Any:
+    return {(namespace, ref.get("name")): name for ref in spec.get("dataMounts") or []}
+
+
+# -- triggers: all of them end in the one reconcile ------------------------------------------
+
+
+@kopf.on.event(*JOB)
+def job_event(name: Any, namespace: Any, type: Any, memo: Any, **_: Any) -> None:
+    if type == "DELETED":
+        memo.controller.forget(namespace, name)
+    else:
+        memo.controller.trigger(namespace, name)
+
+
+@kopf.on.event("pods", labels=OURS)
+def pod_event(namespace: Any, labels: Any, memo: Any, **_: Any) -> None:
+    memo.controller.trigger(namespace, labels[JOB_LABEL])
+
+
+@kopf.on.event(*MOUNT)
+def mount_event(name: Any, namespace: Any, memo: Any, jobs_by_mount: Any = None, **_: Any) -> None:
+    for job in set(jobs_by_mount.get((namespace, name), [])):
+        memo.controller.trigger(namespace, job)
+
+
+@kopf.timer(*JOB, interval=60.0, idle=30.0)
+def safety_net(name: Any, namespace: Any, memo: Any, **_: Any) -> None:
+    """Deadlines are scheduled precisely by the controller; this only catches what was missed."""
+    memo.controller.trigger(namespace, name)
+
+
+@kopf.on.delete(*JOB)
+async def job_deleted(name: Any, namespace: Any, memo: Any, **_: Any) -> None:
+    """Holds the finalizer until no worker of the job is left running."""
+    plan = await memo.controller.reconcile(namespace, name)
+    if plan is not None and not plan.release_finalizer:
+        raise kopf.TemporaryError("waiting for the workers to stop", delay=2)
+
+
+# -- admission --------------------------------------------------------------------------------
+
+
+@kopf.on.validate(*JOB, id="validate-dgxtrainingjob")
+async def validate_job(body: Any, memo: Any, old: Any = None, operation: Any = None, **_: Any) -> None:
+    await admission.review(memo, dict(body), dict(old) if old else None, operation)
+
+
+@kopf.on.validate(*MOUNT, id="validate-dgxdatamount")
+async def validate_mount(body: Any, memo: Any, old: Any = None, operation: Any = None, **_: Any) -> None:
+    await admission.review(memo, dict(body), dict(old) if old else None, operation)
+
+
+logging.getLogger("kubedgx").debug("handlers registered")

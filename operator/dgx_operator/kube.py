@@ -1,0 +1,198 @@
+"""The only module that talks to the API server.
+
+Every call states its intent for the answers that are not errors in a level-triggered
+controller: 404 on delete means "already gone", 409 on create means "exists" *only* when the
+existing object's controller owner is this job (anything else is a foreign object the job must not
+adopt), 409 on a status patch means "someone wrote in between: plan again". 429 and 5xx are
+transient and raised as :class:`TransientError` for the caller's backoff.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from kubernetes_asyncio import client, config
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from dgx_operator.api import GROUP, VERSION
+
+JOBS = "dgxtrainingjobs"
+MOUNTS = "dgxdatamounts"
+
+log = logging.getLogger(__name__)
+
+
+class TransientError(Exception):
+    """Retry later: throttled (429), a server error (5xx), or a conflicting write (409)."""
+
+    def __init__(self, message: str, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class ForeignObjectError(Exception):
+    """A child's name is taken by an object this job does not control."""
+
+    def __init__(self, description: str) -> None:
+        super().__init__(description)
+        self.description = description
+
+
+CreateOutcome = Literal["created", "exists", "blocked"]
+
+
+def _transient(exc: ApiException, what: str) -> TransientError:
+    retry = None
+    if exc.headers and exc.headers.get("Retry-After"):
+        try:
+            retry = float(exc.headers["Retry-After"])
+        except ValueError:
+            retry = None
+    return TransientError(f"{what}: HTTP {exc.status} {exc.reason}", retry)
+
+
+def _retryable(exc: ApiException) -> bool:
+    return exc.status == 429 or exc.status == 409 or exc.status >= 500
+
+
+@dataclass
+class Kube:
+    """A thin async facade over the Kubernetes API for the operator's few calls."""
+
+    api: client.ApiClient
+
+    @classmethod
+    async def connect(cls) -> Kube:
+        """In-cluster credentials when running in a pod, else the kubeconfig (KUBECONFIG)."""
+        if os.environ.get("KUBERNETES_SERVICE_HOST") and os.path.exists(
+            "/var/run/secrets/kubernetes.io/serviceaccount/token"
+        ):
+            config.load_incluster_config()  # type: ignore[no-untyped-call]
+            return cls(client.ApiClient())
+        configuration = client.Configuration()
+        await config.load_kube_config(client_configuration=configuration)
+        return cls(client.ApiClient(configuration))
+
+    async def close(self) -> None:
+        await self.api.close()
+
+    @property
+    def core(self) -> client.CoreV1Api:
+        return client.CoreV1Api(self.api)
+
+    @property
+    def custom(self) -> client.CustomObjectsApi:
+        return client.CustomObjectsApi(self.api)
+
+    # -- reads ---------------------------------------------------------------------------------
+
+    async def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            job: dict[str, Any] = await self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, JOBS, name)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            if _retryable(exc):
+                raise _transient(exc, f"get {JOBS} {namespace}/{name}") from exc
+            raise
+        return job
+
+    async def get_mount(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            mount: dict[str, Any] = await self.custom.get_namespaced_custom_object(
+                GROUP, VERSION, namespace, MOUNTS, name
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            if _retryable(exc):
+                raise _transient(exc, f"get {MOUNTS} {namespace}/{name}") from exc
+            raise
+        return mount
+
+    # -- writes --------------------------------------------------------------------------------
+
+    async def create(self, obj: Mapping[str, Any], owner_uid: str) -> CreateOutcome:
+        """Create a child. An existing one is fine only if this job controls it; one left by a
+        deleted job of the same name is "blocked" (it goes away with its owner)."""
+        kind, meta = obj["kind"], obj["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+        create: Any
+        read: Any
+        create, read = {
+            "Pod": (self.core.create_namespaced_pod, self.core.read_namespaced_pod),
+            "Service": (self.core.create_namespaced_service, self.core.read_namespaced_service),
+            "ConfigMap": (self.core.create_namespaced_config_map, self.core.read_namespaced_config_map),
+        }[kind]
+        try:
+            await create(namespace, dict(obj))
+            return "created"
+        except ApiException as exc:
+            if exc.status != 409:
+                if _retryable(exc):
+                    raise _transient(exc, f"create {kind} {namespace}/{name}") from exc
+                raise
+        try:
+            existing = self.api.sanitize_for_serialization(await read(name, namespace))
+        except ApiException as exc:
+            if exc.status == 404:  # deleted in between: try again on the next pass
+                raise TransientError(f"create {kind} {namespace}/{name}: existed, then vanished") from exc
+            raise
+        owners = existing.get("metadata", {}).get("ownerReferences") or []
+        controller = next((o for o in owners if o.get("controller")), None)
+        if controller is not None and controller.get("uid") == owner_uid:
+            return "exists"
+        ours = obj["metadata"]["ownerReferences"][0]
+        if controller is not None and controller.get("kind") == ours["kind"] and controller.get("name") == ours["name"]:
+            return "blocked"
+        holder = f"{controller.get('kind')} {controller.get('name')}" if controller else "no controller"
+        raise ForeignObjectError(
+            f"{kind} {namespace}/{name} already exists and is controlled by {holder}, not this job; "
+            "delete it or rename the job"
+        )
+
+    async def delete_pod(self, namespace: str, name: str) -> bool:
+        """Delete a pod; False if it was already gone."""
+        try:
+            await self.core.delete_namespaced_pod(name, namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            if _retryable(exc):
+                raise _transient(exc, f"delete Pod {namespace}/{name}") from exc
+            raise
+        return True
+
+    async def delete_job(self, namespace: str, name: str) -> None:
+        try:
+            await self.custom.delete_namespaced_custom_object(
+                GROUP, VERSION, namespace, JOBS, name, propagation_policy="Background"
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return
+            if _retryable(exc):
+                raise _transient(exc, f"delete {JOBS} {namespace}/{name}") from exc
+            raise
+
+    async def patch_job_status(
+        self, namespace: str, name: str, resource_version: str | None, status: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """Merge-patch the status, guarded by the resourceVersion the plan was made from: a spec
+        edit or another writer in between makes it 409, and the job is planned again."""
+        body: dict[str, Any] = {"status": dict(status)}
+        if resource_version:
+            body["metadata"] = {"resourceVersion": resource_version}
+        try:
+            patched: dict[str, Any] = await self.custom.patch_namespaced_custom_object_status(
+                GROUP, VERSION, namespace, JOBS, name, body
+            )
+        except ApiException as exc:
+            if _retryable(exc):
+                raise _transient(exc, f"patch status of {JOBS} {namespace}/{name}") from exc
+            raise
+        return patched

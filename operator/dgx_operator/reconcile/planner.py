@@ -1,0 +1,471 @@
+"""The planner: (job, observed children, now) -> what to create, delete and report.
+
+One pure function serves every trigger (create, resume, spec update, timer, pod or mount event),
+so the operator is level-triggered: it compares what exists with what should exist and never
+relies on having seen an edge. Everything here is deterministic and unit-tested; `kube.py` only
+carries the plan out.
+
+Restart accounting is idempotent under crashes: a failure is counted by bumping
+``status.attempt`` together with ``status.restarts`` in one status write, and only failures of
+pods from the *current* attempt count. A worker that failed in attempt 3 and is seen again after
+the operator restarted (status already at attempt 4) is replaced without being counted twice.
+Failures that cascade from one incident (a crash, then NCCL errors on the other workers) are
+therefore one restart, as with torchrun's own group restarts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, Literal
+
+from dgx_operator.api.common import Condition
+from dgx_operator.api.trainingjob import (
+    KIND,
+    DGXTrainingJob,
+    DGXTrainingJobStatus,
+    Progress,
+    WorkerCounts,
+)
+from dgx_operator.build import BuildContext, JobIdentity, headless_service, trainer_config_map, worker_pod
+from dgx_operator.build.resolved import Resolved, resolve
+from dgx_operator.catalog import UnknownInstanceError
+from dgx_operator.reconcile.pods import PodView, read_progress
+
+EventType = Literal["Normal", "Warning"]
+
+RUNNING, RESTARTING, SUSPENDED, SUCCEEDED, FAILED, DATA_READY = (
+    "Running",
+    "Restarting",
+    "Suspended",
+    "Succeeded",
+    "Failed",
+    "DataReady",
+)
+TERMINAL = ("Succeeded", "Failed")
+
+
+@dataclass(frozen=True)
+class MountState:
+    """A referenced DGXDataMount as observed: its phase (None when it does not exist)."""
+
+    phase: str | None
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What exists now, as the operator's caches and the API server report it."""
+
+    pods: Sequence[PodView] = ()
+    service: bool = False
+    config_map: bool = False
+    mounts: Mapping[str, MountState] = field(default_factory=dict)
+    #: "kind namespace/name (owner ...)" of children at our names that another owner controls,
+    #: learnt from a create that answered 409.
+    foreign: Sequence[str] = ()
+
+
+@dataclass(frozen=True)
+class Event:
+    type: EventType
+    reason: str
+    message: str
+
+
+@dataclass
+class Plan:
+    """What to do. Creates come first (config, Service, workers), then deletes, then the status."""
+
+    status: DGXTrainingJobStatus
+    create: list[dict[str, Any]] = field(default_factory=list)
+    delete: list[str] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+    requeue_after: float | None = None
+    delete_job: bool = False
+    release_finalizer: bool = False
+
+
+def set_condition(
+    conditions: list[Condition], type_: str, status: bool, reason: str, message: str, now: datetime, generation: int
+) -> list[Condition]:
+    """Replace the condition of ``type_``; lastTransitionTime moves only when its status flips."""
+    value: Literal["True", "False"] = "True" if status else "False"
+    old = next((c for c in conditions if c.type == type_), None)
+    since = old.last_transition_time if old is not None and old.status == value else now
+    new = Condition(
+        type=type_,
+        status=value,
+        reason=reason,
+        message=message,
+        last_transition_time=since,
+        observed_generation=generation,
+    )
+    return [*(c for c in conditions if c.type != type_), new]
+
+
+def condition(status: DGXTrainingJobStatus, type_: str) -> Condition | None:
+    return next((c for c in status.conditions if c.type == type_), None)
+
+
+class _Planner:
+    """One planning pass; a class only to keep the many small steps readable."""
+
+    def __init__(self, job: DGXTrainingJob, ctx: BuildContext, observed: Observed, now: datetime) -> None:
+        self.job = job
+        self.spec = job.spec
+        self.ctx = ctx
+        self.observed = observed
+        self.now = now
+        self.generation = job.metadata.generation or 0
+        self.ident = JobIdentity.of(job)
+        old = job.status or DGXTrainingJobStatus()
+        self.old_phase = old.phase
+        self.status = old.model_copy(deep=True)
+        self.plan = Plan(status=self.status)
+        ours = [p for p in observed.pods if p.owner_uid in (None, self.ident.uid)]
+        self.pods = sorted(ours, key=lambda p: (p.index if p.index is not None else 1 << 30, p.name))
+        self.strangers = [p for p in observed.pods if p.owner_uid not in (None, self.ident.uid)]
+        self.wakeups: list[datetime] = []
+        self.restarted = False  # a restart was decided in this pass
+
+    # -- small helpers -----------------------------------------------------------------------
+
+    def cond(self, type_: str, value: bool, reason: str, message: str) -> None:
+        self.status.conditions = set_condition(
+            self.status.conditions, type_, value, reason, message, self.now, self.generation
+        )
+
+    def event(self, type_: EventType, reason: str, message: str) -> None:
+        self.plan.events.append(Event(type_, reason, message))
+
+    def delete(self, pods: Sequence[PodView]) -> None:
+        for pod in pods:
+            if not pod.terminating and pod.name not in self.plan.delete:
+                self.plan.delete.append(pod.name)
+
+    def set_phase(self, phase: str, reason: str, message: str) -> None:
+        """Phase plus the conditions that mirror it; an event whenever the phase changes."""
+        self.status.phase = phase  # type: ignore[assignment]
+        running = phase == "Running"
+        self.cond(RUNNING, running, reason, message)
+        self.cond(
+            RESTARTING,
+            phase == "Restarting",
+            reason if phase == "Restarting" else "NotRestarting",
+            message if phase == "Restarting" else "",
+        )
+        self.cond(
+            SUSPENDED,
+            phase == "Suspended",
+            reason if phase == "Suspended" else "NotSuspended",
+            message if phase == "Suspended" else "",
+        )
+        if phase in TERMINAL:
+            self.cond(
+                SUCCEEDED,
+                phase == "Succeeded",
+                reason if phase == "Succeeded" else "NotSucceeded",
+                message if phase == "Succeeded" else "",
+            )
+            self.cond(
+                FAILED,
+                phase == "Failed",
+                reason if phase == "Failed" else "NotFailed",
+                message if phase == "Failed" else "",
+            )
+        if phase != self.old_phase:
+            warning = phase in ("Failed", "Restarting")
+            self.event("Warning" if warning else "Normal", reason, message or phase)
+
+    def finish(self, phase: str, reason: str, message: str) -> Plan:
+        """End the job: Succeeded or Failed, every remaining worker deleted."""
+        self.set_phase(phase, reason, message)
+        self.status.completion_time = self.status.completion_time or self.now
+        self.delete([p for p in self.pods if not p.finished])
+        return self.done(desired=0)
+
+    def done(self, desired: int) -> Plan:
+        """Fill in the observed counts and progress, compute the next wake-up."""
+        gone = set(self.plan.delete)
+        created = [c for c in self.plan.create if c["kind"] == "Pod"]
+        active = [p for p in self.pods if p.active and p.name not in gone]
+        ready = [p for p in active if p.running]
+        failed = [p for p in self.pods if p.failed and p.attempt >= self.status.attempt]
+        self.status.workers = WorkerCounts(
+            desired=desired, active=len(active) + len(created), ready=len(ready), failed=len(failed)
+        )
+        self.status.nodes = f"{len(ready)}/{desired}"
+        self.status.observed_generation = self.generation
+        self.read_progress()
+        if self.status.phase in TERMINAL and self.spec.ttl_seconds_after_finished is not None:
+            end = self.status.completion_time or self.now
+            expiry = end + timedelta(seconds=self.spec.ttl_seconds_after_finished)
+            if self.now >= expiry:
+                self.plan.delete_job = True
+            else:
+                self.wakeups.append(expiry)
+        if self.wakeups:
+            self.plan.requeue_after = max(0.0, (min(self.wakeups) - self.now).total_seconds())
+        return self.plan
+
+    def read_progress(self) -> None:
+        worker0 = next((p for p in self.pods if p.index == 0), None)
+        report = read_progress(worker0) if worker0 is not None else None
+        if report is None:
+            return
+        fields = set(Progress.model_fields) | {f.alias for f in Progress.model_fields.values() if f.alias}
+        try:
+            self.status.progress = Progress.model_validate({k: v for k, v in report.items() if k in fields})
+        except ValueError:
+            return  # a malformed report from the trainer never breaks the job's status
+
+    # -- the decision --------------------------------------------------------------------------
+
+    def run(self) -> Plan:
+        if self.job.metadata.deletion_timestamp is not None:
+            return self.deleting()
+        if self.status.phase in TERMINAL:
+            self.delete([p for p in self.pods if not p.finished])
+            return self.done(desired=0)
+        if self.observed.foreign:
+            return self.finish("Failed", "ForeignObject", "; ".join(self.observed.foreign))
+        squatters = [p for p in self.strangers if not self._previous_incarnation(p)]
+        if squatters:
+            names = ", ".join(f"pod {self.ident.namespace}/{p.name}" for p in squatters)
+            return self.finish(
+                "Failed",
+                "ForeignObject",
+                f"{names} carries this job's label but another owner; delete it or rename the job",
+            )
+        try:
+            r = resolve(self.spec, self.ctx.catalog)
+        except UnknownInstanceError as exc:
+            return self.finish("Failed", "InvalidSpec", f"spec.instance: {exc.message}")
+        if self.spec.suspend:
+            return self.suspended()
+        if self.old_phase == "Suspended":
+            self.status.start_time = None  # resuming: maxDuration counts afresh
+        if self.status.start_time is None:
+            waiting = self.waiting_for_data()
+            if waiting is not None:
+                return waiting
+        if self.deadline_passed(r):
+            return self.finish(
+                "Failed", "DeadlineExceeded", f"the job ran longer than spec.maxDuration ({self.spec.max_duration})"
+            )
+        finished = self.finished_by_workers(r)
+        if finished is not None:
+            return finished
+        return self.keep_running(r)
+
+    def _previous_incarnation(self, pod: PodView) -> bool:
+        """A pod of a deleted job with the same name: it goes away with its owner; wait for it."""
+        return pod.owner_kind == KIND and pod.owner_name == self.ident.name
+
+    def deleting(self) -> Plan:
+        self.delete([p for p in self.pods if not p.finished])
+        self.plan.release_finalizer = all(p.finished for p in self.pods)
+        return self.plan
+
+    def suspended(self) -> Plan:
+        self.delete([p for p in self.pods if not p.finished])
+        self.status.start_time = None
+        self.set_phase("Suspended", "Suspended", "spec.suspend is true: workers deleted, the job is kept")
+        return self.done(desired=0)
+
+    def waiting_for_data(self) -> Plan | None:
+        if not self.spec.data_mounts:
+            return None
+        waiting: list[str] = []
+        for ref in self.spec.data_mounts:
+            state = self.observed.mounts.get(ref.name, MountState(None))
+            if state.phase == "Failed":
+                self.cond(DATA_READY, False, "DataMountFailed", f"{ref.name}: {state.message}")
+                return self.finish("Failed", "DataMountFailed", f"DGXDataMount {ref.name} failed: {state.message}")
+            if state.phase is None:
+                waiting.append(f"{ref.name} (not found)")
+            elif state.phase != "Ready":
+                waiting.append(f"{ref.name} ({state.phase})")
+        if waiting:
+            message = "waiting for DGXDataMount " + ", ".join(waiting)
+            self.cond(DATA_READY, False, "DataNotReady", message)
+            self.set_phase("WaitingForData", "DataNotReady", message)
+            return self.done(desired=0)
+        self.cond(DATA_READY, True, "DataReady", "every referenced DGXDataMount is Ready")
+        return None
+
+    def deadline_passed(self, r: Resolved) -> bool:
+        if any(p.failed and p.deadline_exceeded for p in self.pods):
+            return True  # a worker's activeDeadlineSeconds (the remainder of maxDuration) fired
+        if r.max_duration_s is None or self.status.start_time is None:
+            return False
+        deadline = self.status.start_time + timedelta(seconds=r.max_duration_s)
+        if self.now >= deadline:
+            return True
+        self.wakeups.append(deadline)
+        return False
+
+    def finished_by_workers(self, r: Resolved) -> Plan | None:
+        """Success, or a failure the restart policy does not absorb. None: keep going."""
+        if not r.interactive:
+            worker0 = next((p for p in self.pods if p.index == 0 and p.succeeded), None)
+            if worker0 is not None:
+                return self.finish("Succeeded", "Completed", f"{worker0.name} exited 0: training completed")
+        current = [p for p in self.pods if p.failed and p.attempt >= self.status.attempt]
+        failures = [p for p in current if not p.disrupted]
+        if interactive_exit := [p for p in self.pods if r.interactive and p.succeeded]:
+            self.restart(interactive_exit, counted=False, reason="WorkerReplaced")
+        if not failures:
+            disrupted = [p for p in current if p.disrupted]
+            if disrupted:
+                self.restart(disrupted, counted=False, reason="WorkerDisrupted")
+            return None
+        first = failures[0].describe_failure()
+        policy = self.spec.restart_policy
+        if policy == "Never":
+            return self.finish("Failed", "WorkerFailed", f"{first}; restartPolicy is Never")
+        if policy == "ExitCode":
+            permanent = [p for p in failures if p.exit_code is None or p.exit_code not in r.retryable_exit_codes]
+            if permanent:
+                code = permanent[0].exit_code
+                return self.finish(
+                    "Failed",
+                    "WorkerFailed",
+                    f"{permanent[0].describe_failure()}; exit code {code} is not in retryableExitCodes",
+                )
+        if self.status.restarts + 1 > self.spec.backoff_limit:
+            return self.finish(
+                "Failed",
+                "BackoffLimitExceeded",
+                f"{first}; backoffLimit {self.spec.backoff_limit} reached after {self.status.restarts} restart(s)",
+            )
+        self.restart(current, counted=True, reason="WorkerFailed")
+        return None
+
+    def restart(self, pods: Sequence[PodView], *, counted: bool, reason: str) -> None:
+        """Replace ``pods`` in a new attempt; only program failures count against backoffLimit."""
+        self.delete(pods)
+        self.status.attempt += 1
+        what = "; ".join(p.describe_failure() for p in pods)
+        if counted:
+            self.status.restarts += 1
+            self.event(
+                "Warning",
+                "WorkerRestarted",
+                f"{what}; restart {self.status.restarts} of {self.spec.backoff_limit} (attempt {self.status.attempt})",
+            )
+        else:
+            self.event("Normal", reason, f"{what}; replaced without counting against backoffLimit")
+        self.restarted = True
+
+    def keep_running(self, r: Resolved) -> Plan:
+        desired = 1 if r.interactive else r.max_nodes
+        self.ensure_shared_children(r)
+        # Failed workers of older attempts belong to a restart already counted: replace them.
+        self.delete([p for p in self.pods if p.failed and p.attempt < self.status.attempt])
+        gone = set(self.plan.delete)
+        # Scale down: workers beyond maxNodes go, highest index first.
+        extra = [p for p in self.pods if (p.index is None or p.index >= desired) and not p.finished]
+        self.delete(sorted(extra, key=lambda p: -(p.index or 0)))
+        by_index = {p.index: p for p in self.pods if p.index is not None and p.name not in gone}
+        blocked = {p.index for p in self.strangers if p.index is not None}
+        remaining = self.remaining_seconds(r)
+        for i in range(desired):
+            pod = by_index.get(i)
+            if pod is not None or i in blocked:
+                continue  # exists, or is still going away: recreated once its deletion is observed
+            self.plan.create.append(
+                worker_pod(
+                    self.ident,
+                    self.spec,
+                    i,
+                    r,
+                    self.ctx,
+                    attempt=self.status.attempt,
+                    active_deadline_seconds=remaining,
+                )
+            )
+        if self.status.start_time is None and (self.plan.create or self.pods):
+            self.status.start_time = self.now
+            if r.max_duration_s is not None:
+                self.wakeups.append(self.now + timedelta(seconds=r.max_duration_s))
+        return self.decide_phase(r, desired)
+
+    def ensure_shared_children(self, r: Resolved) -> None:
+        if not self.observed.config_map:
+            config = trainer_config_map(self.ident, self.spec)
+            if config is not None:
+                self.plan.create.append(config)
+        if not self.observed.service:
+            self.plan.create.append(headless_service(self.ident, r, self.ctx.defaults.master_port))
+
+    def remaining_seconds(self, r: Resolved) -> int | None:
+        if r.max_duration_s is None:
+            return None
+        if self.status.start_time is None:
+            return r.max_duration_s
+        left = r.max_duration_s - (self.now - self.status.start_time).total_seconds()
+        return max(1, int(left))
+
+    def decide_phase(self, r: Resolved, desired: int) -> Plan:
+        gone = set(self.plan.delete)
+        running = [p for p in self.pods if p.running and not p.terminating and p.name not in gone]
+        need = 1 if r.interactive else r.min_nodes
+        if len(running) >= need:
+            if len(running) >= desired:
+                self.set_phase("Running", "AllWorkersRunning", f"{len(running)}/{desired} workers running")
+            else:
+                self.set_phase(
+                    "Running",
+                    "ElasticMinimumRunning",
+                    f"{len(running)}/{desired} workers running (minNodes {need}); the rest are pending",
+                )
+            return self.done(desired)
+        was_running = self.old_phase in ("Running", "Restarting") or self.restarted
+        if was_running:
+            reason = "WorkerRestarting" if self.restarted else "NodesBelowMinimum"
+            self.set_phase(
+                "Restarting", reason, f"{len(running)}/{desired} workers running, below minNodes {need}; recreating"
+            )
+        else:
+            pending = [p for p in self.pods if p.active and not p.running]
+            unscheduled = sum(1 for p in pending if not p.scheduled)
+            detail = f" ({unscheduled} not scheduled yet)" if unscheduled else ""
+            self.set_phase(
+                "Pending", "WorkersPending", f"{len(running)}/{desired} workers running, need {need}{detail}"
+            )
+        timeout = self.pending_timeout(r)
+        if timeout is not None:
+            return timeout
+        return self.done(desired)
+
+    def pending_timeout(self, r: Resolved) -> Plan | None:
+        """maxPending: how long the job may go without minNodes workers running."""
+        if r.max_pending_s is None:
+            return None
+        not_running = condition(self.status, RUNNING)
+        if not_running is None or not_running.status == "True":
+            return None
+        # Waiting for data or sitting suspended is not waiting for nodes: count from the latest of
+        # "stopped running", "data became ready" and "resumed".
+        since = not_running.last_transition_time
+        for type_, value in ((DATA_READY, "True"), (SUSPENDED, "False")):
+            other = condition(self.status, type_)
+            if other is not None and other.status == value:
+                since = max(since, other.last_transition_time)
+        expiry = since + timedelta(seconds=r.max_pending_s)
+        if self.now >= expiry:
+            return self.finish(
+                "Failed",
+                "PendingTimeout",
+                f"fewer than minNodes workers ran for spec.maxPending ({self.spec.max_pending}): {not_running.message}",
+            )
+        self.wakeups.append(expiry)
+        return None
+
+
+def plan(job: DGXTrainingJob, ctx: BuildContext, observed: Observed, now: datetime) -> Plan:
+    """Decide what to do for ``job`` given what exists; see the module docstring."""
+    return _Planner(job, ctx, observed, now).run()
