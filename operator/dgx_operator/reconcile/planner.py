@@ -28,7 +28,7 @@ from dgx_operator.api.trainingjob import (
     Progress,
     WorkerCounts,
 )
-from dgx_operator.build import BuildContext, JobIdentity, headless_service, trainer_config_map, worker_pod
+from dgx_operator.build import BuildContext, BuildError, JobIdentity, headless_service, trainer_config_map, worker_pod
 from dgx_operator.build.resolved import Resolved, resolve
 from dgx_operator.catalog import UnknownInstanceError
 from dgx_operator.reconcile.pods import PodView, read_progress
@@ -124,9 +124,9 @@ class _Planner:
         self.old_phase = old.phase
         self.status = old.model_copy(deep=True)
         self.plan = Plan(status=self.status)
-        ours = [p for p in observed.pods if p.owner_uid in (None, self.ident.uid)]
+        ours = [p for p in observed.pods if p.owner_uid == self.ident.uid]
         self.pods = sorted(ours, key=lambda p: (p.index if p.index is not None else 1 << 30, p.name))
-        self.strangers = [p for p in observed.pods if p.owner_uid not in (None, self.ident.uid)]
+        self.strangers = [p for p in observed.pods if p.owner_uid != self.ident.uid]
         self.wakeups: list[datetime] = []
         self.restarted = False  # a restart was decided in this pass
 
@@ -251,14 +251,21 @@ class _Planner:
             waiting = self.waiting_for_data()
             if waiting is not None:
                 return waiting
+        succeeded = self.succeeded(r)
+        if succeeded is not None:
+            return succeeded  # before the deadline: a success first seen late is still a success
         if self.deadline_passed(r):
             return self.finish(
                 "Failed", "DeadlineExceeded", f"the job ran longer than spec.maxDuration ({self.spec.max_duration})"
             )
-        finished = self.finished_by_workers(r)
-        if finished is not None:
-            return finished
-        return self.keep_running(r)
+        failed = self.failures(r)
+        if failed is not None:
+            return failed
+        try:
+            return self.keep_running(r)
+        except BuildError as exc:  # a spec only the cluster can check, e.g. outputs into an input mount
+            self.plan.create.clear()
+            return self.finish("Failed", "InvalidSpec", f"{exc.path}: {exc.message}")
 
     def _previous_incarnation(self, pod: PodView) -> bool:
         """A pod of a deleted job with the same name: it goes away with its owner; wait for it."""
@@ -307,16 +314,24 @@ class _Planner:
         self.wakeups.append(deadline)
         return False
 
-    def finished_by_workers(self, r: Resolved) -> Plan | None:
-        """Success, or a failure the restart policy does not absorb. None: keep going."""
-        if not r.interactive:
-            worker0 = next((p for p in self.pods if p.index == 0 and p.succeeded), None)
-            if worker0 is not None:
-                return self.finish("Succeeded", "Completed", f"{worker0.name} exited 0: training completed")
-        current = [p for p in self.pods if p.failed and p.attempt >= self.status.attempt]
+    def succeeded(self, r: Resolved) -> Plan | None:
+        if r.interactive:
+            return None  # the idle worker never completes training
+        worker0 = next((p for p in self.pods if p.index == 0 and p.succeeded), None)
+        if worker0 is None:
+            return None
+        return self.finish("Succeeded", "Completed", f"{worker0.name} exited 0: training completed")
+
+    def failures(self, r: Resolved) -> Plan | None:
+        """A failure the restart policy does not absorb ends the job; others restart workers.
+
+        Only pods of the current attempt that nobody is deleting count: a worker that dies while
+        being deleted (scale-down, suspend, someone's kubectl delete) was stopped, not broken."""
+        current = [p for p in self.pods if p.failed and not p.terminating and p.attempt >= self.status.attempt]
         failures = [p for p in current if not p.disrupted]
-        if interactive_exit := [p for p in self.pods if r.interactive and p.succeeded]:
-            self.restart(interactive_exit, counted=False, reason="WorkerReplaced")
+        ended = [p for p in self.pods if r.interactive and p.succeeded and not p.terminating]
+        if ended and any(p.attempt >= self.status.attempt for p in ended):
+            self.restart(ended, counted=False, reason="WorkerReplaced")
         if not failures:
             disrupted = [p for p in current if p.disrupted]
             if disrupted:
@@ -363,13 +378,16 @@ class _Planner:
     def keep_running(self, r: Resolved) -> Plan:
         desired = 1 if r.interactive else r.max_nodes
         self.ensure_shared_children(r)
-        # Failed workers of older attempts belong to a restart already counted: replace them.
-        self.delete([p for p in self.pods if p.failed and p.attempt < self.status.attempt])
-        gone = set(self.plan.delete)
+        # Workers of older attempts that ended belong to a restart already made: replace them.
+        stale = [
+            p for p in self.pods if p.attempt < self.status.attempt and (p.failed or (r.interactive and p.succeeded))
+        ]
+        self.delete(stale)
         # Scale down: workers beyond maxNodes go, highest index first.
         extra = [p for p in self.pods if (p.index is None or p.index >= desired) and not p.finished]
         self.delete(sorted(extra, key=lambda p: -(p.index or 0)))
-        by_index = {p.index: p for p in self.pods if p.index is not None and p.name not in gone}
+        # A pod being deleted still holds its name: its replacement waits until it is gone.
+        by_index = {p.index: p for p in self.pods if p.index is not None}
         blocked = {p.index for p in self.strangers if p.index is not None}
         remaining = self.remaining_seconds(r)
         for i in range(desired):
@@ -411,23 +429,26 @@ class _Planner:
 
     def decide_phase(self, r: Resolved, desired: int) -> Plan:
         gone = set(self.plan.delete)
-        running = [p for p in self.pods if p.running and not p.terminating and p.name not in gone]
+        live = [p for p in self.pods if not p.terminating and p.name not in gone]
+        running = [p for p in live if p.running]
+        # A worker that exited 0 finished its share: the group is completing, not shrinking.
+        done = [p for p in live if p.succeeded]
         need = 1 if r.interactive else r.min_nodes
-        if len(running) >= need:
-            if len(running) >= desired:
-                self.set_phase("Running", "AllWorkersRunning", f"{len(running)}/{desired} workers running")
+        if len(running) + len(done) >= need:
+            count = f"{len(running)}/{desired} workers running" + (f", {len(done)} finished" if done else "")
+            if len(running) + len(done) >= desired:
+                self.set_phase("Running", "AllWorkersRunning", count)
             else:
-                self.set_phase(
-                    "Running",
-                    "ElasticMinimumRunning",
-                    f"{len(running)}/{desired} workers running (minNodes {need}); the rest are pending",
-                )
+                self.set_phase("Running", "ElasticMinimumRunning", f"{count} (minNodes {need}); the rest are pending")
             return self.done(desired)
         was_running = self.old_phase in ("Running", "Restarting") or self.restarted
         if was_running:
-            reason = "WorkerRestarting" if self.restarted else "NodesBelowMinimum"
+            # One reason whatever the cause (the restart itself is an event): re-planning the same
+            # observations must give the same status.
             self.set_phase(
-                "Restarting", reason, f"{len(running)}/{desired} workers running, below minNodes {need}; recreating"
+                "Restarting",
+                "NodesBelowMinimum",
+                f"{len(running)}/{desired} workers running, below minNodes {need}; recreating",
             )
         else:
             pending = [p for p in self.pods if p.active and not p.running]

@@ -1,0 +1,1694 @@
+"""The pure reconcile planner: (job, observed children, now) -> creates, deletes, status, events.
+
+Every scenario is simulated with explicit, timezone-aware ``now`` values; pods are the builders' real
+worker pods with a hand-written ``status`` (what kubelet and scheduler would report).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from dgx_operator.api import DGXDataMountSpec, DGXTrainingJob
+from dgx_operator.api.trainingjob import DGXTrainingJobStatus, WorkerCounts
+from dgx_operator.build import BuildContext, JobIdentity, resolve, worker_pod
+from dgx_operator.build.pod import IDLE_COMMAND
+from dgx_operator.catalog import Catalog
+from dgx_operator.reconcile.planner import MountState, Observed, Plan, plan
+from dgx_operator.reconcile.pods import PodView, read_progress
+from tests.conftest import BASE_JOB, BASE_MOUNT, DELETE, with_changes
+
+UID = "8a1f3c52-6b0e-4d7a-9c21-5e4f3a2b1c0d"
+OLD_UID = "11111111-2222-4333-8444-555555555555"
+T0 = datetime(2025, 3, 1, 12, 0, 0, tzinfo=UTC)
+ATTEMPT = "kubedgx.io/attempt"
+INDEX = "kubedgx.io/replica-index"
+DATA_REF = [{"name": "data", "mountPath": "/data"}]
+READY = {"data": MountState("Ready")}
+SYNCING = {"data": MountState("Syncing")}
+
+#: The condition whose reason explains each phase (and the status it must have).
+PHASE_CONDITION: dict[str, tuple[str, str]] = {
+    "Pending": ("Running", "False"),
+    "WaitingForData": ("Running", "False"),
+    "Running": ("Running", "True"),
+    "Restarting": ("Restarting", "True"),
+    "Suspended": ("Suspended", "True"),
+    "Succeeded": ("Succeeded", "True"),
+    "Failed": ("Failed", "True"),
+}
+
+
+# --- helpers -------------------------------------------------------------------------------------
+
+
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+def make_job(
+    changes: Mapping[str, Any] | None = None,
+    *,
+    generation: int = 1,
+    status: DGXTrainingJobStatus | None = None,
+) -> DGXTrainingJob:
+    raw = with_changes(BASE_JOB, {"metadata.uid": UID, "metadata.generation": generation, **(changes or {})})
+    job = DGXTrainingJob.model_validate(raw)
+    return job if status is None else job.model_copy(update={"status": status})
+
+
+def respec(job: DGXTrainingJob, changes: Mapping[str, Any], *, bump: bool = True) -> DGXTrainingJob:
+    """``job`` with dotted-path changes to its manifest, the status kept and (by default) generation bumped."""
+    raw = job.model_dump(by_alias=True, exclude_none=True, mode="json", exclude={"status"})
+    generation = (job.metadata.generation or 0) + (1 if bump else 0)
+    new = DGXTrainingJob.model_validate(with_changes(raw, {"metadata.generation": generation, **changes}))
+    return new.model_copy(update={"status": job.status})
+
+
+def step(job: DGXTrainingJob, result: Plan) -> DGXTrainingJob:
+    """What the operator's status patch leaves behind."""
+    return job.model_copy(update={"status": result.status})
+
+
+def make_ctx(catalog: Catalog) -> BuildContext:
+    mounts = {
+        "data": DGXDataMountSpec.model_validate(BASE_MOUNT["spec"]),
+        "out": DGXDataMountSpec.model_validate({**BASE_MOUNT["spec"], "direction": "Out"}),
+    }
+    return BuildContext(catalog, data_mounts=mounts)
+
+
+def _terminated(code: int, reason: str, message: str | None) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "exitCode": code,
+        "reason": reason,
+        "startedAt": "2025-03-01T12:00:00Z",
+        "finishedAt": "2025-03-01T12:30:00Z",
+    }
+    if message is not None:
+        out["message"] = message
+    return out
+
+
+def _container(state: dict[str, Any], ready: bool = False) -> list[dict[str, Any]]:
+    return [{"name": "trainer", "ready": ready, "restartCount": 0, "image": "trainer", "state": state}]
+
+
+SCHEDULED = {"type": "PodScheduled", "status": "True"}
+
+
+def pod_status(state: str, index: int, exit_code: int | None, message: str | None) -> dict[str, Any]:
+    """status of a worker pod in ``state``, as kubelet and scheduler write it."""
+    host = f"10.0.0.{10 + index}"
+    if state == "unscheduled":
+        return {
+            "phase": "Pending",
+            "conditions": [
+                {
+                    "type": "PodScheduled",
+                    "status": "False",
+                    "reason": "Unschedulable",
+                    "message": "0/4 nodes are available: 4 Insufficient nvidia.com/gpu.",
+                }
+            ],
+        }
+    if state == "scheduled":
+        return {
+            "phase": "Pending",
+            "hostIP": host,
+            "conditions": [SCHEDULED],
+            "containerStatuses": _container({"waiting": {"reason": "ContainerCreating"}}),
+        }
+    if state == "running":
+        return {
+            "phase": "Running",
+            "hostIP": host,
+            "podIP": f"10.1.0.{10 + index}",
+            "conditions": [SCHEDULED, {"type": "Ready", "status": "True"}],
+            "containerStatuses": _container({"running": {"startedAt": "2025-03-01T12:00:00Z"}}, ready=True),
+        }
+    if state == "succeeded":
+        return {
+            "phase": "Succeeded",
+            "hostIP": host,
+            "conditions": [SCHEDULED],
+            "containerStatuses": _container({"terminated": _terminated(0, "Completed", message)}),
+        }
+    if state == "failed":
+        code = 1 if exit_code is None else exit_code
+        text = "RuntimeError: CUDA error: an illegal memory access" if message is None else message
+        return {
+            "phase": "Failed",
+            "hostIP": host,
+            "conditions": [SCHEDULED],
+            "containerStatuses": _container({"terminated": _terminated(code, "Error", text)}),
+        }
+    if state == "evicted":
+        return {
+            "phase": "Failed",
+            "reason": "Evicted",
+            "message": "The node was low on resource: memory.",
+            "hostIP": host,
+            "conditions": [SCHEDULED],
+            "containerStatuses": _container({"terminated": _terminated(137, "Error", None)}),
+        }
+    if state == "disruption":  # preempted / spot reclaim: only the DisruptionTarget condition says so
+        return {
+            "phase": "Failed",
+            "hostIP": host,
+            "conditions": [
+                SCHEDULED,
+                {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"},
+            ],
+            "containerStatuses": _container({"terminated": _terminated(143, "Error", None)}),
+        }
+    if state == "nostate":  # rejected before the container ever ran, without a reason
+        return {"phase": "Failed", "message": "Pod was rejected", "conditions": [SCHEDULED]}
+    if state == "outofgpu":
+        return {
+            "phase": "Failed",
+            "reason": "OutOfnvidia.com/gpu",
+            "message": "Node didn't have enough resource: nvidia.com/gpu",
+        }
+    if state == "unknown":  # the node stopped reporting; only the phase says so
+        return {"phase": "Unknown", "message": "node kubelet stopped posting status"}
+    if state == "sidecar":  # the pod runs (a sidecar does), the trainer container has exited
+        return {
+            "phase": "Running",
+            "hostIP": host,
+            "conditions": [SCHEDULED],
+            "containerStatuses": [
+                *_container({"terminated": _terminated(0, "Completed", None)}),
+                {"name": "sync", "ready": True, "state": {"running": {"startedAt": "2025-03-01T12:00:00Z"}}},
+            ],
+        }
+    if state == "deadline":
+        return {
+            "phase": "Failed",
+            "reason": "DeadlineExceeded",
+            "message": "Pod was active on the node longer than the specified deadline",
+            "hostIP": host,
+            "conditions": [SCHEDULED],
+            "containerStatuses": _container({"terminated": _terminated(137, "Error", None)}),
+        }
+    raise AssertionError(f"no pod state {state!r}")
+
+
+def make_pod(
+    job: DGXTrainingJob,
+    ctx: BuildContext,
+    index: int,
+    state: str,
+    *,
+    attempt: int | None = None,
+    exit_code: int | None = None,
+    message: str | None = None,
+    terminating: bool = False,
+    annotations: Mapping[str, str] | None = None,
+    owner: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A realistic worker pod of ``job``: the builders' output plus a status for ``state``."""
+    if attempt is None:
+        attempt = job.status.attempt if job.status is not None else 0
+    pod = worker_pod(JobIdentity.of(job), job.spec, index, resolve(job.spec, ctx.catalog), ctx, attempt=attempt)
+    pod["metadata"]["uid"] = f"pod-{index}-{attempt}"
+    pod["metadata"]["creationTimestamp"] = "2025-03-01T12:00:00Z"
+    pod["metadata"]["annotations"].update(annotations or {})
+    if owner is not None:
+        pod["metadata"]["ownerReferences"] = [dict(owner)]
+    if terminating:
+        pod["metadata"]["deletionTimestamp"] = "2025-03-01T12:00:30Z"
+        pod["metadata"]["deletionGracePeriodSeconds"] = 120
+    pod["status"] = pod_status(state, index, exit_code, message)
+    return pod
+
+
+def observe(
+    pods: Iterable[Mapping[str, Any]] = (),
+    *,
+    mounts: Mapping[str, MountState] | None = None,
+    foreign: Sequence[str] = (),
+    shared: bool = True,
+) -> Observed:
+    return Observed(
+        pods=[PodView.of(p) for p in pods],
+        service=shared,
+        config_map=shared,
+        mounts=dict(mounts or {}),
+        foreign=tuple(foreign),
+    )
+
+
+def created_pods(result: Plan) -> list[dict[str, Any]]:
+    return [c for c in result.create if c["kind"] == "Pod"]
+
+
+def created(result: Plan) -> list[int]:
+    return [int(c["metadata"]["labels"][INDEX]) for c in created_pods(result)]
+
+
+def deleted(result: Plan) -> list[int]:
+    return [int(name.rsplit("-", 1)[1]) for name in result.delete]
+
+
+def cond(status: DGXTrainingJobStatus, type_: str) -> tuple[str, str] | None:
+    found = next((c for c in status.conditions if c.type == type_), None)
+    return None if found is None else (found.status, found.reason)
+
+
+def phase_reason(status: DGXTrainingJobStatus) -> str:
+    """The reason on the condition that mirrors the phase; checks that condition's status too."""
+    assert status.phase is not None
+    type_, value = PHASE_CONDITION[status.phase]
+    found = cond(status, type_)
+    assert found is not None, f"no {type_} condition for phase {status.phase}"
+    assert found[0] == value, f"{type_} is {found[0]} in phase {status.phase}"
+    return found[1]
+
+
+def event_reasons(result: Plan) -> list[str]:
+    return [e.reason for e in result.events]
+
+
+@dataclass
+class Sim:
+    """A job driven through the planner one observation at a time, with an explicit clock."""
+
+    job: DGXTrainingJob
+    ctx: BuildContext
+    now: datetime = T0
+    mounts: dict[str, MountState] = field(default_factory=dict)
+
+    def pod(self, index: int, state: str, **kw: Any) -> dict[str, Any]:
+        return make_pod(self.job, self.ctx, index, state, **kw)
+
+    def reconcile(
+        self,
+        pods: Iterable[Mapping[str, Any]] = (),
+        *,
+        at_s: float | None = None,
+        foreign: Sequence[str] = (),
+        shared: bool = True,
+    ) -> Plan:
+        """Plan at ``T0 + at_s`` (time never goes backwards) and apply the status, as the operator would.
+
+        Every step also checks the stability property (see :func:`assert_stable`).
+        """
+        if at_s is not None:
+            when = at(at_s)
+            assert when >= self.now, "the simulated clock only moves forwards"
+            self.now = when
+        observed = observe(pods, mounts=self.mounts, foreign=foreign, shared=shared)
+        assert_stable(self.job, self.ctx, observed, self.now)
+        result = plan(self.job, self.ctx, observed, self.now)
+        self.job = step(self.job, result)
+        return result
+
+    def respec(self, changes: Mapping[str, Any]) -> None:
+        self.job = respec(self.job, changes)
+
+    @property
+    def status(self) -> DGXTrainingJobStatus:
+        assert self.job.status is not None
+        return self.job.status
+
+    def phase(self) -> str | None:
+        """A call, not an attribute, so that type checkers do not narrow it across steps."""
+        return self.status.phase
+
+    def workers(self) -> WorkerCounts:
+        assert self.status.workers is not None
+        return self.status.workers
+
+
+@pytest.fixture
+def ctx(catalog: Catalog) -> BuildContext:
+    return make_ctx(catalog)
+
+
+def sim_of(ctx: BuildContext, changes: Mapping[str, Any] | None = None, **kw: Any) -> Sim:
+    return Sim(make_job(changes, **kw), ctx)
+
+
+def assert_stable(job: DGXTrainingJob, ctx: BuildContext, observed: Observed, now: datetime) -> None:
+    """Planning again over the same observations, from the status just written, changes nothing."""
+    first = plan(job, ctx, observed, now)
+    again = plan(step(job, first), ctx, observed, now)
+    assert again.status.model_dump() == first.status.model_dump()
+    assert {c["metadata"]["name"] for c in again.create} <= {c["metadata"]["name"] for c in first.create}
+    assert event_reasons(again) == []
+    assert again.status.restarts == first.status.restarts
+    assert again.status.attempt == first.status.attempt
+
+
+# --- the pod factory and PodView -------------------------------------------------------------------
+
+# state -> (phase, running, scheduled, failed, succeeded, disrupted, exit_code, deadline_exceeded)
+POD_FACTS: dict[str, tuple[str, bool, bool, bool, bool, bool, int | None, bool]] = {
+    "unscheduled": ("Pending", False, False, False, False, False, None, False),
+    "scheduled": ("Pending", False, True, False, False, False, None, False),
+    "running": ("Running", True, True, False, False, False, None, False),
+    "succeeded": ("Succeeded", False, True, False, True, False, 0, False),
+    "failed": ("Failed", False, True, True, False, False, 1, False),
+    "evicted": ("Failed", False, True, True, False, True, 137, False),
+    "disruption": ("Failed", False, True, True, False, True, 143, False),
+    "nostate": ("Failed", False, True, True, False, True, None, False),
+    "outofgpu": ("Failed", False, False, True, False, True, None, False),
+    "unknown": ("Unknown", False, False, True, False, True, None, False),
+    "sidecar": ("Running", False, True, False, False, False, 0, False),
+    "deadline": ("Failed", False, True, True, False, False, 137, True),
+}
+
+
+@pytest.mark.parametrize("state", sorted(POD_FACTS))
+def test_pod_view_reads_each_pod_state(ctx: BuildContext, state: str) -> None:
+    job = make_job()
+    view = PodView.of(make_pod(job, ctx, 2, state, attempt=5))
+    phase, running, scheduled, failed, succeeded, disrupted, code, deadline = POD_FACTS[state]
+    assert (view.name, view.index, view.attempt, view.owner_uid) == ("job-worker-2", 2, 5, UID)
+    assert (view.owner_kind, view.owner_name) == ("DGXTrainingJob", "job")
+    assert view.phase == phase
+    assert view.running is running
+    assert view.scheduled is scheduled
+    assert view.failed is failed
+    assert view.succeeded is succeeded
+    assert view.finished is (failed or succeeded)
+    assert view.active is not (failed or succeeded)
+    assert view.disrupted is disrupted
+    assert view.exit_code == code
+    assert view.deadline_exceeded is deadline
+    assert view.terminating is False
+
+
+def test_pod_view_terminating_pod_is_not_active(ctx: BuildContext) -> None:
+    view = PodView.of(make_pod(make_job(), ctx, 0, "running", terminating=True))
+    assert view.terminating is True
+    assert view.running is True
+    assert view.active is False
+
+
+def test_pod_view_bare_dict_defaults() -> None:
+    view = PodView.of({"metadata": {"name": "x"}})
+    assert (view.name, view.index, view.attempt, view.phase) == ("x", None, 0, "Pending")
+    assert (view.owner_uid, view.running, view.failed, view.disrupted) == (None, False, False, False)
+
+
+def test_pod_view_describes_failures(ctx: BuildContext) -> None:
+    job = make_job()
+    crash = PodView.of(make_pod(job, ctx, 1, "failed", exit_code=3, message="line one\nValueError: bad batch\n"))
+    assert crash.describe_failure() == "job-worker-1 exited with code 3: ValueError: bad batch"
+    lost = PodView.of(make_pod(job, ctx, 0, "unknown"))
+    assert lost.describe_failure() == "job-worker-0 failed (Unknown): node kubelet stopped posting status"
+
+
+# --- read_progress -----------------------------------------------------------------------------------
+
+PROGRESS = {"step": 120, "totalSteps": 400, "loss": 1.25, "tokensPerSecond": 5300.5, "samplesPerSecond": 12.5}
+
+
+def _progress_view(ctx: BuildContext, *, message: str | None = None, annotation: str | None = None) -> PodView:
+    notes = {"kubedgx.io/progress": annotation} if annotation is not None else None
+    state = "succeeded" if message is not None else "running"
+    return PodView.of(make_pod(make_job(), ctx, 0, state, message=message, annotations=notes))
+
+
+@pytest.mark.parametrize(
+    ("message", "annotation", "expected"),
+    [
+        (json.dumps(PROGRESS), None, PROGRESS),
+        (json.dumps({"progress": PROGRESS, "summary": "done"}), None, PROGRESS),
+        (None, json.dumps({"step": 7}), {"step": 7}),
+        (json.dumps({"step": 400}), json.dumps({"step": 399}), {"step": 399}),
+        (json.dumps({"step": 400}), "{not json", {"step": 400}),
+        ("Traceback (most recent call last): boom", None, None),
+        (json.dumps([1, 2, 3]), None, None),
+        (json.dumps({"progress": 5}), None, None),
+        ("", None, None),
+    ],
+    ids=["message", "wrapped", "annotation", "annotation-first", "bad-annotation", "text", "list", "scalar", "empty"],
+)
+def test_read_progress(
+    ctx: BuildContext, message: str | None, annotation: str | None, expected: dict[str, Any] | None
+) -> None:
+    assert read_progress(_progress_view(ctx, message=message, annotation=annotation)) == expected
+
+
+# --- the decision table ------------------------------------------------------------------------------
+
+#: Elastic 2..3 workers, data mount, deadline 2h, maxPending 30m, TTL 10m: every rule can fire.
+TABLE_JOB: dict[str, Any] = {
+    "spec.elastic": {"minNodes": 2, "maxNodes": 3},
+    "spec.maxDuration": "2h",
+    "spec.maxPending": "30m",
+    "spec.ttlSecondsAfterFinished": 600,
+    "spec.dataMounts": DATA_REF,
+}
+
+
+@dataclass
+class State:
+    sim: Sim
+    pods: dict[int, str]  # index -> pod state, all of the current attempt
+
+
+def reach(ctx: BuildContext, phase: str) -> State:
+    """Drive the table job into ``phase`` through the planner itself, with a settled status."""
+    sim = sim_of(ctx, TABLE_JOB)
+    sim.mounts = dict(SYNCING)
+    sim.reconcile(at_s=0)
+    assert sim.phase() == "WaitingForData"
+    if phase == "WaitingForData":
+        return State(sim, {})
+    sim.mounts = dict(READY)
+    assert created(sim.reconcile(at_s=60)) == [0, 1, 2]
+    pending = dict.fromkeys(range(3), "unscheduled")
+    sim.reconcile([sim.pod(i, s) for i, s in pending.items()], at_s=70)
+    assert sim.phase() == "Pending"
+    if phase == "Pending":
+        return State(sim, pending)
+    running = dict.fromkeys(range(3), "running")
+    sim.reconcile([sim.pod(i, s) for i, s in running.items()], at_s=120)
+    assert sim.phase() == "Running"
+    if phase == "Running":
+        return State(sim, running)
+    if phase == "Restarting":
+        sim.reconcile([sim.pod(0, "running")], at_s=180)  # workers 1 and 2 lost with their nodes
+        pods = {0: "running", 1: "unscheduled", 2: "unscheduled"}
+        sim.reconcile([sim.pod(i, s) for i, s in pods.items()], at_s=190)
+        assert (sim.phase(), phase_reason(sim.status)) == ("Restarting", "NodesBelowMinimum")
+        return State(sim, pods)
+    if phase == "Suspended":
+        sim.respec({"spec.suspend": True})
+        sim.reconcile([sim.pod(i, s) for i, s in running.items()], at_s=180)
+        sim.reconcile([], at_s=190)
+        assert sim.phase() == "Suspended"
+        return State(sim, {})
+    if phase == "Succeeded":
+        sim.reconcile([sim.pod(0, "succeeded"), sim.pod(1, "running"), sim.pod(2, "running")], at_s=180)
+        sim.reconcile([sim.pod(0, "succeeded")], at_s=190)
+        assert sim.phase() == "Succeeded"
+        return State(sim, {0: "succeeded"})
+    if phase == "Failed":  # maxDuration: started at +60, deadline at +7260
+        sim.reconcile([sim.pod(i, s) for i, s in running.items()], at_s=7260)
+        sim.reconcile([], at_s=7270)
+        assert (sim.phase(), phase_reason(sim.status)) == ("Failed", "DeadlineExceeded")
+        return State(sim, {})
+    raise AssertionError(phase)
+
+
+@dataclass
+class Input:
+    job: DGXTrainingJob
+    pods: list[dict[str, Any]]
+    mounts: dict[str, MountState]
+    now: datetime
+    foreign: tuple[str, ...] = ()
+
+    def observed(self) -> Observed:
+        return observe(self.pods, mounts=self.mounts, foreign=self.foreign)
+
+
+def _with_pods(
+    state: State, changes: Mapping[int, str | None], *, exit_code: int | None = None
+) -> list[dict[str, Any]]:
+    pods = {**state.pods, **changes}
+    return [
+        state.sim.pod(i, s, exit_code=exit_code if s == "failed" else None)
+        for i, s in sorted(pods.items())
+        if s is not None
+    ]
+
+
+def _later(state: State, seconds: float = 10) -> datetime:
+    return state.sim.now + timedelta(seconds=seconds)
+
+
+def _event_pods(changes: Mapping[int, str | None], exit_code: int | None = None) -> Callable[[State], Input]:
+    def make(state: State) -> Input:
+        return Input(state.sim.job, _with_pods(state, changes, exit_code=exit_code), state.sim.mounts, _later(state))
+
+    return make
+
+
+def _event_all(states: Mapping[int, str]) -> Callable[[State], Input]:
+    def make(state: State) -> Input:
+        pods = [state.sim.pod(i, s) for i, s in states.items()]
+        return Input(state.sim.job, pods, state.sim.mounts, _later(state))
+
+    return make
+
+
+def _event_failure(policy: str, code: int) -> Callable[[State], Input]:
+    """Worker 1 exits with ``code`` under ``policy``."""
+
+    def make(state: State) -> Input:
+        job = respec(state.sim.job, {"spec.restartPolicy": policy})
+        sim = Sim(job, state.sim.ctx, state.sim.now, state.sim.mounts)
+        pods = _with_pods(State(sim, state.pods), {1: "failed"}, exit_code=code)
+        return Input(job, pods, state.sim.mounts, _later(state))
+
+    return make
+
+
+def _event_spec(changes: Mapping[str, Any], mounts: Mapping[str, MountState] | None = None) -> Callable[[State], Input]:
+    def make(state: State) -> Input:
+        job = respec(state.sim.job, changes)
+        return Input(job, _with_pods(state, {}), dict(mounts or state.sim.mounts), _later(state))
+
+    return make
+
+
+def _event_mount(phase: str | None) -> Callable[[State], Input]:
+    def make(state: State) -> Input:
+        mounts = {} if phase is None else {"data": MountState(phase, f"data is {phase}")}
+        return Input(state.sim.job, _with_pods(state, {}), mounts, _later(state))
+
+    return make
+
+
+def _event_deadline(state: State) -> Input:
+    """The clock reaches the end of maxDuration (2h after the start), or 2h pass where nothing started."""
+    start = state.sim.status.start_time
+    deadline = start + timedelta(hours=2) if start is not None else None
+    now = deadline if deadline is not None and deadline > state.sim.now else _later(state, 7200)
+    return Input(state.sim.job, _with_pods(state, {}), state.sim.mounts, now)
+
+
+def _event_time(seconds: float) -> Callable[[State], Input]:
+    def make(state: State) -> Input:
+        return Input(state.sim.job, _with_pods(state, {}), state.sim.mounts, _later(state, seconds))
+
+    return make
+
+
+def _event_deleting(state: State) -> Input:
+    job = respec(state.sim.job, {"metadata.deletionTimestamp": "2025-03-01T15:00:00Z"}, bump=False)
+    return Input(job, _with_pods(state, {}), state.sim.mounts, _later(state))
+
+
+def _event_foreign(state: State) -> Input:
+    who = ("Pod ml/job-worker-1 (owner ReplicaSet ml/other uid 0000)",)
+    return Input(state.sim.job, _with_pods(state, {}), state.sim.mounts, _later(state), foreign=who)
+
+
+EVENTS: dict[str, Callable[[State], Input]] = {
+    "all_running": _event_all({0: "running", 1: "running", 2: "running"}),
+    "min_running": _event_all({0: "running", 1: "running", 2: "scheduled"}),
+    "below_min": _event_all({0: "running", 1: "unscheduled", 2: "unscheduled"}),
+    "lost_one": _event_pods({2: None}),
+    "lost_two": _event_pods({1: None, 2: None}),
+    "fail_never": _event_failure("Never", 1),
+    "fail_on_failure": _event_failure("OnFailure", 1),
+    "fail_exit_retryable": _event_failure("ExitCode", 137),
+    "fail_exit_permanent": _event_failure("ExitCode", 1),
+    "evicted": _event_pods({1: "evicted"}),
+    "disrupted": _event_pods({1: "disruption"}),
+    "worker0_succeeded": _event_pods({0: "succeeded"}),
+    "deadline": _event_deadline,
+    "pending_timeout": _event_time(31 * 60),
+    "suspend_set": _event_spec({"spec.suspend": True}),
+    "suspend_cleared": _event_spec({"spec.suspend": False}),
+    "resume_without_data": _event_spec({"spec.suspend": False}, SYNCING),
+    "mount_missing": _event_mount(None),
+    "mount_not_ready": _event_mount("Syncing"),
+    "mount_failed": _event_mount("Failed"),
+    "mount_ready": _event_mount("Ready"),
+    "deleting": _event_deleting,
+    "ttl": _event_time(601),
+    "foreign": _event_foreign,
+}
+
+
+@dataclass(frozen=True)
+class Expect:
+    phase: str
+    reason: str
+    created: frozenset[int] = frozenset()
+    deleted: frozenset[int] = frozenset()
+    restarts: int = 0
+    attempt: int = 0
+    events: tuple[str, ...] = ()
+    release: bool | None = None  # release_finalizer, only for a job being deleted
+    delete_job: bool = False
+
+
+def E(  # noqa: N802 - a table row reads better short
+    phase: str,
+    reason: str,
+    *,
+    created: Iterable[int] = (),
+    deleted: Iterable[int] = (),
+    restarts: int = 0,
+    attempt: int = 0,
+    events: Sequence[str] = (),
+    release: bool | None = None,
+    delete_job: bool = False,
+) -> Expect:
+    return Expect(
+        phase, reason, frozenset(created), frozenset(deleted), restarts, attempt, tuple(events), release, delete_job
+    )
+
+
+def _terminal_rows(phase: str, reason: str) -> list[tuple[str, str, Expect]]:
+    """Succeeded and Failed stay what they are whatever happens; only unfinished pods get deleted."""
+    rows = {event: E(phase, reason) for event in EVENTS}
+    rows.update(
+        {
+            "all_running": E(phase, reason, deleted=(0, 1, 2)),
+            "min_running": E(phase, reason, deleted=(0, 1, 2)),
+            "below_min": E(phase, reason, deleted=(0, 1, 2)),
+            "deadline": E(phase, reason, delete_job=True),  # 2h later: the 10m TTL has run out as well
+            "pending_timeout": E(phase, reason, delete_job=True),
+            "ttl": E(phase, reason, delete_job=True),
+            "deleting": E(phase, reason, release=True),
+        }
+    )
+    return [(phase, event, expect) for event, expect in rows.items()]
+
+
+ALL = (0, 1, 2)
+RESTARTED = ("WorkerRestarted",)
+DISRUPTED = ("WorkerDisrupted",)
+
+TABLE: list[tuple[str, str, Expect]] = [
+    # WaitingForData: nothing runs until every mount is Ready; time spent here counts for nothing.
+    ("WaitingForData", "mount_missing", E("WaitingForData", "DataNotReady")),
+    ("WaitingForData", "mount_not_ready", E("WaitingForData", "DataNotReady")),
+    # A Failed mount fails the job (docs/operator.md): waiting would never end.
+    ("WaitingForData", "mount_failed", E("Failed", "DataMountFailed", events=["DataMountFailed"])),
+    ("WaitingForData", "mount_ready", E("Pending", "WorkersPending", created=ALL, events=["WorkersPending"])),
+    ("WaitingForData", "suspend_set", E("Suspended", "Suspended", events=["Suspended"])),
+    ("WaitingForData", "deadline", E("WaitingForData", "DataNotReady")),
+    ("WaitingForData", "pending_timeout", E("WaitingForData", "DataNotReady")),
+    ("WaitingForData", "deleting", E("WaitingForData", "DataNotReady", release=True)),
+    ("WaitingForData", "ttl", E("WaitingForData", "DataNotReady")),
+    # Pending
+    ("Pending", "all_running", E("Running", "AllWorkersRunning", events=["AllWorkersRunning"])),
+    ("Pending", "min_running", E("Running", "ElasticMinimumRunning", events=["ElasticMinimumRunning"])),
+    ("Pending", "below_min", E("Pending", "WorkersPending")),
+    ("Pending", "lost_two", E("Pending", "WorkersPending", created=[1, 2])),
+    ("Pending", "fail_never", E("Failed", "WorkerFailed", deleted=[0, 2], events=["WorkerFailed"])),
+    (
+        "Pending",
+        "fail_on_failure",
+        E(
+            "Restarting",
+            "NodesBelowMinimum",
+            deleted=[1],
+            restarts=1,
+            attempt=1,
+            events=[*RESTARTED, "NodesBelowMinimum"],
+        ),
+    ),
+    (
+        "Pending",
+        "fail_exit_retryable",
+        E(
+            "Restarting",
+            "NodesBelowMinimum",
+            deleted=[1],
+            restarts=1,
+            attempt=1,
+            events=[*RESTARTED, "NodesBelowMinimum"],
+        ),
+    ),
+    ("Pending", "fail_exit_permanent", E("Failed", "WorkerFailed", deleted=[0, 2], events=["WorkerFailed"])),
+    (
+        "Pending",
+        "evicted",
+        E("Restarting", "NodesBelowMinimum", deleted=[1], attempt=1, events=[*DISRUPTED, "NodesBelowMinimum"]),
+    ),
+    (
+        "Pending",
+        "disrupted",
+        E("Restarting", "NodesBelowMinimum", deleted=[1], attempt=1, events=[*DISRUPTED, "NodesBelowMinimum"]),
+    ),
+    ("Pending", "worker0_succeeded", E("Succeeded", "Completed", deleted=[1, 2], events=["Completed"])),
+    ("Pending", "deadline", E("Failed", "DeadlineExceeded", deleted=ALL, events=["DeadlineExceeded"])),
+    ("Pending", "pending_timeout", E("Failed", "PendingTimeout", deleted=ALL, events=["PendingTimeout"])),
+    ("Pending", "suspend_set", E("Suspended", "Suspended", deleted=ALL, events=["Suspended"])),
+    ("Pending", "deleting", E("Pending", "WorkersPending", deleted=ALL, release=False)),
+    ("Pending", "ttl", E("Pending", "WorkersPending")),
+    ("Pending", "foreign", E("Failed", "ForeignObject", deleted=ALL, events=["ForeignObject"])),
+    # Running
+    ("Running", "all_running", E("Running", "AllWorkersRunning")),
+    ("Running", "min_running", E("Running", "ElasticMinimumRunning")),
+    ("Running", "below_min", E("Restarting", "NodesBelowMinimum", events=["NodesBelowMinimum"])),
+    ("Running", "lost_one", E("Running", "ElasticMinimumRunning", created=[2])),
+    ("Running", "lost_two", E("Restarting", "NodesBelowMinimum", created=[1, 2], events=["NodesBelowMinimum"])),
+    ("Running", "fail_never", E("Failed", "WorkerFailed", deleted=[0, 2], events=["WorkerFailed"])),
+    (
+        "Running",
+        "fail_on_failure",
+        E("Running", "ElasticMinimumRunning", deleted=[1], restarts=1, attempt=1, events=RESTARTED),
+    ),
+    (
+        "Running",
+        "fail_exit_retryable",
+        E("Running", "ElasticMinimumRunning", deleted=[1], restarts=1, attempt=1, events=RESTARTED),
+    ),
+    ("Running", "fail_exit_permanent", E("Failed", "WorkerFailed", deleted=[0, 2], events=["WorkerFailed"])),
+    ("Running", "evicted", E("Running", "ElasticMinimumRunning", deleted=[1], attempt=1, events=DISRUPTED)),
+    ("Running", "disrupted", E("Running", "ElasticMinimumRunning", deleted=[1], attempt=1, events=DISRUPTED)),
+    ("Running", "worker0_succeeded", E("Succeeded", "Completed", deleted=[1, 2], events=["Completed"])),
+    ("Running", "deadline", E("Failed", "DeadlineExceeded", deleted=ALL, events=["DeadlineExceeded"])),
+    ("Running", "pending_timeout", E("Running", "AllWorkersRunning")),
+    ("Running", "suspend_set", E("Suspended", "Suspended", deleted=ALL, events=["Suspended"])),
+    ("Running", "mount_not_ready", E("Running", "AllWorkersRunning")),
+    ("Running", "mount_missing", E("Running", "AllWorkersRunning")),
+    ("Running", "deleting", E("Running", "AllWorkersRunning", deleted=ALL, release=False)),
+    ("Running", "ttl", E("Running", "AllWorkersRunning")),
+    ("Running", "foreign", E("Failed", "ForeignObject", deleted=ALL, events=["ForeignObject"])),
+    # Restarting: worker 0 runs, 1 and 2 were recreated and wait for nodes.
+    ("Restarting", "all_running", E("Running", "AllWorkersRunning", events=["AllWorkersRunning"])),
+    ("Restarting", "min_running", E("Running", "ElasticMinimumRunning", events=["ElasticMinimumRunning"])),
+    ("Restarting", "below_min", E("Restarting", "NodesBelowMinimum")),
+    ("Restarting", "lost_two", E("Restarting", "NodesBelowMinimum", created=[1, 2])),
+    ("Restarting", "fail_never", E("Failed", "WorkerFailed", deleted=[0, 2], events=["WorkerFailed"])),
+    (
+        "Restarting",
+        "fail_on_failure",
+        E("Restarting", "NodesBelowMinimum", deleted=[1], restarts=1, attempt=1, events=RESTARTED),
+    ),
+    (
+        "Restarting",
+        "fail_exit_retryable",
+        E("Restarting", "NodesBelowMinimum", deleted=[1], restarts=1, attempt=1, events=RESTARTED),
+    ),
+    ("Restarting", "fail_exit_permanent", E("Failed", "WorkerFailed", deleted=[0, 2], events=["WorkerFailed"])),
+    ("Restarting", "evicted", E("Restarting", "NodesBelowMinimum", deleted=[1], attempt=1, events=DISRUPTED)),
+    ("Restarting", "disrupted", E("Restarting", "NodesBelowMinimum", deleted=[1], attempt=1, events=DISRUPTED)),
+    ("Restarting", "worker0_succeeded", E("Succeeded", "Completed", deleted=[1, 2], events=["Completed"])),
+    ("Restarting", "deadline", E("Failed", "DeadlineExceeded", deleted=ALL, events=["DeadlineExceeded"])),
+    ("Restarting", "pending_timeout", E("Failed", "PendingTimeout", deleted=ALL, events=["PendingTimeout"])),
+    ("Restarting", "suspend_set", E("Suspended", "Suspended", deleted=ALL, events=["Suspended"])),
+    ("Restarting", "deleting", E("Restarting", "NodesBelowMinimum", deleted=ALL, release=False)),
+    ("Restarting", "ttl", E("Restarting", "NodesBelowMinimum")),
+    ("Restarting", "foreign", E("Failed", "ForeignObject", deleted=ALL, events=["ForeignObject"])),
+    # Suspended: no workers; strays are deleted, failures of strays count for nothing.
+    ("Suspended", "suspend_cleared", E("Pending", "WorkersPending", created=ALL, events=["WorkersPending"])),
+    ("Suspended", "resume_without_data", E("WaitingForData", "DataNotReady", events=["DataNotReady"])),
+    ("Suspended", "suspend_set", E("Suspended", "Suspended")),
+    ("Suspended", "all_running", E("Suspended", "Suspended", deleted=ALL)),
+    ("Suspended", "fail_on_failure", E("Suspended", "Suspended")),
+    ("Suspended", "fail_never", E("Suspended", "Suspended")),
+    ("Suspended", "evicted", E("Suspended", "Suspended")),
+    ("Suspended", "worker0_succeeded", E("Suspended", "Suspended")),
+    ("Suspended", "deadline", E("Suspended", "Suspended")),
+    ("Suspended", "pending_timeout", E("Suspended", "Suspended")),
+    ("Suspended", "mount_not_ready", E("Suspended", "Suspended")),
+    ("Suspended", "deleting", E("Suspended", "Suspended", release=True)),
+    ("Suspended", "ttl", E("Suspended", "Suspended")),
+    # Terminal phases stay terminal.
+    *_terminal_rows("Succeeded", "Completed"),
+    *_terminal_rows("Failed", "DeadlineExceeded"),
+]
+
+TABLE_PARAMS = [pytest.param(phase, event, expect, id=f"{phase}-{event}") for phase, event, expect in TABLE]
+
+
+@pytest.fixture(scope="module")
+def states(catalog: Catalog) -> dict[str, State]:
+    ctx = make_ctx(catalog)
+    return {phase: reach(ctx, phase) for phase in PHASE_CONDITION}
+
+
+def test_table_covers_every_phase_and_event() -> None:
+    assert {row[0] for row in TABLE} == set(PHASE_CONDITION)
+    assert {row[1] for row in TABLE} == set(EVENTS)
+    assert len({(row[0], row[1]) for row in TABLE}) == len(TABLE)
+
+
+@pytest.mark.parametrize(("phase", "event", "expect"), TABLE_PARAMS)
+def test_decision_table(states: dict[str, State], phase: str, event: str, expect: Expect) -> None:
+    state = states[phase]
+    before = state.sim.status
+    given = EVENTS[event](state)
+    result = plan(given.job, state.sim.ctx, given.observed(), given.now)
+    status = result.status
+
+    assert status.phase == expect.phase
+    assert phase_reason(status) == expect.reason
+    # A pod deleted in this pass still holds its name: it is never replaced in the same plan.
+    assert set(created(result)) == expect.created
+    assert set(deleted(result)) == expect.deleted
+    assert status.restarts - before.restarts == expect.restarts
+    assert status.attempt - before.attempt == expect.attempt
+    assert event_reasons(result) == list(expect.events)
+    if expect.release is not None:
+        assert result.release_finalizer is expect.release
+    assert result.delete_job is expect.delete_job
+    if expect.phase in ("Succeeded", "Failed"):
+        assert status.completion_time is not None
+    if expect.phase in ("Suspended", "WaitingForData"):
+        assert status.start_time is None
+
+
+@pytest.mark.parametrize(("phase", "event", "expect"), TABLE_PARAMS)
+def test_decision_table_rows_are_stable(states: dict[str, State], phase: str, event: str, expect: Expect) -> None:
+    """Property: re-planning a row's observations from the status it produced changes nothing."""
+    state = states[phase]
+    given = EVENTS[event](state)
+    assert_stable(given.job, state.sim.ctx, given.observed(), given.now)
+
+
+# --- scenarios -------------------------------------------------------------------------------------
+
+
+def pods_of(sim: Sim, states: Mapping[int, str], **kw: Any) -> list[dict[str, Any]]:
+    return [sim.pod(i, s, **kw) for i, s in states.items()]
+
+
+def start_running(sim: Sim, workers: int, *, at_s: float = 60) -> list[dict[str, Any]]:
+    """Create the job's workers and see them all run; returns the running pods."""
+    first = sim.reconcile(at_s=max(0.0, (sim.now - T0).total_seconds()))
+    assert created(first) == list(range(workers))
+    running = pods_of(sim, dict.fromkeys(range(workers), "running"))
+    sim.reconcile(running, at_s=at_s)
+    assert sim.phase() == "Running"
+    return running
+
+
+def test_happy_path(ctx: BuildContext) -> None:
+    sim = sim_of(ctx, {"spec.elastic": {"minNodes": 3}})
+    first = sim.reconcile(at_s=0, shared=False)
+    assert [(c["kind"], c["metadata"]["name"]) for c in first.create] == [
+        ("ConfigMap", "job-trainer"),
+        ("Service", "job"),
+        ("Pod", "job-worker-0"),
+        ("Pod", "job-worker-1"),
+        ("Pod", "job-worker-2"),
+    ]
+    assert [c["metadata"]["labels"][ATTEMPT] for c in created_pods(first)] == ["0", "0", "0"]
+    assert all(c["metadata"]["ownerReferences"][0]["uid"] == UID for c in first.create)
+    assert first.delete == []
+    assert (sim.phase(), phase_reason(sim.status)) == ("Pending", "WorkersPending")
+    assert sim.status.start_time == T0
+    assert (sim.workers().desired, sim.workers().active, sim.workers().ready) == (3, 3, 0)
+    assert sim.status.nodes == "0/3"
+    assert [(e.type, e.reason) for e in first.events] == [("Normal", "WorkersPending")]
+    assert first.requeue_after is None  # no maxDuration, no maxPending: nothing to wake up for
+
+    # The shared children exist now; pods wait for nodes, then get scheduled.
+    second = sim.reconcile(pods_of(sim, {0: "scheduled", 1: "unscheduled", 2: "unscheduled"}), at_s=30)
+    assert (second.create, second.delete, second.events) == ([], [], [])
+    assert (sim.phase(), phase_reason(sim.status)) == ("Pending", "WorkersPending")
+
+    running = sim.reconcile(pods_of(sim, dict.fromkeys(range(3), "running")), at_s=90)
+    assert (sim.phase(), phase_reason(sim.status)) == ("Running", "AllWorkersRunning")
+    assert [(e.type, e.reason) for e in running.events] == [("Normal", "AllWorkersRunning")]
+    assert sim.status.nodes == "3/3"
+    assert cond(sim.status, "Running") == ("True", "AllWorkersRunning")
+    assert next(c for c in sim.status.conditions if c.type == "Running").last_transition_time == at(90)
+
+    summary = json.dumps({"step": 400, "totalSteps": 400, "loss": 0.42, "tokensPerSecond": 8100.0})
+    pods = [sim.pod(0, "succeeded", message=summary), sim.pod(1, "running"), sim.pod(2, "succeeded")]
+    done = sim.reconcile(pods, at_s=3600)
+    assert (sim.phase(), phase_reason(sim.status)) == ("Succeeded", "Completed")
+    assert done.delete == ["job-worker-1"]  # the running one; finished pods stay for their logs
+    assert done.create == []
+    assert [(e.type, e.reason) for e in done.events] == [("Normal", "Completed")]
+    assert sim.status.completion_time == at(3600)
+    assert cond(sim.status, "Running") == ("False", "Completed")
+    assert cond(sim.status, "Failed") == ("False", "NotFailed")
+    assert sim.status.progress is not None
+    assert (sim.status.progress.step, sim.status.progress.total_steps) == (400, 400)
+    assert (sim.status.progress.loss, sim.status.progress.tokens_per_second) == (0.42, 8100.0)
+    assert (sim.workers().desired, sim.status.nodes) == (0, "0/0")
+
+    later = sim.reconcile([sim.pod(0, "succeeded", message=summary)], at_s=3700)
+    assert (later.create, later.delete, later.events) == ([], [], [])
+    assert sim.status.completion_time == at(3600)
+
+
+def test_never_fails_the_job_on_any_worker_failure(ctx: BuildContext) -> None:
+    sim = sim_of(ctx, {"spec.elastic": {"minNodes": 1, "maxNodes": 2}, "spec.restartPolicy": "Never"})
+    start_running(sim, 2)
+    result = sim.reconcile([sim.pod(0, "running"), sim.pod(1, "failed", exit_code=137)], at_s=500)
+    assert (sim.phase(), phase_reason(sim.status)) == ("Failed", "WorkerFailed")
+    assert result.delete == ["job-worker-0"]
+    assert result.create == []
+    assert (sim.status.restarts, sim.status.attempt) == (0, 0)
+    assert [(e.type, e.reason) for e in result.events] == [("Warning", "WorkerFailed")]
+    message = next(c for c in sim.status.conditions if c.type == "Failed").message
+    assert "job-worker-1 exited with code 137" in message
+    assert (sim.workers().failed, sim.status.completion_time) == (1, at(500))
+
+
+def test_on_failure_counts_restarts_up_to_the_backoff_limit(ctx: BuildContext) -> None:
+    sim = sim_of(ctx, {"spec.backoffLimit": 2})
+    start_running(sim, 1)
+    clock = 100.0
+    for restart in (1, 2):
+        failed = sim.pod(0, "failed", exit_code=1, attempt=restart - 1)
+        result = sim.reconcile([failed], at_s=clock)
+        assert (sim.status.restarts, sim.status.attempt) == (restart, restart)
+        assert result.delete == ["job-worker-0"]
+        assert (result.events[0].type, result.events[0].reason) == ("Warning", "WorkerRestarted")
+        assert (sim.phase(), phase_reason(sim.status)) == ("Restarting", "NodesBelowMinimum")
+        # The failed pod is gone: its replacement belongs to the new attempt.
+        replaced = sim.reconcile([], at_s=clock + 5)
+        assert [p["metadata"]["name"] for p in created_pods(replaced)] == ["job-worker-0"]
+        pod = created_pods(replaced)[0]
+        assert pod["metadata"]["labels"][ATTEMPT] == str(restart)
+        env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+        assert env["KUBEDGX_ATTEMPT"] == str(restart)
+        assert (sim.status.restarts, sim.status.attempt) == (restart, restart)
+        sim.reconcile([sim.pod(0, "running", attempt=restart)], at_s=clock + 10)
+        assert (sim.phase(), phase_reason(sim.status)) == ("Running", "AllWorkersRunning")
+        clock += 100
+    third = sim.reconcile([sim.pod(0, "failed", exit_code=1, attempt=2)], at_s=clock)
+    assert (sim.phase(), phase_reason(sim.status)) == ("Failed", "BackoffLimitExceeded")
+    assert (sim.status.restarts, sim.status.attempt) == (2, 2)
+    assert third.create == []
+    assert [(e.type, e.reason) for e in third.events] == [("Warning", "BackoffLimitExceeded")]
+
+
+def test_backoff_limit_zero_fails_on_the_first_failure(ctx: BuildContext) -> None:
+    sim = sim_of(ctx, {"spec.backoffLimit": 0})
+    start_running(sim, 1)
+    sim.reconcile([sim.pod(0, "failed", exit_code=2)], at_s=100)
+    assert (sim.phase(), phase_reason(sim.status), sim.status.restarts) == ("Failed", "BackoffLimitExceeded", 0)
+
+
+@pytest.mark.parametrize(
+    ("codes", "exit_code", "restarts"),
+    [
+        (None, 137, True),
+        (None, 143, True),
+        (None, 128, True),
+        (None, 255, True),
+        (None, 1, False),
+        (None, 127, False),
+        ([1, 75], 75, True),
+        ([1, 75], 1, True),
+        ([1, 75], 137, False),
+        ([1, 75], 2, False),
+    ],
+)
+def test_exit_code_policy(ctx: BuildContext, codes: list[int] | None, exit_code: int, restarts: bool) -> None:
+    changes: dict[str, Any] = {"spec.restartPolicy": "ExitCode"}
+    if codes is not None:
+        changes["spec.retryableExitCodes"] = codes
+    sim = sim_of(ctx, changes)
+    start_running(sim, 1)
+    result = sim.reconcile([sim.pod(0, "failed", exit_code=exit_code)], at_s=100)
+    if restarts:
+        assert (sim.phase(), phase_reason(sim.status)) == ("Restarting", "NodesBelowMinimum")
+        assert (sim.status.restarts, sim.status.attempt) == (1, 1)
+    else:
+        assert (sim.phase(), phase_reason(sim.status)) == ("Failed", "WorkerFailed")
+        assert (sim.status.restarts, sim.status.attempt) == (0, 0)
+        assert f"exit code {exit_code} is not in retryableExitCodes" in result.status.conditions[-1].message
+
+
+@pytest.mark.parametrize("kind", ["evicted", "disruption", "nostate", "outofgpu", "unknown"])
+@pytest.mark.parametrize("policy", ["Never", "OnFailure", "ExitCode"])
+def test_disruptions_never_count(ctx: BuildContext, kind: str, policy: str) -> None:
+    sim = sim_of(ctx, {"spec.restartPolicy": policy, "spec.backoffLimit": 0})
+    start_running(sim, 1)
+    result = sim.reconcile([sim.pod(0, kind)], at_s=100)
+    assert (sim.phase(), phase_reason(sim.status)) == ("Restarting", "NodesBelowMinimum")
+    assert (sim.status.restarts, sim.status.attempt) == (0, 1)
+    assert result.delete == ["job-worker-0"]
+    assert (result.events[0].type, result.events[0].reason) == ("Normal", "WorkerDisrupted")
+    sim.reconcile([], at_s=110)
+    sim.reconcile([sim.pod(0, "running", attempt=1)], at_s=120)
+    assert (sim.phase(), sim.status.restarts) == ("Running", 0)
+
+
+def test_eviction_then_real_failure_still_hits_the_limit(ctx: BuildContext) -> None:
+    sim = sim_of(ctx, {"spec.backoffLimit": 1})
+    start_running(sim, 1)
+    sim.reconcile([sim.pod(0, "evicted")], at_s=100)
+    sim.reconcile([], at_s=110)
+    sim.reconcile([sim.pod(0, "failed", attempt=1)], at_s=120)
+    assert (sim.phase(), sim.status.restarts, sim.status.attempt) == ("Restarting", 1, 2)
+    sim.reconcile([], at_s=130)
+    sim.reconcile([sim.pod(0, "failed", attempt=2)], at_s=140)
+    assert (sim.phase(), phase_reason(sim.status), sim.status.restarts) == ("Failed", "BackoffLimitExceeded", 1)
+
+
+def test_worker_deadline_exceeded_ends_the_job_without_counting(ctx: BuildContext) -> None:
+    sim = sim_of(ctx, {"spec.elastic": {"minNodes": 2}, "spec.maxDuration": "1h"})
+    start_running(sim, 2)
+    result = sim.reconcile([sim.pod(0, "deadline"), sim.pod(1, "running")], at_s=3000)
+    assert (sim.phase(), phase_reason(sim.status)) == ("Failed", "DeadlineExceeded")
+    assert result.delete == ["job-worker-1"]
+    assert sim.status.restarts == 0
+
+
+def test_cascading_failures_count_once(ctx: BuildContext) -> None:
+    sim = sim_of(ctx, {"spec.elastic": {"minNodes": 3}, "spec.backoffLimit": 5})
+    start_running(sim, 3)
+    # Worker 1 crashes, the other two die of NCCL errors in the same observation.
+    result = sim.reconcile(
+        [sim.pod(0, "running"), sim.pod(1, "failed", exit_code=1), sim.pod(2, "failed", exit_code=134)],
+        at_s=100,
+    )
+    assert (sim.status.restarts, sim.status.attempt) == (1, 1)
+    assert sorted(result.delete) == ["job-worker-1", "job-worker-2"]
+    assert event_reasons(result).count("WorkerRestarted") == 1
+    # Worker 0 fails a moment later, still of attempt 0: part of the same incident.
+    follow = sim.reconcile([sim.pod(0, "failed", exit_code=1, attempt=0)], at_s=105)
+    assert (sim.status.restarts, sim.status.attempt) == (1, 1)
+    assert follow.delete == ["job-worker-0"]
+    assert "WorkerRestarted" not in event_reasons(follow)
+    assert sim.phase() == "Restarting"
+    recreated = sim.reconcile([], at_s=110)
+    assert sorted(created(recreated)) == [0, 1, 2]
+    assert {p["metadata"]["labels"][ATTEMPT] for p in created_pods(recreated)} == {"1"}
+
+
+def test_stale_failure_is_replaced_without_counting(ctx: BuildContext) -> None:
+    sim = sim_of(ctx, {"spec.elastic": {"minNodes": 1, "maxNodes": 2}})
+    start_running(sim, 2)
+    failed = sim.pod(1, "failed", exit_code=1, attempt=0)
+    first = sim.reconcile([sim.pod(0, "running"), failed], at_s=100)
+    assert (sim.status.restarts, sim.status.attempt) == (1, 1)
+    assert first.delete == ["job-worker-1"]
+    # The operator crashed after writing the status but before deleting the pod: same observations again.
+    again = sim.reconcile([sim.pod(0, "running", attempt=0), failed], at_s=101)
+    assert (sim.status.restarts, sim.status.attempt) == (1, 1)
+    assert again.delete == ["job-worker-1"]
+    assert again.events == []
+    assert (sim.phase(), phase_reason(sim.status)) == ("Running", "ElasticMinimumRunning")
+
+
+def test_failure_of_an_older_attempt_after_a_status_from_elsewhere(ctx: BuildContext) -> None:
+    status = DGXTrainingJobStatus(phase="Running", attempt=3, restarts=2, start_time=T0)
+    job = make_job({"spec.elastic": {"minNodes": 1, "maxNodes": 2}}, status=status)
+    pods = [make_pod(job, ctx, 0, "running", attempt=3), make_pod(job, ctx, 1, "failed", exit_code=1, attempt=2)]
+    result = plan(job, ctx, observe(pods), at(100))
+    assert (result.status.restarts, result.status.attempt) == (2, 3)
+    assert result.delete == ["job-worker-1"]
+    assert "WorkerRestarted" not in event_reasons(result)
+    assert result.status.workers is not None
+    assert result.status.workers.failed == 0  # failures of older attempts are not the current attempt's
+
+
+def test_elastic_keeps_running_above_min_nodes_and_recovers_below(ctx: BuildContext) -> None:
+    sim = sim_of(ctx, {"spec.elastic": {"minNodes": 2, "maxNodes": 4}})
+    first = sim.reconcile(at_s=0)
+    assert created(first) == [0, 1, 2, 3]
+    # Pending workers beyond minNodes do not block the start.
+    start = sim.reconcile(pods_of(sim, {0: "running", 1: "running", 2: "unscheduled", 3: "unscheduled"}), at_s=30)
+    assert (sim.phase(), phase_reason(sim.status)) == ("Running", "ElasticMinimumRunning")
+    assert event_reasons(start) == ["ElasticMinimumRunning"]
+    sim.reconcile(pods_of(sim, dict.fromkeys(range(4), "running")), at_s=60)
+    assert (sim.phase(), phase_reason(sim.status)) == ("Running", "AllWorkersRunning")
+
+    # One node lost (its pod gone): still >= minNodes, the worker is recreated.
+    lost_one = sim.reconcile(pods_of(sim, {0: "running", 1: "running", 2: "running"}), at_s=100)
+    assert (sim.phase(), phase_reason(sim.status)) == ("Running", "ElasticMinimumRunning")
+    assert created(lost_one) == [3]
+    assert (sim.status.restarts, sim.status.attempt, sim.status.nodes) == (0, 0, "3/4")
+    assert lost_one.events == []
+
+    # Three lost: below minNodes, Restarting, all three recreated.
+    below = sim.reconcile([sim.pod(0, "running")], at_s=200)
+    assert (sim.phase(), phase_reason(sim.status)) == ("Restarting", "NodesBelowMinimum")
+    assert created(below) == [1, 2, 3]
+    assert [(e.type, e.reason) for e in below.events] == [("Warning", "NodesBelowMinimum")]
+    assert sim.status.restarts == 0
+    waiting = sim.reconcile(pods_of(sim, {0: "running", 1: "scheduled", 2: "unscheduled", 3: "unscheduled"}), at_s=210)
+    assert (waiting.create, waiting.events, sim.phase()) == ([], [], "Restarting")
+    back = sim.reconcile(pods_of(sim, {0: "running", 1: "running", 2: "scheduled", 3: "unscheduled"}), at_s=260)
+    assert (sim.phase(), phase_reason(sim.status)) == ("Running", "ElasticMinimumRunning")
+    assert [(e.type, e.reason) for e in back.events] == [("Normal", "ElasticMinimumRunning")]
+    sim.reconcile(pods_of(sim, dict.fromkeys(range(4), "running")), at_s=300)
+    assert (sim.phase(), phase_reason(sim.status), sim.status.nodes) == ("Running", "AllWorkersRunning", "4/4")
+
+
+def test_elastic_evicted_worker_is_replaced_once_gone(ctx: BuildContext) -> None:
+    sim = sim_of(ctx, {"spec.elastic": {"minNodes": 2, "maxNodes": 4}})
+    start_running(sim, 4)
+    evicted = sim.reconcile(pods_of(sim, {0: "running", 1: "running", 2: "running", 3: "evicted"}), at_s=100)
+    assert (sim.phase(), sim.status.restarts, sim.status.attempt) == ("Running", 0, 1)
+    assert evicted.delete == ["job-worker-3"]
+    gone = sim.reconcile(pods_of(sim, {0: "running", 1: "running", 2: "running"}, attempt=0), at_s=110)
+    assert created(gone) == [3]
+    assert created_pods(gone)[0]["metadata"]["labels"][ATTEMPT] == "1"
+
+
+def test_scaling_max_nodes_on_a_running_job(ctx: BuildContext) -> None:
+    sim = sim_of(ctx, {"spec.elastic": {"minNodes": 2, "maxNodes": 4}})
+    start_running(sim, 4)
+    sim.respec({"spec.elastic.maxNodes": 6})
+    up = sim.reconcile(pods_of(sim, dict.fromkeys(range(4), "running")), at_s=100)
+    assert created(up) == [4, 5]
+    assert {p["metadata"]["labels"][ATTEMPT] for p in created_pods(up)} == {"0"}
+    assert up.delete == []
+    assert (sim.phase(), phase_reason(sim.status)) == ("Running", "ElasticMinimumRunning")
+    assert (sim.workers().desired, sim.workers().active, sim.status.nodes) == (6, 6, "4/6")
+    assert sim.status.observed_generation == 2
+    six = pods_of(sim, dict.fromkeys(range(6), "running"))
+    sim.reconcile(six, at_s=150)
+    assert (sim.phase(), phase_reason(sim.status), sim.status.nodes) == ("Running", "AllWorkersRunning", "6/6")
+
+    sim.respec({"spec.elastic.maxNodes": 2})
+    down = sim.reconcile(six, at_s=200)
+    assert down.delete == ["job-worker-5", "job-worker-4", "job-worker-3", "job-worker-2"]
+    assert down.create == []
+    assert (sim.phase(), phase_reason(sim.status), sim.status.nodes) == ("Running", "AllWorkersRunning", "2/2")
+    assert (sim.status.restarts, sim.status.attempt, sim.status.observed_generation) == (0, 0, 3)
+
+
+@pytest.mark.parametrize("policy", ["OnFailure", "Never"])
+def test_scale_down_victims_exiting_on_sigterm_are_not_failures(ctx: BuildContext, policy: str) -> None:
+    sim = sim_of(ctx, {"spec.elastic": {"minNodes": 2, "maxNodes": 4}, "spec.restartPolicy": policy})
+    start_running(sim, 4)
+    sim.respec({"spec.elastic.maxNodes": 2})
+    sim.reconcile(pods_of(sim, dict.fromkeys(range(4), "running")), at_s=100)
+    # kubelet reports the deleted workers' terminal phase (143 = SIGTERM) before they disappear.
+    victims = [sim.pod(i, "failed", exit_code=143, terminating=True) for i in (2, 3)]
+    result = sim.reconcile([sim.pod(0, "running"), sim.pod(1, "running"), *victims], at_s=105)
+    assert (sim.phase(), sim.status.restarts, sim.status.attempt) == ("Running", 0, 0)
+    assert phase_reason(sim.status) == "AllWorkersRunning"
+    assert (result.create, result.delete) == ([], [])
+    assert event_reasons(result) == []
+
+
+def test_max_duration_deadline(ctx: BuildContext) -> None:
+    sim = sim_of(ctx, {"spec.elastic": {"minNodes": 2, "maxNodes": 3}, "spec.maxDuration": "1h"})
+    first = sim.reconcile(at_s=0)
+    assert [p["spec"]["activeDeadlineSeconds"] for p in created_pods(first)] == [3600, 3600, 3600]
+    assert first.requeue_after == 3600
+    running = sim.reconcile(pods_of(sim, dict.fromkeys(range(3), "running")), at_s=600)
+    assert running.requeue_after == 3000
+    # A worker created late gets only what is left of maxDuration.
+    late = sim.reconcile(pods_of(sim, {0: "running", 1: "running"}), at_s=1000)
+    assert created(late) == [2]
+    assert created_pods(late)[0]["spec"]["activeDeadlineSeconds"] == 2600
+    assert late.requeue_after == 2600
+    almost = sim.reconcile(pods_of(sim, {0: "running", 1: "running", 2: "scheduled"}), at_s=3599)
+    assert (sim.phase(), almost.requeue_after) == ("Running", 1)
+    pods = [sim.pod(0, "running"), sim.pod(1, "running", terminating=True), sim.pod(2, "scheduled")]
+    end = sim.reconcile(pods, at_s=3600)
+    assert (sim.phase(), phase_reason(sim.status)) == ("Failed", "DeadlineExceeded")
+    assert end.delete == ["job-worker-0", "job-worker-2"]  # worker 1 is already going away
+    assert [(e.type, e.reason) for e in end.events] == [("Warning", "DeadlineExceeded")]
+    assert sim.status.completion_time == at(3600)
+
+
+@pytest.mark.parametrize(
+    ("other", "deleted_names"),
+    [("running", ["job-worker-1"]), ("deadline", []), ("succeeded", [])],
+)
+def test_success_first_seen_after_the_deadline_is_a_success(
+    ctx: BuildContext, other: str, deleted_names: list[str]
+) -> None:
+    """Worker 0 exited 0 before the operator looked again, which it did only after maxDuration."""
+    sim = sim_of(ctx, {"spec.elastic": {"minNodes": 2}, "spec.maxDuration": "1h"})
+    start_running(sim, 2)
+    assert sim.status.start_time == T0
+    result = sim.reconcile([sim.pod(0, "succeeded"), sim.pod(1, other)], at_s=3600 + 400)
+    assert (sim.phase(), phase_reason(sim.status)) == ("Succeeded", "Completed")
+    assert cond(sim.status, "Failed") == ("False", "NotFailed")
+    assert result.delete == deleted_names
+    assert result.create == []
+    assert [(e.type, e.reason) for e in result.events] == [("Normal", "Completed")]
+    assert sim.status.completion_time == at(4000)
+    assert (sim.status.restarts, sim.status.attempt) == (0, 0)
+
+
+def test_max_pending_does_not_count_waiting_for_data(ctx: BuildContext) -> None:
+    sim = sim_of(ctx, {"spec.maxPending": "10m", "spec.dataMounts": DATA_REF})
+    sim.mounts = dict(SYNCING)
+    assert sim.reconcile(at_s=0).requeue_after is None
+    sim.reconcile(at_s=3600)
+    assert sim.phase() == "WaitingForData"
+    sim.mounts = dict(READY)
+    ready = sim.reconcile(at_s=3600)
+    assert (created(ready), sim.phase(), ready.requeue_after) == ([0], "Pending", 600)
+    assert cond(sim.status, "DataReady") == ("True", "DataReady")
+    pending = [sim.pod(0, "unscheduled")]
+    assert sim.reconcile(pending, at_s=4199).requeue_after == 1
+    assert sim.phase() == "Pending"
+    result = sim.reconcile(pending, at_s=4200)
+    assert (sim.phase(), phase_reason(sim.status)) == ("Failed", "PendingTimeout")
+    assert result.delete == ["job-worker-0"]
+
+
+def test_max_pending_does_not_count_suspension(ctx: BuildContext) -> None:
+    sim = sim_of(ctx, {"spec.maxPending": "10m"})
+    sim.reconcile(at_s=0)
+    sim.reconcile([sim.pod(0, "unscheduled")], at_s=300)
+    sim.respec({"spec.suspend": True})
+    sim.reconcile([sim.pod(0, "unscheduled")], at_s=310)
+    sim.reconcile([], at_s=320)
+    assert sim.phase() == "Suspended"
+    sim.respec({"spec.suspend": False})
+    resumed = sim.reconcile([], at_s=7200)
+    assert (sim.phase(), resumed.requeue_after) == ("Pending", 600)
+    sim.reconcile([sim.pod(0, "unscheduled")], at_s=7799)
+    assert sim.phase() == "Pending"
+    sim.reconcile([sim.pod(0, "unscheduled")], at_s=7800)
+    assert (sim.phase(), phase_reason(sim.status)) == ("Failed", "PendingTimeout")
+
+
+def test_max_pending_counts_from_when_the_job_stopped_running(ctx: BuildContext) -> None:
+    sim = sim_of(ctx, {"spec.maxPending": "10m"})
+    start_running(sim, 1, at_s=60)
+    sim.reconcile([sim.pod(0, "running")], at_s=5000)
+    assert sim.phase() == "Running"
+    lost = sim.reconcile([], at_s=5000)  # the node went away with the worker
+    assert (sim.phase(), lost.requeue_after) == ("Restarting", 600)
+    sim.reconcile([sim.pod(0, "unscheduled")], at_s=5599)
+    assert sim.phase() == "Restarting"
+    sim.reconcile([sim.pod(0, "unscheduled")], at_s=5600)
+    assert (sim.phase(), phase_reason(sim.status)) == ("Failed", "PendingTimeout")
+
+
+def test_suspend_and_resume(ctx: BuildContext) -> None:
+    queue = {"kueue.x-k8s.io/queue-name": "team-a", "kueue.x-k8s.io/priority-class": "batch"}
+    sim = sim_of(ctx, {"metadata.labels": queue, "spec.elastic": {"minNodes": 2}, "spec.maxDuration": "2h"})
+    first = sim.reconcile(at_s=0)
+    assert all(p["metadata"]["labels"].items() >= queue.items() for p in created_pods(first))
+    sim.reconcile(pods_of(sim, dict.fromkeys(range(2), "running")), at_s=60)
+    assert sim.status.start_time == T0
+
+    sim.respec({"spec.suspend": True})
+    suspended = sim.reconcile(pods_of(sim, dict.fromkeys(range(2), "running")), at_s=600)
+    assert (sim.phase(), phase_reason(sim.status)) == ("Suspended", "Suspended")
+    assert suspended.delete == ["job-worker-0", "job-worker-1"]
+    assert (suspended.create, suspended.delete_job) == ([], False)
+    assert [(e.type, e.reason) for e in suspended.events] == [("Normal", "Suspended")]
+    assert sim.status.start_time is None
+    assert cond(sim.status, "Running") == ("False", "Suspended")
+    assert suspended.requeue_after is None  # a suspended job's deadline does not run
+    going = sim.reconcile(pods_of(sim, dict.fromkeys(range(2), "running"), terminating=True), at_s=610)
+    assert (going.delete, going.events) == ([], [])
+    sim.reconcile([], at_s=3600)
+    assert sim.phase() == "Suspended"
+
+    sim.respec({"spec.suspend": False})
+    resumed = sim.reconcile([], at_s=9000)
+    assert (sim.phase(), phase_reason(sim.status)) == ("Pending", "WorkersPending")
+    assert sim.status.start_time == at(9000)
+    assert created(resumed) == [0, 1]
+    assert all(p["metadata"]["labels"].items() >= queue.items() for p in created_pods(resumed))
+    assert [p["spec"]["activeDeadlineSeconds"] for p in created_pods(resumed)] == [7200, 7200]
+    assert resumed.requeue_after == 7200
+    assert cond(sim.status, "Suspended") == ("False", "NotSuspended")
+    assert (sim.status.restarts, sim.status.attempt) == (0, 0)
+
+
+def test_resume_while_the_suspended_workers_still_terminate(ctx: BuildContext) -> None:
+    sim = sim_of(ctx, {"spec.restartPolicy": "Never"})
+    start_running(sim, 1)
+    sim.respec({"spec.suspend": True})
+    sim.reconcile([sim.pod(0, "running")], at_s=600)
+    sim.respec({"spec.suspend": False})
+    # Kueue admits the job again while the old worker reports its SIGTERM exit on the way out.
+    going = sim.reconcile([sim.pod(0, "failed", exit_code=143, terminating=True)], at_s=620)
+    assert (sim.phase(), phase_reason(sim.status)) == ("Pending", "WorkersPending")
+    assert (sim.status.restarts, sim.status.attempt) == (0, 0)
+    assert (going.create, going.delete) == ([], [])  # the old worker still holds its name
+    gone = sim.reconcile([], at_s=630)
+    assert created(gone) == [0]
+    assert sim.phase() == "Pending"
+
+
+def test_interactive_debug_worker(ctx: BuildContext) -> None:
+    sim = sim_of(ctx, {"spec.debug": {"interactive": True}, "spec.maxDuration": "1h"})
+    first = sim.reconcile(at_s=0)
+    assert created(first) == [0]
+    container = created_pods(first)[0]["spec"]["containers"][0]
+    assert container["command"] == IDLE_COMMAND
+    assert "args" not in container
+    assert created_pods(first)[0]["spec"]["activeDeadlineSeconds"] == 3600
+    sim.reconcile([sim.pod(0, "running")], at_s=30)
+    assert (sim.phase(), phase_reason(sim.status), sim.status.nodes) == ("Running", "AllWorkersRunning", "1/1")
+    # Someone ended the shell with exit 0: the job does not succeed by itself.
+    ended = sim.reconcile([sim.pod(0, "succeeded")], at_s=600)
+    assert sim.phase() not in ("Succeeded", "Failed")
+    assert (sim.status.restarts, sim.status.attempt) == (0, 1)
+    assert ended.delete == ["job-worker-0"]
+    assert ended.create == []  # the ended worker still holds its name
+    assert "Completed" not in event_reasons(ended)
+    assert "WorkerReplaced" in event_reasons(ended)
+    gone = sim.reconcile([], at_s=610)
+    assert created(gone) == [0]
+    assert created_pods(gone)[0]["metadata"]["labels"][ATTEMPT] == "1"
+    # maxDuration still holds.
+    sim.reconcile([sim.pod(0, "running", attempt=sim.status.attempt)], at_s=3600)
+    assert (sim.phase(), phase_reason(sim.status)) == ("Failed", "DeadlineExceeded")
+
+
+def test_interactive_replacement_is_stable(ctx: BuildContext) -> None:
+    sim = sim_of(ctx, {"spec.debug": {"interactive": True}})
+    start_running(sim, 1)
+    ended = [sim.pod(0, "succeeded", attempt=0)]
+    first = sim.reconcile(ended, at_s=600)
+    assert (sim.status.restarts, sim.status.attempt) == (0, 1)
+    assert first.delete == ["job-worker-0"]
+    assert event_reasons(first) == ["WorkerReplaced", "NodesBelowMinimum"]
+    # The stale pod is seen again (its delete not yet observed): deleted again, never replaced twice.
+    again = sim.reconcile(ended, at_s=600)
+    assert (sim.status.restarts, sim.status.attempt) == (0, 1)
+    assert again.delete == ["job-worker-0"]
+    assert again.create == []
+    assert again.events == []
+    later = sim.reconcile(ended, at_s=700)
+    assert (sim.status.attempt, later.delete, later.create, later.events) == (1, ["job-worker-0"], [], [])
+
+
+def test_waiting_for_data_mounts(ctx: BuildContext) -> None:
+    refs = [{"name": "data", "mountPath": "/data"}, {"name": "out", "mountPath": "/workspace/output"}]
+    sim = sim_of(ctx, {"spec.dataMounts": refs})
+    sim.mounts = {"data": MountState("Syncing")}
+    first = sim.reconcile(at_s=0, shared=False)
+    assert (first.create, first.delete) == ([], [])
+    assert (sim.phase(), phase_reason(sim.status)) == ("WaitingForData", "DataNotReady")
+    assert [(e.type, e.reason) for e in first.events] == [("Normal", "DataNotReady")]
+    message = next(c for c in sim.status.conditions if c.type == "DataReady").message
+    assert "data (Syncing)" in message
+    assert "out (not found)" in message
+    assert sim.status.start_time is None
+    sim.mounts = {"data": MountState("Ready"), "out": MountState("Pending")}
+    assert sim.reconcile(at_s=100).events == []
+    assert sim.phase() == "WaitingForData"
+    sim.mounts = {"data": MountState("Ready"), "out": MountState("Ready")}
+    ready = sim.reconcile(at_s=200, shared=False)
+    assert [c["kind"] for c in ready.create] == ["ConfigMap", "Service", "Pod"]
+    assert cond(sim.status, "DataReady") == ("True", "DataReady")
+    assert sim.phase() == "Pending"
+    assert sim.job.status is not None
+    assert sim.job.status.start_time == at(200)
+    mounts = created_pods(ready)[0]["spec"]["containers"][0]["volumeMounts"]
+    assert {m["mountPath"]: m.get("readOnly") for m in mounts if m["name"].startswith("data-")} == {
+        "/data": True,
+        "/workspace/output": False,
+    }
+
+
+def test_deletion_releases_the_finalizer_only_without_running_workers(ctx: BuildContext) -> None:
+    sim = sim_of(ctx, {"spec.elastic": {"minNodes": 2}})
+    running = start_running(sim, 2)
+    sim.job = respec(sim.job, {"metadata.deletionTimestamp": "2025-03-01T13:00:00Z"}, bump=False)
+    before = sim.status.model_dump()
+    first = sim.reconcile(running, at_s=200)
+    assert first.delete == ["job-worker-0", "job-worker-1"]
+    assert (first.release_finalizer, first.create) == (False, [])
+    assert sim.status.model_dump() == before  # nothing to report on a job that is going away
+    terminating = sim.reconcile(pods_of(sim, {0: "running", 1: "running"}, terminating=True), at_s=210)
+    assert (terminating.delete, terminating.release_finalizer) == ([], False)
+    one_left = sim.reconcile([sim.pod(0, "failed", exit_code=143), sim.pod(1, "running", terminating=True)], at_s=220)
+    assert one_left.release_finalizer is False
+    finished = sim.reconcile([sim.pod(0, "failed", exit_code=143), sim.pod(1, "succeeded")], at_s=230)
+    assert (finished.delete, finished.release_finalizer) == ([], True)
+    assert sim.reconcile([], at_s=240).release_finalizer is True
+
+
+@pytest.mark.parametrize(
+    ("ttl", "checks"),
+    [
+        (300, [(0, False, 300.0), (299, False, 1.0), (300, True, None)]),
+        (0, [(0, True, None)]),
+        (None, [(0, False, None), (86400 * 30, False, None)]),
+    ],
+)
+def test_ttl_after_finished(ctx: BuildContext, ttl: int | None, checks: list[tuple[int, bool, float | None]]) -> None:
+    sim = sim_of(ctx, {} if ttl is None else {"spec.ttlSecondsAfterFinished": ttl})
+    start_running(sim, 1)
+    done_at = 1000
+    for offset, delete_job, requeue in checks:
+        result = sim.reconcile([sim.pod(0, "succeeded")], at_s=done_at + offset)
+        assert sim.phase() == "Succeeded"
+        assert sim.status.completion_time == at(done_at)
+        assert (result.delete_job, result.requeue_after) == (delete_job, requeue)
+
+
+def test_ttl_applies_to_failed_jobs_too(ctx: BuildContext) -> None:
+    sim = sim_of(ctx, {"spec.ttlSecondsAfterFinished": 60, "spec.restartPolicy": "Never"})
+    start_running(sim, 1)
+    sim.reconcile([sim.pod(0, "failed")], at_s=100)
+    assert sim.reconcile([], at_s=159).delete_job is False
+    assert sim.reconcile([], at_s=160).delete_job is True
+
+
+def test_foreign_object_from_a_conflicting_create(ctx: BuildContext) -> None:
+    sim = sim_of(ctx, {"spec.elastic": {"minNodes": 2}})
+    running = start_running(sim, 2)
+    who = "Service ml/job (owner Deployment ml/web)"
+    result = sim.reconcile(running, at_s=100, foreign=[who])
+    assert (sim.phase(), phase_reason(sim.status)) == ("Failed", "ForeignObject")
+    assert who in next(c for c in sim.status.conditions if c.type == "Failed").message
+    assert result.delete == ["job-worker-0", "job-worker-1"]
+    assert [(e.type, e.reason) for e in result.events] == [("Warning", "ForeignObject")]
+
+
+@pytest.mark.parametrize(
+    "owner",
+    [
+        {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-1", "uid": "rs-uid", "controller": True},
+        {
+            "apiVersion": "kubedgx.io/v1alpha1",
+            "kind": "DGXTrainingJob",
+            "name": "other",
+            "uid": OLD_UID,
+            "controller": True,
+        },
+    ],
+    ids=["replicaset", "other-job"],
+)
+def test_labelled_pod_owned_by_someone_else_fails_the_job(ctx: BuildContext, owner: dict[str, Any]) -> None:
+    sim = sim_of(ctx, {"spec.elastic": {"minNodes": 2}})
+    sim.reconcile(at_s=0)
+    squatter = sim.pod(1, "running", owner=owner)
+    result = sim.reconcile([sim.pod(0, "running"), squatter], at_s=10)
+    assert (sim.phase(), phase_reason(sim.status)) == ("Failed", "ForeignObject")
+    assert "pod ml/job-worker-1" in next(c for c in sim.status.conditions if c.type == "Failed").message
+    assert result.delete == ["job-worker-0"]  # never someone else's pod
+    assert result.create == []
+
+
+#: An ownerReference to this very job, as the builders write it but without ``controller: true``.
+OUR_REF = {"apiVersion": "kubedgx.io/v1alpha1", "kind": "DGXTrainingJob", "name": "job", "uid": UID}
+
+
+@pytest.mark.parametrize(
+    "owners",
+    [[], [OUR_REF], [{**OUR_REF, "controller": False}]],
+    ids=["no-owner", "owner-not-controller", "controller-false"],
+)
+def test_labelled_pod_without_our_controller_reference_fails_the_job(
+    ctx: BuildContext, owners: list[dict[str, Any]]
+) -> None:
+    """Only a controller ownerReference to this very job makes a labelled pod ours; anything else is a stranger."""
+    sim = sim_of(ctx, {"spec.elastic": {"minNodes": 2}})
+    sim.reconcile(at_s=0)
+    orphan = sim.pod(1, "running")
+    orphan["metadata"]["ownerReferences"] = owners
+    result = sim.reconcile([sim.pod(0, "running"), orphan], at_s=10)
+    assert (sim.phase(), phase_reason(sim.status)) == ("Failed", "ForeignObject")
+    assert next(c for c in sim.status.conditions if c.type == "Failed").message == (
+        "pod ml/job-worker-1 carries this job's label but another owner; delete it or rename the job"
+    )
+    assert result.delete == ["job-worker-0"]  # never a pod that is not ours
+    assert result.create == []
+    assert [(e.type, e.reason) for e in result.events] == [("Warning", "ForeignObject")]
+    assert sim.status.completion_time == at(10)
+
+
+def test_previous_incarnation_blocks_its_index_until_gone(ctx: BuildContext) -> None:
+    sim = sim_of(ctx, {"spec.elastic": {"minNodes": 3}})
+    owner = {"apiVersion": "kubedgx.io/v1alpha1", "kind": "DGXTrainingJob", "name": "job", "uid": OLD_UID}
+    leftover = sim.pod(1, "running", owner={**owner, "controller": True}, terminating=True)
+    first = sim.reconcile([leftover], at_s=0)
+    assert (sim.phase(), phase_reason(sim.status)) == ("Pending", "WorkersPending")
+    assert created(first) == [0, 2]
+    assert first.delete == []
+    again = sim.reconcile([leftover, sim.pod(0, "running"), sim.pod(2, "running")], at_s=10)
+    assert (again.create, again.delete, sim.phase()) == ([], [], "Pending")
+    gone = sim.reconcile([sim.pod(0, "running"), sim.pod(2, "running")], at_s=20)
+    assert created(gone) == [1]
+
+
+def test_progress_is_copied_from_worker_zero(ctx: BuildContext) -> None:
+    sim = sim_of(ctx, {"spec.elastic": {"minNodes": 2}})
+    start_running(sim, 2)
+    live = {"kubedgx.io/progress": json.dumps({"step": 10, "totalSteps": 100, "loss": 2.5})}
+    other = {"kubedgx.io/progress": json.dumps({"step": 99})}
+    sim.reconcile([sim.pod(0, "running", annotations=live), sim.pod(1, "running", annotations=other)], at_s=100)
+    assert sim.status.progress is not None
+    assert sim.status.progress.model_dump(exclude_none=True) == {"step": 10, "total_steps": 100, "loss": 2.5}
+
+    # Malformed reports never break the status: the last good progress stays.
+    for bad in ("{oops", json.dumps({"step": -3}), json.dumps({"loss": "high"}), json.dumps(["step", 1])):
+        sim.reconcile([sim.pod(0, "running", annotations={"kubedgx.io/progress": bad}), sim.pod(1, "running")])
+        assert sim.status.progress.model_dump(exclude_none=True) == {"step": 10, "total_steps": 100, "loss": 2.5}
+
+    wrapped = json.dumps(
+        {"progress": {"step": 100, "total_steps": 100, "loss": 0.9, "samplesPerSecond": 3.5}, "adapter": "/out"}
+    )
+    sim.reconcile([sim.pod(0, "succeeded", message=wrapped), sim.pod(1, "succeeded")], at_s=200)
+    assert sim.phase() == "Succeeded"
+    assert sim.status.progress.model_dump(exclude_none=True) == {
+        "step": 100,
+        "total_steps": 100,
+        "loss": 0.9,
+        "samples_per_second": 3.5,
+    }
+
+
+def test_unknown_instance_fails_with_invalid_spec(catalog: Catalog) -> None:
+    kept = tuple(g for g in catalog.spec.gpus if g.key != "a100.80g")
+    small = BuildContext(Catalog(catalog.spec.model_copy(update={"gpus": kept})))
+    full = make_ctx(catalog)
+    job = make_job()
+    pods = [make_pod(job, full, 0, "running")]
+    result = plan(job, small, observe(pods), T0)
+    assert (result.status.phase, phase_reason(result.status)) == ("Failed", "InvalidSpec")
+    message = next(c for c in result.status.conditions if c.type == "Failed").message
+    assert message.startswith("spec.instance: ")
+    assert "dgxa100.80g.8.norm" in message
+    assert result.delete == ["job-worker-0"]
+    assert result.create == []
+    assert [(e.type, e.reason) for e in result.events] == [("Warning", "InvalidSpec")]
+
+
+def test_unbuildable_workers_fail_the_job_instead_of_crashing(ctx: BuildContext) -> None:
+    job = make_job({"spec.dataMounts": DATA_REF, "spec.trainer.output": {"dir": "/data/out"}})
+    result = plan(job, ctx, observe(mounts=READY, shared=False), T0)
+    assert (result.status.phase, phase_reason(result.status)) == ("Failed", "InvalidSpec")
+    message = next(c for c in result.status.conditions if c.type == "Failed").message
+    assert message.startswith("spec.trainer.output.dir: /data/out is inside /data, which workers see read-only")
+    assert (result.create, result.delete) == ([], [])  # nothing at all is created for a job that cannot run
+    assert [(e.type, e.reason) for e in result.events] == [("Warning", "InvalidSpec")]
+    assert result.status.completion_time == T0
+
+
+def test_observed_generation_follows_metadata_generation(ctx: BuildContext) -> None:
+    sim = sim_of(ctx, generation=7)
+    sim.reconcile(at_s=0)
+    assert sim.status.observed_generation == 7
+    assert {c.observed_generation for c in sim.status.conditions} == {7}
+    sim.respec({"spec.priority": "high"})
+    sim.reconcile([sim.pod(0, "running")], at_s=10)
+    assert sim.status.observed_generation == 8
+    assert {c.observed_generation for c in sim.status.conditions} == {8}
+
+
+def test_worker_counts_and_nodes(ctx: BuildContext) -> None:
+    sim = sim_of(ctx, {"spec.elastic": {"minNodes": 2, "maxNodes": 4}})
+    sim.reconcile(at_s=0)
+    result = sim.reconcile(pods_of(sim, {0: "running", 1: "running", 2: "unscheduled"}), at_s=10)
+    assert created(result) == [3]
+    counts = sim.workers()
+    assert (counts.desired, counts.active, counts.ready, counts.failed) == (4, 4, 2, 0)
+    assert sim.status.nodes == "2/4"
+    never = sim_of(ctx, {"spec.elastic": {"minNodes": 2}, "spec.restartPolicy": "Never"})
+    start_running(never, 2)
+    never.reconcile([never.pod(0, "running"), never.pod(1, "failed")], at_s=100)
+    counts = never.workers()
+    assert (counts.desired, counts.active, counts.ready, counts.failed) == (0, 0, 0, 1)
+    assert never.status.nodes == "0/0"
+
+
+def test_command_mode_creates_no_config_map(ctx: BuildContext) -> None:
+    sim = sim_of(ctx, {"spec.trainer": DELETE, "spec.command": ["torchrun", "/app/train.py"]})
+    first = sim.reconcile(at_s=0, shared=False)
+    assert [c["kind"] for c in first.create] == ["Service", "Pod"]
+    only_service = plan(sim.job, ctx, Observed(service=False, config_map=False), at(1))
+    assert [c["kind"] for c in only_service.create] == ["Service", "Pod"]
+
+
+def test_events_once_per_transition(ctx: BuildContext) -> None:
+    sim = sim_of(ctx, {"spec.elastic": {"minNodes": 2}, "spec.dataMounts": DATA_REF})
+    sim.mounts = dict(SYNCING)
+    timeline: list[tuple[float, dict[str, MountState], list[tuple[int, str]], bool]] = [
+        (0, SYNCING, [], False),
+        (60, READY, [], False),
+        (70, READY, [(0, "unscheduled"), (1, "unscheduled")], False),
+        (120, READY, [(0, "running"), (1, "running")], False),
+        (180, READY, [(0, "running"), (1, "running")], True),
+        (190, READY, [], True),
+    ]
+    seen: list[str] = []
+    for at_s, mounts, pods, suspend in timeline:
+        sim.mounts = dict(mounts)
+        if suspend != sim.job.spec.suspend:
+            sim.respec({"spec.suspend": suspend})
+        observed = [sim.pod(i, s) for i, s in pods]
+        seen += event_reasons(sim.reconcile(observed, at_s=at_s))
+        assert sim.reconcile(observed, at_s=at_s).events == []
+    assert seen == ["DataNotReady", "WorkersPending", "AllWorkersRunning", "Suspended"]
+
+
+def test_replacement_waits_until_the_old_pod_is_gone_after_pure_creation(ctx: BuildContext) -> None:
+    """A terminating pod is never replaced while it is still there."""
+    sim = sim_of(ctx)
+    start_running(sim, 1)
+    result = sim.reconcile([sim.pod(0, "running", terminating=True)], at_s=100)
+    assert result.create == []
+
+
+@pytest.mark.parametrize("trigger", ["counted-failure", "eviction", "older-attempt"])
+def test_replacement_waits_until_the_old_pod_is_gone(ctx: BuildContext, trigger: str) -> None:
+    sim = sim_of(ctx, {"spec.elastic": {"minNodes": 1, "maxNodes": 2}})
+    start_running(sim, 2)
+    if trigger == "counted-failure":
+        bad = sim.pod(1, "failed", exit_code=1)
+    elif trigger == "eviction":
+        bad = sim.pod(1, "evicted")
+    else:
+        sim.job = sim.job.model_copy(update={"status": sim.status.model_copy(update={"attempt": 1, "restarts": 1})})
+        bad = sim.pod(1, "failed", exit_code=1, attempt=0)
+    result = sim.reconcile([sim.pod(0, "running", attempt=0), bad], at_s=100)
+    assert result.delete == ["job-worker-1"]
+    assert created(result) == []
+    assert sim.status.attempt == 1
+    gone = sim.reconcile([sim.pod(0, "running", attempt=0)], at_s=110)
+    assert created(gone) == [1]
+    assert created_pods(gone)[0]["metadata"]["labels"][ATTEMPT] == "1"
+
+
+def test_restart_below_min_nodes_is_stable(ctx: BuildContext) -> None:
+    sim = sim_of(ctx)
+    start_running(sim, 1)
+    failed = [sim.pod(0, "failed", exit_code=1)]
+    first = sim.reconcile(failed, at_s=100)
+    assert cond(sim.status, "Restarting") == ("True", "NodesBelowMinimum")
+    restarting = next(c for c in sim.status.conditions if c.type == "Restarting")
+    assert restarting.message == "0/1 workers running, below minNodes 1; recreating"
+    # The restart itself is the event; the phase change reports the condition's reason.
+    assert [(e.type, e.reason) for e in first.events] == [
+        ("Warning", "WorkerRestarted"),
+        ("Warning", "NodesBelowMinimum"),
+    ]
+    again = plan(sim.job, ctx, observe(failed), sim.now)
+    assert cond(again.status, "Restarting") == cond(first.status, "Restarting")
+    assert again.status.model_dump() == first.status.model_dump()
+    assert (again.delete, again.create, again.events) == (["job-worker-0"], [], [])
+
+
+def test_non_zero_worker_exiting_0_is_left_alone(ctx: BuildContext) -> None:
+    sim = sim_of(ctx, {"spec.elastic": {"minNodes": 3}})
+    start_running(sim, 3)
+    result = sim.reconcile([sim.pod(0, "running"), sim.pod(1, "running"), sim.pod(2, "succeeded")], at_s=1000)
+    assert (result.create, result.delete, result.events) == ([], [], [])
+    assert sim.phase() == "Running"
+    assert (sim.status.restarts, sim.status.attempt) == (0, 0)
+
+
+def test_min_nodes_changes_take_effect_on_the_phase(ctx: BuildContext) -> None:
+    sim = sim_of(ctx, {"spec.elastic": {"minNodes": 2, "maxNodes": 4}})
+    sim.reconcile(at_s=0)
+    pods = pods_of(sim, {0: "running", 1: "running", 2: "running", 3: "unscheduled"})
+    sim.reconcile(pods, at_s=30)
+    assert (sim.phase(), phase_reason(sim.status)) == ("Running", "ElasticMinimumRunning")
+    sim.respec({"spec.elastic.minNodes": 4})
+    raised = sim.reconcile(pods, at_s=60)
+    assert (sim.phase(), phase_reason(sim.status)) == ("Restarting", "NodesBelowMinimum")
+    assert (raised.create, raised.delete) == ([], [])
+    sim.respec({"spec.elastic.minNodes": 3})
+    lowered = sim.reconcile(pods, at_s=90)
+    assert (sim.phase(), phase_reason(sim.status)) == ("Running", "ElasticMinimumRunning")
+    assert event_reasons(lowered) == ["ElasticMinimumRunning"]
