@@ -239,6 +239,8 @@ def cmd_operator(args: argparse.Namespace, out: TextIO, err: TextIO, stdin: Text
             pkeyfile=args.webhook_key,
             insecure=args.webhook_cert is None,
         )
+    if webhook is not None:
+        from dgx_operator import webhooks  # noqa: F401  (registers the validating webhook)
     config = OperatorConfig(
         catalog_path=args.catalog or env.catalog_path,
         trainer_image=args.trainer_image or env.trainer_image,

@@ -25,7 +25,7 @@ from dgx_operator.api import DGXTrainingJob
 from dgx_operator.api.datamount import DGXDataMount
 from dgx_operator.api.trainingjob import DGXTrainingJobStatus
 from dgx_operator.build import BuildContext
-from dgx_operator.build.names import config_map_name, service_name
+from dgx_operator.build.names import FINALIZER, config_map_name, service_name
 from dgx_operator.build.resolved import Defaults
 from dgx_operator.catalog import Catalog
 from dgx_operator.kube import ForeignObjectError, Kube, TransientError
@@ -39,6 +39,9 @@ Key = tuple[str, str]
 EXPECTATION_TTL = 60.0
 #: Backoff after failed reconciles of one job: 1, 2, 4 ... 60 s.
 MAX_BACKOFF = 60.0
+#: A job that is not finished is looked at again at least this often, whatever events say: the
+#: periodic safety net of a level-triggered controller (kopf's timers would add a finalizer).
+RESYNC = 60.0
 
 
 def utcnow() -> datetime:
@@ -98,6 +101,7 @@ class Controller:
     expectations: dict[Key, Expectations] = field(default_factory=dict)
     failures: dict[Key, int] = field(default_factory=dict)
     on_reconciled: Callable[[Key, Plan | None], Awaitable[None]] | None = None
+    retry_base: float = 1.0
 
     # -- triggering ----------------------------------------------------------------------------
 
@@ -117,6 +121,8 @@ class Controller:
                 result = await self.reconcile(*key)
                 self.failures.pop(key, None)
                 delay = result.requeue_after if result is not None else None
+                if result is not None and result.status.phase not in ("Succeeded", "Failed"):
+                    delay = min(delay if delay is not None else RESYNC, RESYNC)
             except TransientError as exc:
                 delay = self._backoff(key, exc.retry_after)
                 log.info("reconcile %s/%s: %s; retrying in %.1fs", *key, exc, delay)
@@ -128,7 +134,7 @@ class Controller:
     def _backoff(self, key: Key, hint: float | None) -> float:
         count = self.failures.get(key, 0) + 1
         self.failures[key] = count
-        return hint if hint is not None else min(MAX_BACKOFF, 2.0 ** (count - 1))
+        return hint if hint is not None else min(MAX_BACKOFF, self.retry_base * 2.0 ** (count - 1))
 
     def _schedule(self, key: Key, delay: float | None) -> None:
         old = self.timers.pop(key, None)
@@ -166,6 +172,14 @@ class Controller:
             if body is None:
                 self.forget(namespace, name)
                 return None
+            finalizers = list(body["metadata"].get("finalizers") or [])
+            if FINALIZER not in finalizers and not body["metadata"].get("deletionTimestamp"):
+                # Before any child exists, so deleting the job always waits for its workers.
+                body = await self.kube.set_finalizers(
+                    namespace, name, body["metadata"].get("resourceVersion"), [*finalizers, FINALIZER]
+                )
+                if not body:
+                    return None
             job = DGXTrainingJob.model_validate(body)
             observed = await self.observe(key, job)
             ctx = BuildContext(catalog=self.catalog, defaults=self.defaults, data_mounts=observed[1])
@@ -177,6 +191,9 @@ class Controller:
                 retry = dataclasses.replace(observed[0], foreign=tuple(foreign))
                 result = plan(job, ctx, retry, self.now())
                 await self.act(key, body, job, result)
+            if result.release_finalizer and FINALIZER in (body["metadata"].get("finalizers") or []):
+                remaining = [f for f in body["metadata"]["finalizers"] if f != FINALIZER]
+                await self.kube.set_finalizers(namespace, name, body["metadata"].get("resourceVersion"), remaining)
             if self.on_reconciled is not None:
                 await self.on_reconciled(key, result)
             return result

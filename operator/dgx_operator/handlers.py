@@ -1,20 +1,20 @@
 """kopf wiring, and nothing else: every decorator is a few lines that hand over to the one
 reconcile path (:class:`dgx_operator.controller.Controller`) or to the shared validator.
 
-Why event handlers rather than on.create/on.update: kopf's change-detecting handlers persist
-their progress and a diff base in annotations, i.e. extra writes for every job; a level-triggered
-reconcile needs none of that. The only change-detecting handler is on.delete, which makes kopf
-manage our finalizer.
+Every handler is ``async``: kopf runs plain functions in a thread pool, away from the event loop
+that the controller's tasks live on.
+
+Why event handlers rather than on.create/on.update/on.delete: kopf's change-detecting handlers
+persist a diff base (and progress) in annotations, i.e. extra writes for every job, and a
+level-triggered reconcile needs none of that. The controller manages the job's finalizer itself.
 """
 
 from __future__ import annotations
 
-import logging
 from typing import Any, cast
 
 import kopf
 
-from dgx_operator import admission
 from dgx_operator.build.names import JOB_LABEL
 from dgx_operator.controller import Controller
 from dgx_operator.kube import Kube
@@ -49,6 +49,7 @@ async def startup(
         post_event=lambda body, type_, reason, message: kopf.event(
             cast(kopf.Body, body), type=type_, reason=reason, message=message
         ),
+        retry_base=config.retry_base,
     )
 
 
@@ -100,7 +101,7 @@ def jobs_by_mount(name: Any, namespace: Any, spec: Any, **_: Any) -> Any:
 
 
 @kopf.on.event(*JOB)
-def job_event(name: Any, namespace: Any, type: Any, memo: Any, **_: Any) -> None:
+async def job_event(name: Any, namespace: Any, type: Any, memo: Any, **_: Any) -> None:
     if type == "DELETED":
         memo.controller.forget(namespace, name)
     else:
@@ -108,41 +109,11 @@ def job_event(name: Any, namespace: Any, type: Any, memo: Any, **_: Any) -> None
 
 
 @kopf.on.event("pods", labels=OURS)
-def pod_event(namespace: Any, labels: Any, memo: Any, **_: Any) -> None:
+async def pod_event(namespace: Any, labels: Any, memo: Any, **_: Any) -> None:
     memo.controller.trigger(namespace, labels[JOB_LABEL])
 
 
 @kopf.on.event(*MOUNT)
-def mount_event(name: Any, namespace: Any, memo: Any, jobs_by_mount: Any = None, **_: Any) -> None:
+async def mount_event(name: Any, namespace: Any, memo: Any, jobs_by_mount: Any = None, **_: Any) -> None:
     for job in set(jobs_by_mount.get((namespace, name), [])):
         memo.controller.trigger(namespace, job)
-
-
-@kopf.timer(*JOB, interval=60.0, idle=30.0)
-def safety_net(name: Any, namespace: Any, memo: Any, **_: Any) -> None:
-    """Deadlines are scheduled precisely by the controller; this only catches what was missed."""
-    memo.controller.trigger(namespace, name)
-
-
-@kopf.on.delete(*JOB)
-async def job_deleted(name: Any, namespace: Any, memo: Any, **_: Any) -> None:
-    """Holds the finalizer until no worker of the job is left running."""
-    plan = await memo.controller.reconcile(namespace, name)
-    if plan is not None and not plan.release_finalizer:
-        raise kopf.TemporaryError("waiting for the workers to stop", delay=2)
-
-
-# -- admission --------------------------------------------------------------------------------
-
-
-@kopf.on.validate(*JOB, id="validate-dgxtrainingjob")
-async def validate_job(body: Any, memo: Any, old: Any = None, operation: Any = None, **_: Any) -> None:
-    await admission.review(memo, dict(body), dict(old) if old else None, operation)
-
-
-@kopf.on.validate(*MOUNT, id="validate-dgxdatamount")
-async def validate_mount(body: Any, memo: Any, old: Any = None, operation: Any = None, **_: Any) -> None:
-    await admission.review(memo, dict(body), dict(old) if old else None, operation)
-
-
-logging.getLogger("kubedgx").debug("handlers registered")

@@ -74,7 +74,9 @@ class Kube:
             config.load_incluster_config()  # type: ignore[no-untyped-call]
             return cls(client.ApiClient())
         configuration = client.Configuration()
-        await config.load_kube_config(client_configuration=configuration)
+        # The library reads KUBECONFIG when it is imported; read it now, as kopf's login does.
+        path = os.environ.get("KUBECONFIG", "").split(os.pathsep)[0] or None
+        await config.load_kube_config(config_file=path, client_configuration=configuration)
         return cls(client.ApiClient(configuration))
 
     async def close(self) -> None:
@@ -179,6 +181,31 @@ class Kube:
                 raise _transient(exc, f"delete {JOBS} {namespace}/{name}") from exc
             raise
 
+    async def set_finalizers(
+        self, namespace: str, name: str, resource_version: str | None, finalizers: list[str]
+    ) -> dict[str, Any]:
+        """Replace the job's finalizer list, guarded by resourceVersion (409: plan again)."""
+        meta: dict[str, Any] = {"finalizers": finalizers}
+        if resource_version:
+            meta["resourceVersion"] = resource_version
+        try:
+            patched: dict[str, Any] = await self.custom.patch_namespaced_custom_object(
+                GROUP,
+                VERSION,
+                namespace,
+                JOBS,
+                name,
+                {"metadata": meta},
+                _content_type="application/merge-patch+json",  # type: ignore[call-arg]
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return {}
+            if _retryable(exc):
+                raise _transient(exc, f"patch finalizers of {JOBS} {namespace}/{name}") from exc
+            raise
+        return patched
+
     async def patch_job_status(
         self, namespace: str, name: str, resource_version: str | None, status: Mapping[str, Any]
     ) -> dict[str, Any]:
@@ -188,8 +215,15 @@ class Kube:
         if resource_version:
             body["metadata"] = {"resourceVersion": resource_version}
         try:
+            # kubernetes_asyncio would pick json-patch for a dict body; CRDs take merge patches.
             patched: dict[str, Any] = await self.custom.patch_namespaced_custom_object_status(
-                GROUP, VERSION, namespace, JOBS, name, body
+                GROUP,
+                VERSION,
+                namespace,
+                JOBS,
+                name,
+                body,
+                _content_type="application/merge-patch+json",  # type: ignore[call-arg]
             )
         except ApiException as exc:
             if _retryable(exc):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import kopf
 
@@ -13,7 +13,6 @@ from dgx_operator.build.resolved import DEFAULT_TRAINER_IMAGE, Defaults
 from dgx_operator.catalog import Catalog
 
 PREFIX = "kubedgx.io"
-FINALIZER = f"{PREFIX}/finalizer"
 
 
 @dataclass(frozen=True)
@@ -32,11 +31,15 @@ class WebhookConfig:
 class OperatorConfig:
     catalog_path: str | None = None
     trainer_image: str = DEFAULT_TRAINER_IMAGE
-    watch_timeout: float = 300.0
+    #: Seconds; an integer, since the API server rejects timeoutSeconds=300.0 with 400.
+    watch_timeout: int = 300
     request_timeout: float = 30.0
     webhook: WebhookConfig | None = None
     event_component: str = "kubedgx-operator"
-    extra_defaults: dict[str, str] = field(default_factory=dict)
+    #: kopf's delays between retries of failed API calls, and the first delay of the
+    #: controller's own per-job backoff (doubling up to 60 s). Tests shorten both.
+    error_backoffs: tuple[float, ...] = (1, 2, 4, 8, 15, 30)
+    retry_base: float = 1.0
 
     @classmethod
     def from_env(cls) -> OperatorConfig:
@@ -66,7 +69,9 @@ class OperatorConfig:
 
 def configure(settings: kopf.OperatorSettings, config: OperatorConfig) -> None:
     """Our finalizer and annotation prefix, bounded watches and requests, quick error backoffs."""
-    settings.persistence.finalizer = FINALIZER
+    # The controller adds and removes our finalizer itself (one write, no diff-base annotation);
+    # kopf's own, should any handler ever need one, gets our prefix too.
+    settings.persistence.finalizer = f"{PREFIX}/kopf-finalizer"
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=PREFIX)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=PREFIX, key="last-handled-configuration"
@@ -79,8 +84,8 @@ def configure(settings: kopf.OperatorSettings, config: OperatorConfig) -> None:
     settings.watching.connect_timeout = 10
     settings.networking.request_timeout = config.request_timeout
     settings.networking.connect_timeout = 10
-    settings.networking.error_backoffs = (1, 2, 4, 8, 15, 30)
-    settings.queueing.error_delays = (1, 2, 4, 8, 15, 30, 60)
+    settings.networking.error_backoffs = config.error_backoffs
+    settings.queueing.error_delays = (*config.error_backoffs, 60)
     if config.webhook is not None:
         hook = config.webhook
         settings.admission.server = kopf.WebhookServer(

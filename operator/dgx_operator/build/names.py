@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 LABEL_PREFIX = "kubedgx.io"
+#: Held on every job until none of its workers runs (the operator manages it, not kopf).
+FINALIZER = f"{LABEL_PREFIX}/finalizer"
 JOB_LABEL = f"{LABEL_PREFIX}/job-name"
 INDEX_LABEL = f"{LABEL_PREFIX}/replica-index"
 ATTEMPT_LABEL = f"{LABEL_PREFIX}/attempt"
