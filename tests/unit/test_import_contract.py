@@ -44,6 +44,7 @@ def test_contracts_catch_a_violation(tmp_path: Path) -> None:
 
 RUNTIME = (
     "dgx_operator.handlers",
+    "dgx_operator.webhooks",
     "dgx_operator.kube",
     "dgx_operator.controller",
     "dgx_operator.settings",
