@@ -15,8 +15,18 @@ async def review(memo: kopf.Memo, body: dict[str, Any], old: dict[str, Any] | No
     """Raise kopf.AdmissionError (HTTP 422) listing every problem, one per line."""
     if operation == "DELETE":
         return
+    if (
+        operation == "UPDATE"
+        and old is not None
+        and (old.get("spec") == body.get("spec") or (body.get("metadata") or {}).get("deletionTimestamp"))
+    ):
+        # Metadata-only writes (the operator's own finalizer removal, labels) and writes to a
+        # deleting object are never refused: a spec that became invalid later (the catalog
+        # dropped its instance, a mount changed) must not pin the job forever.
+        return
+    # Shared by every request: created at startup (handlers.startup); built here only for callers
+    # without one, such as tests.
     validator: Validator = memo.get("validator") or Validator(memo.config.catalog())
-    memo.validator = validator
     outcome = validator.validate(body, old=old if operation == "UPDATE" else None)
     problems = list(outcome.problems)
     if outcome.ok and body.get("kind") == "DGXTrainingJob":

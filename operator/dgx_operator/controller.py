@@ -245,18 +245,30 @@ class Controller:
         exp = self.expectations.setdefault(key, Expectations())
         uid = str(job.metadata.uid)
         foreign: list[str] = []
-        for obj in result.create:
+
+        async def create(obj: dict[str, Any]) -> None:
             try:
                 outcome = await self.kube.create(obj, uid)
             except ForeignObjectError as exc:
                 foreign.append(exc.description)
-                continue
+                return
             except ApiException as exc:
                 self.post_event(body, "Warning", "CreateFailed", f"{obj['kind']} {obj['metadata']['name']}: {exc}")
                 raise TransientError(f"create {obj['kind']} failed: HTTP {exc.status}") from exc
-            if outcome == "blocked":
-                continue
-            exp.created[f"{obj['kind']}/{obj['metadata']['name']}"] = (time.monotonic(), obj)
+            if outcome != "blocked":
+                exp.created[f"{obj['kind']}/{obj['metadata']['name']}"] = (time.monotonic(), obj)
+
+        # The ConfigMap and Service first (workers mount and resolve them), then the workers all at
+        # once, as the Job controller does; every success is remembered even if another fails.
+        shared = [o for o in result.create if o["kind"] != "Pod"]
+        for obj in shared:
+            await create(obj)
+        outcomes = await asyncio.gather(
+            *(create(o) for o in result.create if o["kind"] == "Pod"), return_exceptions=True
+        )
+        errors = [o for o in outcomes if isinstance(o, BaseException)]
+        if errors:
+            raise errors[0]
         if foreign:
             return foreign
         for pod in result.delete:

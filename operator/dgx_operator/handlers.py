@@ -19,6 +19,7 @@ from dgx_operator.build.names import JOB_LABEL
 from dgx_operator.controller import Controller
 from dgx_operator.kube import Kube
 from dgx_operator.settings import OperatorConfig, configure
+from dgx_operator.validation import Validator
 
 JOB = ("kubedgx.io", "v1alpha1", "dgxtrainingjobs")
 MOUNT = ("kubedgx.io", "v1alpha1", "dgxdatamounts")
@@ -39,9 +40,11 @@ async def startup(
     configure(settings, config)
     kube = await Kube.connect()
     memo.kube = kube
+    catalog = config.catalog()
+    memo.validator = Validator(catalog)
     memo.controller = Controller(
         kube=kube,
-        catalog=config.catalog(),
+        catalog=catalog,
         defaults=config.defaults(),
         pods_of=lambda ns, name: list(pods_by_job.get((ns, name), [])),
         has_service=lambda ns, name: (ns, name) in services,

@@ -666,6 +666,11 @@ class Emulator(kmock.KubernetesEmulator):
     hold_pod_deletion: bool = False  # keep deleted pods Terminating until finish_pod_deletion()
     history_limit: int = 10_000  # watch events kept for resourceVersion replay; older ones answer 410
     bookmark_interval: float = 30.0  # seconds between BOOKMARK events on idle watches that allow them
+    # kmock matches every request against its reactions by scanning all requests served so far,
+    # which is quadratic over a long run. False forgets a request once it is answered (the
+    # emulator's own ``log`` keeps it): benchmarks need that; tests asserting on kmock's request
+    # views (``emulator["get /x"]``) need the default.
+    keep_requests: bool = True
     admission: list[AdmissionHook] = attrs.field(factory=list)
     log: list[Call] = attrs.field(factory=list, init=False)
 
@@ -764,6 +769,19 @@ class Emulator(kmock.KubernetesEmulator):
         kind = self.kind(resource)
         obj, _ = self._patch(kind, namespace, name, patch_type, patch, subresource, "Strict")
         return copy.deepcopy(obj)
+
+    def count(
+        self, resource: str | Kind, namespace: str | None = None, predicate: Callable[[Body], object] | None = None
+    ) -> int:
+        """How many current objects of a kind match ``predicate``, read in place (no copies): cheap
+        enough to re-check after every write of a large run, as benchmarks/operator_scale.py does.
+        ``predicate`` must not modify what it is given."""
+        objects = self._index.get(_key(self.kind(resource)), {})
+        if namespace is None and predicate is None:
+            return len(objects)
+        return sum(
+            1 for key, obj in objects.items() if namespace in (None, key[0]) and (predicate is None or predicate(obj))
+        )
 
     def patch_status(self, resource: str | Kind, namespace: str | None, name: str, status: Mapping[str, Any]) -> Body:
         """Merge-patch the status through the /status subresource: what a kubelet or controller would do."""
@@ -1542,6 +1560,18 @@ class Emulator(kmock.KubernetesEmulator):
             if self._errors:
                 self._errors[-1].append(exc)
             return aiohttp.web.json_response(ApiError(500, "InternalError", repr(exc)).body(), status=500)
+        finally:
+            if not self.keep_requests:
+                self._forget(request)
+
+    def _forget(self, request: kmock.Request) -> None:
+        """Drop an answered request from kmock's request lists (see ``keep_requests``)."""
+        for holder in (self, *self._payloads):
+            requests = holder._requests
+            for i in range(len(requests) - 1, -1, -1):
+                if requests[i] is request:
+                    del requests[i]
+                    break
 
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
         route = parse_route(request.url.path)

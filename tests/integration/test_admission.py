@@ -1,0 +1,315 @@
+"""The validating webhook as the API server talks to it: kopf's HTTP server in the running operator, fed
+AdmissionReview v1 requests over loopback.
+
+The operator runs in-process against the emulator with a plain-HTTP webhook on 127.0.0.1 (``WebhookConfig(
+insecure=True)``, which ``settings.configure`` turns into ``kopf.WebhookServer``). kopf serves every
+validating handler at ``/<handler id>``: ``/validate-dgxtrainingjob`` and ``/validate-dgxdatamount``
+(kopf/_kits/webhooks.py routes ``POST {path}/{id}``; kopf/_core/engines/admission.py runs only the handlers
+whose id is that ``id``, and appends it to the server's URL in the webhook configurations it manages).
+
+Readiness is an event, not a poll: the test's ``kopf.WebhookServer`` subclass resolves a future with the
+client config kopf's server yields, which it does right after its socket is listening.
+
+The operator gets a registry of its own: ``dgx_operator.handlers`` and ``dgx_operator.webhooks`` are
+(re)imported while kopf's default registry points at a fresh one. Importing ``dgx_operator.webhooks`` into
+kopf's default registry instead would make every later test of this session that runs
+``dgx_operator.handlers`` without a webhook server crash at startup ("Admission handlers exist, but no
+admission server/tunnel is configured").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import importlib
+import socket
+import sys
+import types
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import kopf
+import pytest
+import pytest_asyncio
+
+import dgx_operator.handlers
+from dgx_operator.settings import OperatorConfig, WebhookConfig
+from tests.conftest import BASE_JOB, BASE_MOUNT, DELETE, with_changes
+from tests.integration.conftest import RunOperator
+from tests.integration.emulator import Emulator
+
+pytestmark = pytest.mark.asyncio
+
+Body = dict[str, Any]
+
+JOB_PATH = "/validate-dgxtrainingjob"
+MOUNT_PATH = "/validate-dgxdatamount"
+PLURALS = {"DGXTrainingJob": "dgxtrainingjobs", "DGXDataMount": "dgxdatamounts"}
+STARTED = "2024-05-01T12:00:00Z"
+READY_TIMEOUT_S = 10.0
+
+
+@functools.cache
+def operator_registry() -> kopf.OperatorRegistry:
+    """The operator's handlers and its validating webhook, registered in a registry of their own."""
+    saved = kopf.get_default_registry()
+    registry = kopf.OperatorRegistry()
+    kopf.set_default_registry(registry)
+    try:
+        importlib.reload(dgx_operator.handlers)
+        # The validating handlers: on first import, or again now that the default registry is this one.
+        if "dgx_operator.webhooks" in sys.modules:
+            importlib.reload(sys.modules["dgx_operator.webhooks"])
+        else:
+            importlib.import_module("dgx_operator.webhooks")
+    finally:
+        kopf.set_default_registry(saved)
+    return registry
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def stored(body: Body, **meta: Any) -> Body:
+    """``body`` as the API server hands it to a validating webhook: with a uid and a creation time."""
+    return with_changes(
+        body,
+        {"metadata.uid": str(uuid.uuid4()), "metadata.creationTimestamp": "2024-05-01T11:59:00Z"}
+        | {f"metadata.{key}": value for key, value in meta.items()},
+    )
+
+
+def running(body: Body) -> Body:
+    return with_changes(body, {"status": {"phase": "Running", "startTime": STARTED}})
+
+
+def review_request(operation: str, obj: Body | None, old: Body | None = None) -> Body:
+    """An AdmissionReview v1 request as kube-apiserver sends it."""
+    subject = obj if obj is not None else old
+    assert subject is not None
+    group, version = subject["apiVersion"].split("/")
+    kind = {"group": group, "version": version, "kind": subject["kind"]}
+    resource = {"group": group, "version": version, "resource": PLURALS[subject["kind"]]}
+    options_kind = {"CREATE": "CreateOptions", "UPDATE": "UpdateOptions", "DELETE": "DeleteOptions"}[operation]
+    return {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": str(uuid.uuid4()),
+            "kind": kind,
+            "resource": resource,
+            "requestKind": kind,
+            "requestResource": resource,
+            "name": subject["metadata"]["name"],
+            "namespace": subject["metadata"]["namespace"],
+            "operation": operation,
+            "userInfo": {"username": "kubernetes-admin", "groups": ["system:masters", "system:authenticated"]},
+            "object": obj,
+            "oldObject": old,
+            "dryRun": False,
+            "options": {"apiVersion": "meta.k8s.io/v1", "kind": options_kind},
+        },
+    }
+
+
+@dataclass
+class Webhook:
+    """The operator's webhook server, as the API server reaches it."""
+
+    client_config: dict[str, Any]  # what kopf's server yielded: its URL (no path), and a CA bundle with TLS
+    port: int  # the one the operator was configured with
+    http: aiohttp.ClientSession
+
+    @property
+    def url(self) -> str:
+        url: str = self.client_config["url"]
+        return url
+
+    async def post(self, path: str, request: Body) -> Body:
+        """POST an AdmissionReview; the review kopf answers with (the HTTP status must be 200)."""
+        async with self.http.post(self.url + path, json=request) as response:
+            assert response.status == 200, await response.text()
+            answer: Body = await response.json()
+        assert answer["apiVersion"] == "admission.k8s.io/v1"
+        assert answer["kind"] == "AdmissionReview"
+        assert answer["response"]["uid"] == request["request"]["uid"]
+        assert "patch" not in answer["response"]  # validating only: never a mutation
+        return answer
+
+    async def allowed(self, path: str, operation: str, obj: Body | None, old: Body | None = None) -> None:
+        answer = await self.post(path, review_request(operation, obj, old))
+        assert answer["response"] == {"uid": answer["response"]["uid"], "allowed": True}
+
+    async def refused(self, path: str, operation: str, obj: Body | None, old: Body | None = None) -> list[str]:
+        """The lines of a 422 refusal's message."""
+        answer = await self.post(path, review_request(operation, obj, old))
+        response = answer["response"]
+        assert response["allowed"] is False, response
+        assert response["status"]["code"] == 422, response
+        message: str = response["status"]["message"]
+        return message.splitlines()
+
+
+@pytest_asyncio.fixture
+async def webhook(
+    emulator: Emulator, run_operator: RunOperator, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[Webhook]:
+    port = free_port()
+    listening: asyncio.Future[kopf.WebhookClientConfig] = asyncio.get_running_loop().create_future()
+
+    class ObservedWebhookServer(kopf.WebhookServer):
+        """kopf's server, telling the test the client config it yields once its socket listens."""
+
+        async def __call__(self, fn: kopf.WebhookFn) -> AsyncIterator[kopf.WebhookClientConfig]:
+            async for client_config in super().__call__(fn):
+                if not listening.done():
+                    listening.set_result(client_config)
+                yield client_config
+
+    monkeypatch.setattr(kopf, "WebhookServer", ObservedWebhookServer)  # settings.configure builds it at startup
+    config = OperatorConfig(
+        webhook=WebhookConfig(host="127.0.0.1", port=port, insecure=True),
+        error_backoffs=(0.1, 0.2, 0.5, 1.0),
+        retry_base=0.1,
+    )
+    operator = types.ModuleType("kubedgx_operator_with_webhook")
+    operator.registry = operator_registry()  # type: ignore[attr-defined]
+    run = await run_operator(operator, memo=kopf.Memo(config=config))
+    # The server listens or the operator died at startup, whichever comes first.
+    either: set[asyncio.Future[Any]] = {listening, run.task}
+    done, _ = await asyncio.wait(either, timeout=READY_TIMEOUT_S, return_when=asyncio.FIRST_COMPLETED)
+    if run.task in done:
+        await run.task  # raise why it stopped
+        raise RuntimeError("the operator exited before its webhook server listened")
+    assert listening in done, f"the webhook server did not listen within {READY_TIMEOUT_S}s"
+    client_config = listening.result()
+    async with aiohttp.ClientSession() as http:
+        yield Webhook(client_config=dict(client_config), port=port, http=http)
+
+
+def data_job(output_dir: str) -> Body:
+    return with_changes(
+        BASE_JOB, {"spec.dataMounts": [{"name": "data", "mountPath": "/data"}], "spec.trainer.output.dir": output_dir}
+    )
+
+
+# -- the server and its paths -----------------------------------------------------------------------
+
+
+async def test_the_webhook_listens_where_the_config_says_in_plain_http(webhook: Webhook) -> None:
+    """``WebhookConfig(host, port, insecure=True)`` reaches kopf: plain HTTP on that address, no CA bundle."""
+    assert webhook.client_config == {"url": f"http://127.0.0.1:{webhook.port}"}
+    async with webhook.http.get(webhook.url + JOB_PATH) as response:
+        assert response.status == 405  # the server answers; kopf routes only POST
+
+
+async def test_each_handler_is_served_at_its_id(webhook: Webhook) -> None:
+    await webhook.allowed(JOB_PATH, "CREATE", stored(BASE_JOB))
+    await webhook.allowed(MOUNT_PATH, "CREATE", stored(BASE_MOUNT))
+    job_errors = await webhook.refused(JOB_PATH, "CREATE", stored(with_changes(BASE_JOB, {"spec.typo": 1})))
+    mount_errors = await webhook.refused(MOUNT_PATH, "CREATE", stored(with_changes(BASE_MOUNT, {"spec.typo": 1})))
+    assert job_errors == mount_errors == ["spec.typo: unknown field"]
+
+
+async def test_a_path_selects_its_handler_only(webhook: Webhook) -> None:
+    """kopf runs only the handler named by the path: an invalid job sent to the mount's path (or to a path no
+    handler has) meets no handler and is allowed. The webhook configuration must route each kind to its own
+    path; kopf writes such configurations itself only with ``settings.admission.managed``, which kubedgx
+    leaves off (the chart installs them)."""
+    invalid = stored(with_changes(BASE_JOB, {"spec.instance": "dgxv100.32g.8.norm"}))
+    await webhook.refused(JOB_PATH, "CREATE", invalid)
+    await webhook.allowed(MOUNT_PATH, "CREATE", invalid)
+    await webhook.allowed("/validate-something-else", "CREATE", invalid)
+
+
+# -- DGXTrainingJob -----------------------------------------------------------------------------------
+
+
+async def test_a_schema_error_is_refused_with_its_field(webhook: Webhook) -> None:
+    job = stored(with_changes(BASE_JOB, {"spec.elastic.minNodes": "two", "spec.elastic.rendezvous.port": 80}))
+    assert await webhook.refused(JOB_PATH, "CREATE", job) == [
+        'spec.elastic.minNodes: must be an integer, got string "two"',
+        "spec.elastic.rendezvous.port: must be >= 1024 (got 80)",
+    ]
+
+
+async def test_a_cel_cross_field_rule_is_refused_with_its_field(webhook: Webhook) -> None:
+    job = stored(with_changes(BASE_JOB, {"spec.elastic.minNodes": 3, "spec.elastic.maxNodes": 2}))
+    assert await webhook.refused(JOB_PATH, "CREATE", job) == [
+        "spec.elastic.minNodes: must be <= spec.elastic.maxNodes (3 > 2)"
+    ]
+    await webhook.allowed(JOB_PATH, "CREATE", stored(with_changes(job, {"spec.elastic.maxNodes": 3})))
+
+
+async def test_an_instance_outside_the_catalog_is_refused(webhook: Webhook) -> None:
+    job = stored(with_changes(BASE_JOB, {"spec.instance": "dgxv100.32g.8.norm"}))
+    (line,) = await webhook.refused(JOB_PATH, "CREATE", job)
+    assert line.startswith("spec.instance: unknown instance type 'dgxv100.32g.8.norm': no GPU family 'v100.32g'")
+
+
+async def test_changing_the_instance_of_a_running_job_is_refused(webhook: Webhook) -> None:
+    old = running(stored(BASE_JOB, resourceVersion="7", generation=1))
+    new = with_changes(old, {"spec.instance": "dgxh100.80g.8.norm", "metadata.generation": 2})
+    assert await webhook.refused(JOB_PATH, "UPDATE", new, old) == [
+        "spec.instance: cannot change while the job is Running: suspend it first (spec.suspend: true) "
+        "or create a new job"
+    ]
+    # The same write is fine for a suspended job, and other fields may change while it runs.
+    suspended = with_changes(old, {"status.phase": "Suspended"})
+    await webhook.allowed(JOB_PATH, "UPDATE", with_changes(new, {"status.phase": "Suspended"}), suspended)
+    await webhook.allowed(JOB_PATH, "UPDATE", with_changes(old, {"spec.elastic.maxNodes": 2}), old)
+
+
+async def test_an_output_dir_inside_an_input_mount_of_the_cluster_is_refused(
+    webhook: Webhook, emulator: Emulator
+) -> None:
+    job = stored(data_job("/data/out"))
+    await webhook.allowed(JOB_PATH, "CREATE", job)  # no such mount yet: the operator reports it later
+    emulator.create("dgxdatamounts", BASE_MOUNT)  # direction In by default
+    assert await webhook.refused(JOB_PATH, "CREATE", job) == [
+        "spec.trainer.output.dir: /data/out is inside /data, which workers see read-only (an input mount or "
+        "the config); write outputs to a direction: Out mount or another directory"
+    ]
+    await webhook.allowed(JOB_PATH, "CREATE", stored(data_job("/output")))
+    lookups = [c for c in emulator.calls("get", "dgxdatamounts") if c.name == "data" and c.namespace == "ml"]
+    assert len(lookups) == 3
+    assert [c.status for c in lookups] == [404, 200, 200]
+
+
+async def test_an_output_dir_inside_an_output_mount_is_allowed(webhook: Webhook, emulator: Emulator) -> None:
+    emulator.create("dgxdatamounts", with_changes(BASE_MOUNT, {"spec.direction": "Out"}))
+    await webhook.allowed(JOB_PATH, "CREATE", stored(data_job("/data/out")))
+    assert [c.status for c in emulator.calls("get", "dgxdatamounts")] == [200]
+
+
+async def test_delete_is_allowed_even_for_an_invalid_object(webhook: Webhook) -> None:
+    old = running(stored(with_changes(BASE_JOB, {"spec.instance": "dgxv100.32g.8.norm"})))
+    await webhook.allowed(JOB_PATH, "DELETE", None, old)
+    mount = stored(with_changes(BASE_MOUNT, {"spec.source": "http://x"}))
+    await webhook.allowed(MOUNT_PATH, "DELETE", None, mount)
+
+
+# -- DGXDataMount -------------------------------------------------------------------------------------
+
+
+async def test_a_mount_with_a_bad_source_uri_is_refused(webhook: Webhook) -> None:
+    mount = stored(with_changes(BASE_MOUNT, {"spec.source": "https://bucket.example.com/prefix"}))
+    assert await webhook.refused(MOUNT_PATH, "CREATE", mount) == [
+        'spec.source: invalid value "https://bucket.example.com/prefix": must be an object-store URI such as '
+        "s3://bucket/prefix or gs://bucket/prefix (bucket: 3-63 lower-case letters, digits, '.', '-' or '_')"
+    ]
+
+
+async def test_a_mount_update_is_checked_too(webhook: Webhook) -> None:
+    old = stored(BASE_MOUNT, resourceVersion="3")
+    new = with_changes(old, {"spec.source": "gs://bucket/prefix", "spec.region": "eu-west-1"})
+    assert await webhook.refused(MOUNT_PATH, "UPDATE", new, old) == [
+        "spec.region: region applies only to s3:// sources"
+    ]
+    await webhook.allowed(MOUNT_PATH, "UPDATE", with_changes(new, {"spec.region": DELETE}), old)

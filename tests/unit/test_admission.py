@@ -1,0 +1,353 @@
+"""The validating webhook's logic without a server: :func:`immutable_changes` and :func:`admission.review`.
+
+``review`` gets a real ``kopf.Memo`` with an :class:`OperatorConfig` (the default catalog unless a test writes
+an admin's one) and, where a job references DGXDataMounts, a fake ``kube`` whose ``get_mount`` answers from a
+dict, as :class:`dgx_operator.kube.Kube` answers from the cluster (None for 404).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import kopf
+import pytest
+import yaml
+
+from dgx_operator import admission
+from dgx_operator.build.names import FINALIZER
+from dgx_operator.catalog import Catalog
+from dgx_operator.settings import OperatorConfig
+from dgx_operator.validation import immutable_changes
+from tests.conftest import BASE_JOB, BASE_MOUNT, DELETE, with_changes
+
+Body = dict[str, Any]
+
+STARTED = "2024-05-01T12:00:00Z"
+#: Written out rather than imported, so that a change to the operator's lists shows here (docs/operator.md).
+ACTIVE_PHASES = ("Pending", "Running", "Restarting")
+IMMUTABLE_FIELDS = ("instance", "trainer", "command", "args")
+RUNNING_MESSAGE = "cannot change while the job is Running: suspend it first (spec.suspend: true) or create a new job"
+OUT_DIR_IN_INPUT = (
+    "spec.trainer.output.dir: /data/out is inside /data, which workers see read-only (an input mount or the "
+    "config); write outputs to a direction: Out mount or another directory"
+)
+
+
+def command_job() -> Body:
+    """A job running its own program (spec.command and spec.args) instead of the built-in trainer."""
+    return with_changes(BASE_JOB, {"spec.trainer": DELETE, "spec.command": ["python", "train.py"], "spec.args": ["-v"]})
+
+
+#: Per field that must not move under running workers: the job it is changed on, and the change.
+IMMUTABLE_EDITS: dict[str, tuple[Body, dict[str, Any]]] = {
+    "instance": (BASE_JOB, {"spec.instance": "dgxh100.80g.8.norm"}),
+    "trainer": (BASE_JOB, {"spec.trainer.model.name": "org/other-model"}),
+    "command": (command_job(), {"spec.command": ["python", "other.py"]}),
+    "args": (command_job(), {"spec.args": ["-vv"]}),
+}
+#: Changes that are fine at any time, running or not.
+MUTABLE_EDITS: dict[str, dict[str, Any]] = {
+    "env": {"spec.env": [{"name": "NCCL_DEBUG", "value": "INFO"}]},
+    "maxNodes": {"spec.elastic.maxNodes": 4},
+    "suspend": {"spec.suspend": True},
+    "labels": {"metadata.labels": {"team": "nlp"}},
+}
+
+
+def job_in(phase: str | None, *, started: bool = True, base: Body = BASE_JOB) -> Body:
+    """``base`` as the cluster stores it in ``phase`` (None: no status yet)."""
+    if phase is None:
+        return with_changes(base, {"status": DELETE})
+    status: Body = {"phase": phase, **({"startTime": STARTED} if started else {})}
+    return with_changes(base, {"status": status})
+
+
+def edited(old: Body, changes: dict[str, Any]) -> Body:
+    """The object an UPDATE sends: ``old`` with ``changes``, its status carried over as the API server does."""
+    return with_changes(old, changes)
+
+
+# -- immutable_changes ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("phase", ACTIVE_PHASES)
+@pytest.mark.parametrize("field", IMMUTABLE_FIELDS)
+def test_fields_that_define_the_run_are_refused_while_the_job_has_workers(phase: str, field: str) -> None:
+    base, changes = IMMUTABLE_EDITS[field]
+    old = job_in(phase, base=base)
+    problems = immutable_changes(old, edited(old, changes))
+    assert [str(p) for p in problems] == [
+        f"spec.{field}: cannot change while the job is {phase}: suspend it first (spec.suspend: true) "
+        "or create a new job"
+    ]
+
+
+def test_every_changed_field_is_reported_once_in_a_stable_order() -> None:
+    old = job_in("Running")
+    new = edited(old, {"spec.instance": "dgxh100.80g.8.norm", "spec.trainer": DELETE, "spec.command": ["python"]})
+    assert [p.path for p in immutable_changes(old, new)] == ["spec.instance", "spec.trainer", "spec.command"]
+
+
+def test_switching_from_trainer_to_command_changes_both_fields() -> None:
+    old = job_in("Restarting")
+    problems = immutable_changes(old, edited(old, {"spec.trainer": DELETE, "spec.command": ["t"], "spec.args": ["-v"]}))
+    assert [p.path for p in problems] == ["spec.trainer", "spec.command", "spec.args"]
+
+
+def test_a_nested_trainer_change_is_reported_at_spec_trainer() -> None:
+    old = job_in("Running")
+    problems = immutable_changes(old, edited(old, {"spec.trainer.dataset.path": "/data/other.jsonl"}))
+    assert [str(p) for p in problems] == [f"spec.trainer: {RUNNING_MESSAGE}"]
+
+
+@pytest.mark.parametrize(
+    ("phase", "started"),
+    [
+        pytest.param(None, False, id="never-reconciled"),
+        pytest.param("Pending", False, id="pending-never-started"),
+        pytest.param("WaitingForData", False, id="waiting-for-data"),
+        pytest.param("WaitingForData", True, id="waiting-for-data-after-a-start"),
+        pytest.param("Running", False, id="running-without-startTime"),
+        pytest.param("Suspended", True, id="suspended"),
+        # Not active phases either: a finished job has no workers, and its spec may change.
+        pytest.param("Succeeded", True, id="succeeded"),
+        pytest.param("Failed", True, id="failed"),
+    ],
+)
+@pytest.mark.parametrize("field", IMMUTABLE_FIELDS)
+def test_the_same_fields_may_change_when_no_workers_run(phase: str | None, started: bool, field: str) -> None:
+    base, changes = IMMUTABLE_EDITS[field]
+    old = job_in(phase, started=started, base=base)
+    new = edited(old, changes)
+    assert new["spec"] != old["spec"]
+    assert immutable_changes(old, new) == []
+
+
+@pytest.mark.parametrize("phase", ACTIVE_PHASES)
+@pytest.mark.parametrize("edit", sorted(MUTABLE_EDITS))
+def test_other_fields_may_change_at_any_time(phase: str, edit: str) -> None:
+    old = job_in(phase)
+    new = edited(old, MUTABLE_EDITS[edit])
+    assert new != old
+    assert immutable_changes(old, new) == []
+
+
+def test_suspending_and_changing_the_instance_in_one_update_is_refused() -> None:
+    """ "Suspend it first": the suspension takes effect once the job is Suspended, not in the same write."""
+    old = job_in("Running")
+    new = edited(old, {"spec.suspend": True, "spec.instance": "dgxh100.80g.8.norm"})
+    assert [p.path for p in immutable_changes(old, new)] == ["spec.instance"]
+
+
+def test_only_the_old_objects_status_decides() -> None:
+    """The new object's status is whatever the client sent; the stored (old) one is what the job is in."""
+    old = job_in("Suspended")
+    new = edited(old, {"spec.instance": "dgxh100.80g.8.norm", "status.phase": "Running"})
+    assert immutable_changes(old, new) == []
+    assert [p.path for p in immutable_changes(new, edited(new, {"spec.instance": "dgxb200.180g.8.norm"}))] == [
+        "spec.instance"
+    ]
+
+
+# -- admission.review ------------------------------------------------------------------------------
+
+
+class FakeKube:
+    """``get_mount`` as :class:`dgx_operator.kube.Kube` answers it: the stored mount, or None (404)."""
+
+    def __init__(self, mounts: Mapping[tuple[str, str], Body] | None = None) -> None:
+        self.mounts = dict(mounts or {})
+        self.asked: list[tuple[str, str]] = []
+
+    async def get_mount(self, namespace: str, name: str) -> Body | None:
+        self.asked.append((namespace, name))
+        return self.mounts.get((namespace, name))
+
+
+def memo_for(kube: FakeKube | None = None, config: OperatorConfig | None = None) -> kopf.Memo:
+    memo = kopf.Memo(config=config or OperatorConfig())
+    if kube is not None:
+        memo.kube = kube
+    return memo
+
+
+def review(
+    body: Body, old: Body | None = None, operation: str = "CREATE", memo: kopf.Memo | None = None
+) -> kopf.AdmissionError | None:
+    """Run ``admission.review``; the AdmissionError it raised, or None when it let the object through."""
+    try:
+        asyncio.run(admission.review(memo if memo is not None else memo_for(), body, old, operation))
+    except kopf.AdmissionError as exc:
+        return exc
+    return None
+
+
+def refusal(body: Body, old: Body | None = None, operation: str = "CREATE", memo: kopf.Memo | None = None) -> str:
+    """The message of a 422 refusal (fails the test if there is none, or another code)."""
+    error = review(body, old, operation, memo)
+    assert error is not None, f"{operation} was allowed"
+    assert error.code == 422
+    return str(error)
+
+
+def admin_catalog_without_a100(tmp_path: Path) -> OperatorConfig:
+    """The operator's config with an admin's catalog: the default one without the a100 families."""
+    data = yaml.safe_load(Catalog.load().spec.model_dump_json(by_alias=True, exclude_none=True))
+    data["gpus"] = [family for family in data["gpus"] if family["family"] != "a100"]
+    path = tmp_path / "catalog.yaml"
+    path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    return OperatorConfig(catalog_path=str(path))
+
+
+def test_a_valid_job_and_a_valid_mount_pass() -> None:
+    assert review(BASE_JOB) is None
+    assert review(BASE_MOUNT) is None
+
+
+def test_every_problem_is_one_line_of_path_and_message() -> None:
+    job = with_changes(
+        BASE_JOB, {"spec.elastic.minNodes": "two", "spec.elastic.rendezvous.port": 80, "spec.typo": True}
+    )
+    assert refusal(job).splitlines() == [
+        'spec.elastic.minNodes: must be an integer, got string "two"',
+        "spec.elastic.rendezvous.port: must be >= 1024 (got 80)",
+        "spec.typo: unknown field",
+    ]
+
+
+def test_a_cross_field_rule_of_the_crd_refuses() -> None:
+    job = with_changes(BASE_JOB, {"spec.elastic.minNodes": 3, "spec.elastic.maxNodes": 2})
+    assert refusal(job) == "spec.elastic.minNodes: must be <= spec.elastic.maxNodes (3 > 2)"
+
+
+def test_an_instance_the_catalog_does_not_define_is_refused() -> None:
+    job = with_changes(BASE_JOB, {"spec.instance": "dgxv100.32g.8.norm"})
+    message = refusal(job)
+    assert message.startswith(
+        "spec.instance: unknown instance type 'dgxv100.32g.8.norm': no GPU family 'v100.32g' in the catalog"
+    )
+    assert "\n" not in message
+
+
+def test_the_catalog_is_the_one_the_operator_is_configured_with(tmp_path: Path) -> None:
+    """An admin's catalog without the a100 families refuses an instance the default catalog knows."""
+    memo = memo_for(config=admin_catalog_without_a100(tmp_path))
+    assert refusal(BASE_JOB, memo=memo).startswith("spec.instance: unknown instance type 'dgxa100.80g.8.norm'")
+    assert review(with_changes(BASE_JOB, {"spec.instance": "dgxh100.80g.8.norm"}), memo=memo) is None
+
+
+def test_a_maxnodes_beyond_the_nvlink_domain_is_refused() -> None:
+    job = with_changes(BASE_JOB, {"spec.instance": "dgxgb200.186g.4.norm", "spec.elastic.maxNodes": 19})
+    assert refusal(job) == (
+        "spec.elastic.maxNodes: dgxgb200.186g.4.norm keeps a job inside one NVLink domain of 18 nodes; "
+        "maxNodes 19 can never be placed"
+    )
+    assert review(with_changes(job, {"spec.elastic.maxNodes": 18})) is None
+
+
+def test_an_update_changing_the_instance_of_a_running_job_is_refused_at_its_path() -> None:
+    old = job_in("Running")
+    new = edited(old, {"spec.instance": "dgxh100.80g.8.norm"})
+    assert refusal(new, old, "UPDATE") == f"spec.instance: {RUNNING_MESSAGE}"
+
+
+def test_an_update_of_a_running_job_changing_other_fields_passes() -> None:
+    old = job_in("Running")
+    assert review(edited(old, {"spec.elastic.maxNodes": 2, **MUTABLE_EDITS["env"]}), old, "UPDATE") is None
+
+
+def test_the_same_instance_change_passes_once_the_job_is_suspended() -> None:
+    old = job_in("Suspended")
+    assert review(edited(old, {"spec.instance": "dgxh100.80g.8.norm"}), old, "UPDATE") is None
+
+
+def test_a_create_is_never_checked_against_an_old_object() -> None:
+    """kopf passes no old object on CREATE; even if one came, only UPDATE compares."""
+    old = job_in("Running")
+    assert review(edited(old, {"spec.instance": "dgxh100.80g.8.norm"}), old, "CREATE") is None
+
+
+def data_job(output_dir: str = "/data/out", mount_path: str = "/data") -> Body:
+    return with_changes(
+        BASE_JOB,
+        {"spec.dataMounts": [{"name": "data", "mountPath": mount_path}], "spec.trainer.output.dir": output_dir},
+    )
+
+
+def test_an_output_dir_inside_an_input_mount_of_the_cluster_is_refused() -> None:
+    kube = FakeKube({("ml", "data"): BASE_MOUNT})
+    assert refusal(data_job(), memo=memo_for(kube)) == OUT_DIR_IN_INPUT
+    assert kube.asked == [("ml", "data")]
+
+
+@pytest.mark.parametrize(
+    ("mounts", "output_dir"),
+    [
+        pytest.param({("ml", "data"): with_changes(BASE_MOUNT, {"spec.direction": "Out"})}, "/data/out", id="out"),
+        pytest.param({("ml", "data"): BASE_MOUNT}, "/output", id="outside-the-mount"),
+        pytest.param({("ml", "data"): BASE_MOUNT}, "/database/out", id="sibling-prefix"),
+        # The mount is not in the cluster yet (or lives in another namespace): the operator reports it later.
+        pytest.param({}, "/data/out", id="mount-absent"),
+        pytest.param({("other", "data"): BASE_MOUNT}, "/data/out", id="mount-in-another-namespace"),
+    ],
+)
+def test_an_output_dir_is_refused_only_inside_an_existing_input_mount(
+    mounts: dict[tuple[str, str], Body], output_dir: str
+) -> None:
+    kube = FakeKube(mounts)
+    assert review(data_job(output_dir), memo=memo_for(kube)) is None
+    assert kube.asked == [("ml", "data")]
+
+
+def test_a_data_mount_at_a_path_kubedgx_uses_is_refused() -> None:
+    kube = FakeKube({("ml", "data"): BASE_MOUNT})
+    message = refusal(data_job("/output", mount_path="/dev/shm"), memo=memo_for(kube))
+    assert message == "spec.dataMounts[0].mountPath: /dev/shm is used by kubedgx itself; pick another path"
+
+
+def test_without_a_cluster_client_mounts_are_not_looked_up() -> None:
+    assert review(data_job()) is None
+
+
+def test_an_invalid_job_is_not_looked_up_in_the_cluster() -> None:
+    kube = FakeKube({("ml", "data"): BASE_MOUNT})
+    job = with_changes(data_job(), {"spec.elastic.minNodes": 0})
+    assert refusal(job, memo=memo_for(kube)) == "spec.elastic.minNodes: must be >= 1 (got 0)"
+    assert kube.asked == []
+
+
+@pytest.mark.parametrize("body", [BASE_JOB, BASE_MOUNT], ids=["job", "mount"])
+def test_delete_passes_whatever_the_object(body: Body) -> None:
+    broken = with_changes(body, {"spec.instance": "nope", "spec.source": "http://x", "spec.typo": 1})
+    assert review(broken, None, "DELETE", memo_for(FakeKube())) is None
+    assert review(broken, broken, "DELETE") is None
+
+
+def test_a_mount_with_a_bad_source_is_refused() -> None:
+    mount = with_changes(BASE_MOUNT, {"spec.source": "https://bucket.example.com/prefix"})
+    assert refusal(mount) == (
+        'spec.source: invalid value "https://bucket.example.com/prefix": must be an object-store URI such as '
+        "s3://bucket/prefix or gs://bucket/prefix (bucket: 3-63 lower-case letters, digits, '.', '-' or '_')"
+    )
+
+
+def test_a_mount_cross_field_rule_refuses() -> None:
+    mount = with_changes(BASE_MOUNT, {"spec.source": "gs://bucket/prefix", "spec.region": "eu-west-1"})
+    assert refusal(mount) == "spec.region: region applies only to s3:// sources"
+
+
+@pytest.mark.parametrize("cause", ["catalog-dropped-the-instance", "mount-became-an-input"])
+def test_removing_the_finalizer_of_a_deleting_job_is_never_refused(cause: str, tmp_path: Path) -> None:
+    if cause == "catalog-dropped-the-instance":
+        stored, memo = BASE_JOB, memo_for(FakeKube(), admin_catalog_without_a100(tmp_path))
+    else:
+        stored, memo = data_job(), memo_for(FakeKube({("ml", "data"): BASE_MOUNT}))
+    old = with_changes(
+        job_in("Running", base=stored),
+        {"metadata.finalizers": [FINALIZER], "metadata.deletionTimestamp": "2024-05-02T08:00:00Z"},
+    )
+    new = edited(old, {"metadata.finalizers": []})
+    assert review(new, old, "UPDATE", memo) is None
