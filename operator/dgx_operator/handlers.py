@@ -18,6 +18,7 @@ import kopf
 from dgx_operator.build.names import JOB_LABEL
 from dgx_operator.controller import Controller
 from dgx_operator.kube import Kube
+from dgx_operator.reconcile.pods import slim
 from dgx_operator.settings import OperatorConfig, configure
 from dgx_operator.validation import Validator
 
@@ -82,7 +83,7 @@ def probe_jobs(memo: Any, **_: Any) -> int:
 
 @kopf.index("pods", labels=OURS)
 def pods_by_job(namespace: Any, labels: Any, body: Any, **_: Any) -> Any:
-    return {(namespace, labels[JOB_LABEL]): dict(body)}
+    return {(namespace, labels[JOB_LABEL]): slim(body)}
 
 
 @kopf.index("services", labels=OURS)

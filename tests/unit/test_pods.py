@@ -1,0 +1,61 @@
+"""PodView reads the same facts from a whole pod and from the slim copy the operator indexes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from dgx_operator.api import DGXTrainingJob
+from dgx_operator.build import BuildContext, build_children
+from dgx_operator.catalog import Catalog
+from dgx_operator.reconcile.pods import PodView, read_progress, slim
+from tests.conftest import BASE_JOB
+
+TRAINER = "trainer"
+STATES: dict[str, dict[str, Any]] = {
+    "new": {},
+    "scheduled": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "True"}], "hostIP": "10.0.0.1"},
+    "running": {"phase": "Running", "containerStatuses": [{"name": TRAINER, "state": {"running": {}}}]},
+    "evicted": {"phase": "Failed", "reason": "Evicted", "message": "The node was low on resource: memory."},
+    "oom": {
+        "phase": "Failed",
+        "containerStatuses": [
+            {"name": "sidecar", "state": {"terminated": {"exitCode": 0}}},
+            {"name": TRAINER, "state": {"terminated": {"exitCode": 137, "reason": "OOMKilled", "message": "oom"}}},
+        ],
+        "conditions": [{"type": "DisruptionTarget", "status": "True"}, {"type": "Ready", "status": "False"}],
+    },
+    "done": {
+        "phase": "Succeeded",
+        "containerStatuses": [
+            {"name": TRAINER, "state": {"terminated": {"exitCode": 0, "message": '{"step": 7, "loss": 1.5}'}}}
+        ],
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def pod() -> dict[str, Any]:
+    job = DGXTrainingJob.model_validate(BASE_JOB)
+    children = build_children(job, BuildContext(Catalog.load()), uid="6f1c2c1e-0000-4000-8000-000000000001")
+    return next(c for c in children if c["kind"] == "Pod")
+
+
+@pytest.mark.parametrize("state", sorted(STATES))
+@pytest.mark.parametrize("terminating", [False, True])
+def test_slim_pod_reads_the_same(pod: dict[str, Any], state: str, terminating: bool) -> None:
+    whole = {**pod, "status": STATES[state]}
+    if terminating:
+        whole["metadata"] = {**whole["metadata"], "deletionTimestamp": "2026-11-29T00:00:00Z"}
+    whole["metadata"]["annotations"] = {**whole["metadata"]["annotations"], "kubedgx.io/progress": '{"step": 3}'}
+    small = slim(whole)
+    assert PodView.of(small) == PodView.of(whole)
+    assert read_progress(PodView.of(small)) == {"step": 3}
+    assert len(repr(small)) < len(repr(whole)) / 3  # the point of it: most of a pod is not kept
+
+
+def test_slim_pod_drops_the_spec(pod: dict[str, Any]) -> None:
+    small = slim({**pod, "status": STATES["running"]})
+    assert "spec" not in small
+    assert set(small["metadata"]["labels"]) == {"kubedgx.io/replica-index", "kubedgx.io/attempt"}
