@@ -1692,3 +1692,35 @@ def test_min_nodes_changes_take_effect_on_the_phase(ctx: BuildContext) -> None:
     lowered = sim.reconcile(pods, at_s=90)
     assert (sim.phase(), phase_reason(sim.status)) == ("Running", "ElasticMinimumRunning")
     assert event_reasons(lowered) == ["ElasticMinimumRunning"]
+
+
+def test_observing_the_workers_just_created_changes_nothing() -> None:
+    """The first pass creates the workers and writes the status; when the next pass sees them as
+    pending, unscheduled pods, the status must be identical, or every job costs two status writes."""
+    from datetime import UTC, datetime
+
+    from dgx_operator.api import DGXTrainingJob
+    from dgx_operator.build import BuildContext
+    from dgx_operator.catalog import Catalog
+    from dgx_operator.reconcile.planner import Observed, plan
+    from dgx_operator.reconcile.pods import PodView
+
+    job = DGXTrainingJob.model_validate(
+        with_changes(
+            BASE_JOB, {"metadata.uid": "0c0ffee0-0000-4000-8000-000000000000", "spec.elastic": {"minNodes": 3}}
+        )
+    )
+    ctx = BuildContext(Catalog.load())
+    now = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+    first = plan(job, ctx, Observed(), now)
+    pods = tuple(PodView.of(c) for c in first.create if c["kind"] == "Pod")
+    assert len(pods) == 3
+    second = plan(
+        job.model_copy(update={"status": first.status}),
+        ctx,
+        Observed(pods=pods, service=True, config_map=True),
+        now,
+    )
+    assert second.create == []
+    assert second.status.model_dump() == first.status.model_dump()
+    assert "(3 not scheduled yet)" in next(c.message for c in first.status.conditions if c.type == "Running")

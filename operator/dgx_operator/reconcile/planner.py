@@ -452,7 +452,10 @@ class _Planner:
             )
         else:
             pending = [p for p in self.pods if p.active and not p.running]
-            unscheduled = sum(1 for p in pending if not p.scheduled)
+            # Workers created in this very pass are not scheduled either: the message must not
+            # change when the next pass observes them, or the status would be written twice.
+            created = sum(1 for c in self.plan.create if c["kind"] == "Pod")
+            unscheduled = sum(1 for p in pending if not p.scheduled) + created
             detail = f" ({unscheduled} not scheduled yet)" if unscheduled else ""
             self.set_phase(
                 "Pending", "WorkersPending", f"{len(running)}/{desired} workers running, need {need}{detail}"
