@@ -196,6 +196,9 @@ async def operator(n: int) -> dict[str, float]:
                     api.create("dgxtrainingjobs", job_manifest(i), namespace=NAMESPACE)
                 await api.wait_for(lambda: done(api, n), timeout=TIMEOUT)
                 elapsed = time.perf_counter() - start
+                # kopf posts Events in the background: count the writes once each job's first
+                # Event (its WorkersPending transition) has arrived, so none is missed.
+                await api.wait_for(lambda: api.count("events", NAMESPACE) >= n, timeout=TIMEOUT)
                 total, without_events = writes(api, mark)
                 rss = peak_rss_mb(proc.pid)
                 if os.environ.get("BENCH_DETAIL"):

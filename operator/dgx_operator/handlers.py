@@ -72,7 +72,7 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
 
 
 @kopf.on.probe(id="jobs")
-def probe_jobs(memo: Any, **_: Any) -> int:
+async def probe_jobs(memo: Any, **_: Any) -> int:
     """Part of the liveness endpoint's report: jobs with a reconcile in flight."""
     controller: Controller | None = memo.get("controller")
     return len(controller.dirty) if controller is not None else 0
@@ -82,22 +82,22 @@ def probe_jobs(memo: Any, **_: Any) -> int:
 
 
 @kopf.index("pods", labels=OURS)
-def pods_by_job(namespace: Any, labels: Any, body: Any, **_: Any) -> Any:
+async def pods_by_job(namespace: Any, labels: Any, body: Any, **_: Any) -> Any:
     return {(namespace, labels[JOB_LABEL]): slim(body)}
 
 
 @kopf.index("services", labels=OURS)
-def services(name: Any, namespace: Any, **_: Any) -> Any:
+async def services(name: Any, namespace: Any, **_: Any) -> Any:
     return {(namespace, name): True}
 
 
 @kopf.index("configmaps", labels=OURS)
-def config_maps(name: Any, namespace: Any, **_: Any) -> Any:
+async def config_maps(name: Any, namespace: Any, **_: Any) -> Any:
     return {(namespace, name): True}
 
 
 @kopf.index(*JOB)
-def jobs_by_mount(name: Any, namespace: Any, spec: Any, **_: Any) -> Any:
+async def jobs_by_mount(name: Any, namespace: Any, spec: Any, **_: Any) -> Any:
     return {(namespace, ref.get("name")): name for ref in spec.get("dataMounts") or []}
 
 
