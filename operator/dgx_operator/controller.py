@@ -48,18 +48,29 @@ def utcnow() -> datetime:
     return datetime.now(UTC).replace(microsecond=0)
 
 
-def status_patch(old: DGXTrainingJobStatus | None, new: DGXTrainingJobStatus) -> dict[str, Any] | None:
-    """The merge patch taking ``old`` to ``new`` (fields that disappeared become null), or None
-    when nothing changed: a reconcile that learns nothing writes nothing."""
-    before = old.to_manifest() if old is not None else {}
-    after = new.to_manifest()
-    if before == after:
-        return None
-    patch: dict[str, Any] = dict(after)
+def merge_patch(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, Any]:
+    """The RFC 7386 merge patch that turns ``before`` into ``after``: changed keys, nested objects
+    diffed recursively, removed keys as null (lists are replaced whole, as merge patches do)."""
+    patch: dict[str, Any] = {}
+    for key, value in after.items():
+        old = before.get(key)
+        if isinstance(value, Mapping) and isinstance(old, Mapping):
+            nested = merge_patch(old, value)
+            if nested:
+                patch[key] = nested
+        elif key not in before or old != value:
+            patch[key] = value
     for key in before:
         if key not in after:
             patch[key] = None
     return patch
+
+
+def status_patch(old: DGXTrainingJobStatus | None, new: DGXTrainingJobStatus) -> dict[str, Any] | None:
+    """The merge patch taking the stored status to the planned one, or None when nothing changed:
+    a reconcile that learns nothing writes nothing."""
+    patch = merge_patch(old.to_manifest() if old is not None else {}, new.to_manifest())
+    return patch or None
 
 
 @dataclass
@@ -240,7 +251,7 @@ class Controller:
         return observed, specs
 
     async def act(self, key: Key, body: Mapping[str, Any], job: DGXTrainingJob, result: Plan) -> list[str]:
-        """Carry out a plan: creates, deletes, the status write, events, TTL deletion."""
+        """Carry out a plan: creates, the status write, deletes, events, TTL deletion."""
         namespace, name = key
         exp = self.expectations.setdefault(key, Expectations())
         uid = str(job.metadata.uid)
@@ -271,12 +282,15 @@ class Controller:
             raise errors[0]
         if foreign:
             return foreign
-        for pod in result.delete:
-            await self.kube.delete_pod(namespace, pod)
-            exp.deleted[f"Pod/{pod}"] = time.monotonic()
+        # The status before the deletes: it records the restart a failed worker's deletion answers,
+        # so if the write fails (409, 5xx) the failed pod is still there to be counted on the retry,
+        # and once it succeeded a retry sees the pod's attempt as already handled.
         patch = status_patch(job.status, result.status)
         if patch is not None:
             await self.kube.patch_job_status(namespace, name, job.metadata.resource_version, patch)
+        for pod in result.delete:
+            await self.kube.delete_pod(namespace, pod)
+            exp.deleted[f"Pod/{pod}"] = time.monotonic()
         for event in result.events:
             self.emit(body, event)
         if result.delete_job:

@@ -403,8 +403,9 @@ class DGXTrainingJobStatus(KubeModel):
         default=0,
         ge=0,
         description=(
-            "Worker generation, bumped by every restart or disruption; pods created for it carry it in the "
-            "kubedgx.io/attempt label. Failures of pods from an older attempt belong to a restart already made."
+            "Worker generation, bumped by every restart, disruption or lost worker; pods created for it carry it "
+            "in the kubedgx.io/attempt label. Failures of pods from an older attempt belong to a restart already "
+            "made and are not counted again."
         ),
     )
     start_time: datetime | None = Field(

@@ -378,6 +378,7 @@ class _Planner:
     def keep_running(self, r: Resolved) -> Plan:
         desired = 1 if r.interactive else r.max_nodes
         self.ensure_shared_children(r)
+        self.notice_lost_workers()
         # Workers of older attempts that ended belong to a restart already made: replace them.
         stale = [
             p for p in self.pods if p.attempt < self.status.attempt and (p.failed or (r.interactive and p.succeeded))
@@ -410,6 +411,25 @@ class _Planner:
             if r.max_duration_s is not None:
                 self.wakeups.append(self.now + timedelta(seconds=r.max_duration_s))
         return self.decide_phase(r, desired)
+
+    def notice_lost_workers(self) -> None:
+        """Workers that vanished without this operator deleting them (node loss, a spot reclaim,
+        someone's kubectl delete) are replaced in a new attempt, never counted: the last status
+        says how many workers were active after the operator's own deletions, so fewer pods
+        (not being deleted) now means the difference went away by other hands."""
+        old = self.job.status
+        if old is None or old.workers is None or self.status.start_time is None or self.old_phase == "Suspended":
+            return
+        untouched = sum(1 for p in self.pods if not p.terminating)
+        lost = old.workers.active - untouched
+        if lost > 0:
+            self.status.attempt += 1
+            self.event(
+                "Normal",
+                "WorkerLost",
+                f"{lost} worker(s) disappeared or were deleted by someone else; replacing them in attempt "
+                f"{self.status.attempt}, not counted against backoffLimit",
+            )
 
     def ensure_shared_children(self, r: Resolved) -> None:
         if not self.observed.config_map:
