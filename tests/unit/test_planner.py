@@ -6,6 +6,7 @@ worker pods with a hand-written ``status`` (what kubelet and scheduler would rep
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -252,6 +253,10 @@ def created(result: Plan) -> list[int]:
     return [int(c["metadata"]["labels"][INDEX]) for c in created_pods(result)]
 
 
+def attempt_of(pod: Mapping[str, Any]) -> int:
+    return int(pod["metadata"]["labels"][ATTEMPT])
+
+
 def deleted(result: Plan) -> list[int]:
     return [int(name.rsplit("-", 1)[1]) for name in result.delete]
 
@@ -283,9 +288,20 @@ class Sim:
     ctx: BuildContext
     now: datetime = T0
     mounts: dict[str, MountState] = field(default_factory=dict)
+    #: The plan of the latest step (None before the first).
+    last: Plan | None = None
 
     def pod(self, index: int, state: str, **kw: Any) -> dict[str, Any]:
         return make_pod(self.job, self.ctx, index, state, **kw)
+
+    def made(self, state: str = "unscheduled") -> list[dict[str, Any]]:
+        """The workers the latest step created, as a later observation sees them: in ``state`` (by
+        default pending, not scheduled yet) and of the attempt they were created with.
+
+        Never added to observations implicitly: a step that leaves out a worker created earlier
+        says that the worker was lost (the planner counts what it created as active)."""
+        made = created_pods(self.last) if self.last is not None else []
+        return [self.pod(int(p["metadata"]["labels"][INDEX]), state, attempt=attempt_of(p)) for p in made]
 
     def reconcile(
         self,
@@ -307,6 +323,7 @@ class Sim:
         assert_stable(self.job, self.ctx, observed, self.now)
         result = plan(self.job, self.ctx, observed, self.now)
         self.job = step(self.job, result)
+        self.last = result
         return result
 
     def respec(self, changes: Mapping[str, Any]) -> None:
@@ -336,11 +353,22 @@ def sim_of(ctx: BuildContext, changes: Mapping[str, Any] | None = None, **kw: An
 
 
 def assert_stable(job: DGXTrainingJob, ctx: BuildContext, observed: Observed, now: datetime) -> None:
-    """Planning again over the same observations, from the status just written, changes nothing."""
+    """Planning again over the same observations, from the status just written, changes nothing.
+
+    "The same observations" include what the first plan created, as the controller's expectations
+    provide them before the watch caches do (the planner counts created workers as active, and a
+    worker that was active and is not observed any more has been lost)."""
     first = plan(job, ctx, observed, now)
-    again = plan(step(job, first), ctx, observed, now)
+    made = [PodView.of(c) for c in first.create if c["kind"] == "Pod"]
+    seen = dataclasses.replace(
+        observed,
+        pods=(*observed.pods, *made),
+        service=observed.service or any(c["kind"] == "Service" for c in first.create),
+        config_map=observed.config_map or any(c["kind"] == "ConfigMap" for c in first.create),
+    )
+    again = plan(step(job, first), ctx, seen, now)
     assert again.status.model_dump() == first.status.model_dump()
-    assert {c["metadata"]["name"] for c in again.create} <= {c["metadata"]["name"] for c in first.create}
+    assert again.create == []
     assert event_reasons(again) == []
     assert again.status.restarts == first.status.restarts
     assert again.status.attempt == first.status.attempt
@@ -453,7 +481,15 @@ TABLE_JOB: dict[str, Any] = {
 @dataclass
 class State:
     sim: Sim
-    pods: dict[int, str]  # index -> pod state, all of the current attempt
+    pods: dict[int, str]  # index -> pod state
+    #: index -> attempt of the pods that are not of the current attempt (survivors of a lost worker)
+    attempts: dict[int, int] = field(default_factory=dict)
+
+    def pod(self, index: int, state: str, **kw: Any) -> dict[str, Any]:
+        """Worker ``index`` in ``state``, of the attempt the pod at that index was created with."""
+        if index in self.attempts:
+            kw.setdefault("attempt", self.attempts[index])
+        return self.sim.pod(index, state, **kw)
 
 
 def reach(ctx: BuildContext, phase: str) -> State:
@@ -477,11 +513,13 @@ def reach(ctx: BuildContext, phase: str) -> State:
     if phase == "Running":
         return State(sim, running)
     if phase == "Restarting":
-        sim.reconcile([sim.pod(0, "running")], at_s=180)  # workers 1 and 2 lost with their nodes
-        pods = {0: "running", 1: "unscheduled", 2: "unscheduled"}
-        sim.reconcile([sim.pod(i, s) for i, s in pods.items()], at_s=190)
+        lost = sim.reconcile([sim.pod(0, "running")], at_s=180)  # workers 1 and 2 lost with their nodes
+        assert event_reasons(lost) == ["WorkerLost", "NodesBelowMinimum"]
+        assert (sim.status.attempt, sim.status.restarts) == (1, 0)
+        # Worker 0 survives from attempt 0; its new peers belong to attempt 1.
+        sim.reconcile([sim.pod(0, "running", attempt=0), *sim.made()], at_s=190)
         assert (sim.phase(), phase_reason(sim.status)) == ("Restarting", "NodesBelowMinimum")
-        return State(sim, pods)
+        return State(sim, {0: "running", 1: "unscheduled", 2: "unscheduled"}, attempts={0: 0})
     if phase == "Suspended":
         sim.respec({"spec.suspend": True})
         sim.reconcile([sim.pod(i, s) for i, s in running.items()], at_s=180)
@@ -518,7 +556,7 @@ def _with_pods(
 ) -> list[dict[str, Any]]:
     pods = {**state.pods, **changes}
     return [
-        state.sim.pod(i, s, exit_code=exit_code if s == "failed" else None)
+        state.pod(i, s, exit_code=exit_code if s == "failed" else None)
         for i, s in sorted(pods.items())
         if s is not None
     ]
@@ -537,7 +575,7 @@ def _event_pods(changes: Mapping[int, str | None], exit_code: int | None = None)
 
 def _event_all(states: Mapping[int, str]) -> Callable[[State], Input]:
     def make(state: State) -> Input:
-        pods = [state.sim.pod(i, s) for i, s in states.items()]
+        pods = [state.pod(i, s) for i, s in states.items()]
         return Input(state.sim.job, pods, state.sim.mounts, _later(state))
 
     return make
@@ -549,7 +587,7 @@ def _event_failure(policy: str, code: int) -> Callable[[State], Input]:
     def make(state: State) -> Input:
         job = respec(state.sim.job, {"spec.restartPolicy": policy})
         sim = Sim(job, state.sim.ctx, state.sim.now, state.sim.mounts)
-        pods = _with_pods(State(sim, state.pods), {1: "failed"}, exit_code=code)
+        pods = _with_pods(State(sim, state.pods, state.attempts), {1: "failed"}, exit_code=code)
         return Input(job, pods, state.sim.mounts, _later(state))
 
     return make
@@ -674,6 +712,7 @@ def _terminal_rows(phase: str, reason: str) -> list[tuple[str, str, Expect]]:
 ALL = (0, 1, 2)
 RESTARTED = ("WorkerRestarted",)
 DISRUPTED = ("WorkerDisrupted",)
+LOST = ("WorkerLost",)
 
 TABLE: list[tuple[str, str, Expect]] = [
     # WaitingForData: nothing runs until every mount is Ready; time spent here counts for nothing.
@@ -691,7 +730,8 @@ TABLE: list[tuple[str, str, Expect]] = [
     ("Pending", "all_running", E("Running", "AllWorkersRunning", events=["AllWorkersRunning"])),
     ("Pending", "min_running", E("Running", "ElasticMinimumRunning", events=["ElasticMinimumRunning"])),
     ("Pending", "below_min", E("Pending", "WorkersPending")),
-    ("Pending", "lost_two", E("Pending", "WorkersPending", created=[1, 2])),
+    # Workers that vanish (node loss, someone's kubectl delete) are replaced in a new attempt, uncounted.
+    ("Pending", "lost_two", E("Pending", "WorkersPending", created=[1, 2], attempt=1, events=LOST)),
     ("Pending", "fail_never", E("Failed", "WorkerFailed", deleted=[0, 2], events=["WorkerFailed"])),
     (
         "Pending",
@@ -739,8 +779,12 @@ TABLE: list[tuple[str, str, Expect]] = [
     ("Running", "all_running", E("Running", "AllWorkersRunning")),
     ("Running", "min_running", E("Running", "ElasticMinimumRunning")),
     ("Running", "below_min", E("Restarting", "NodesBelowMinimum", events=["NodesBelowMinimum"])),
-    ("Running", "lost_one", E("Running", "ElasticMinimumRunning", created=[2])),
-    ("Running", "lost_two", E("Restarting", "NodesBelowMinimum", created=[1, 2], events=["NodesBelowMinimum"])),
+    ("Running", "lost_one", E("Running", "ElasticMinimumRunning", created=[2], attempt=1, events=LOST)),
+    (
+        "Running",
+        "lost_two",
+        E("Restarting", "NodesBelowMinimum", created=[1, 2], attempt=1, events=[*LOST, "NodesBelowMinimum"]),
+    ),
     ("Running", "fail_never", E("Failed", "WorkerFailed", deleted=[0, 2], events=["WorkerFailed"])),
     (
         "Running",
@@ -768,7 +812,7 @@ TABLE: list[tuple[str, str, Expect]] = [
     ("Restarting", "all_running", E("Running", "AllWorkersRunning", events=["AllWorkersRunning"])),
     ("Restarting", "min_running", E("Running", "ElasticMinimumRunning", events=["ElasticMinimumRunning"])),
     ("Restarting", "below_min", E("Restarting", "NodesBelowMinimum")),
-    ("Restarting", "lost_two", E("Restarting", "NodesBelowMinimum", created=[1, 2])),
+    ("Restarting", "lost_two", E("Restarting", "NodesBelowMinimum", created=[1, 2], attempt=1, events=LOST)),
     ("Restarting", "fail_never", E("Failed", "WorkerFailed", deleted=[0, 2], events=["WorkerFailed"])),
     (
         "Restarting",
@@ -836,6 +880,7 @@ def test_decision_table(states: dict[str, State], phase: str, event: str, expect
     assert phase_reason(status) == expect.reason
     # A pod deleted in this pass still holds its name: it is never replaced in the same plan.
     assert set(created(result)) == expect.created
+    assert {attempt_of(p) for p in created_pods(result)} <= {status.attempt}  # new workers join the new attempt
     assert set(deleted(result)) == expect.deleted
     assert status.restarts - before.restarts == expect.restarts
     assert status.attempt - before.attempt == expect.attempt
@@ -1054,15 +1099,21 @@ def test_cascading_failures_count_once(ctx: BuildContext) -> None:
     assert (sim.status.restarts, sim.status.attempt) == (1, 1)
     assert sorted(result.delete) == ["job-worker-1", "job-worker-2"]
     assert event_reasons(result).count("WorkerRestarted") == 1
-    # Worker 0 fails a moment later, still of attempt 0: part of the same incident.
+    # Worker 0 fails a moment later, still of attempt 0: part of the same incident. Workers 1 and 2
+    # are gone by now (the operator deleted them): they are recreated in attempt 1.
     follow = sim.reconcile([sim.pod(0, "failed", exit_code=1, attempt=0)], at_s=105)
     assert (sim.status.restarts, sim.status.attempt) == (1, 1)
     assert follow.delete == ["job-worker-0"]
-    assert "WorkerRestarted" not in event_reasons(follow)
+    assert event_reasons(follow) == []  # neither counted nor lost; the phase is Restarting already
     assert sim.phase() == "Restarting"
-    recreated = sim.reconcile([], at_s=110)
-    assert sorted(created(recreated)) == [0, 1, 2]
-    assert {p["metadata"]["labels"][ATTEMPT] for p in created_pods(recreated)} == {"1"}
+    assert created(follow) == [1, 2]
+    assert {attempt_of(p) for p in created_pods(follow)} == {1}
+    # Worker 0 is gone too; 1 and 2 wait for nodes.
+    recreated = sim.reconcile(sim.made(), at_s=110)
+    assert created(recreated) == [0]
+    assert attempt_of(created_pods(recreated)[0]) == 1
+    assert event_reasons(recreated) == []
+    assert (sim.status.restarts, sim.status.attempt) == (1, 1)
 
 
 def test_stale_failure_is_replaced_without_counting(ctx: BuildContext) -> None:
@@ -1103,26 +1154,33 @@ def test_elastic_keeps_running_above_min_nodes_and_recovers_below(ctx: BuildCont
     sim.reconcile(pods_of(sim, dict.fromkeys(range(4), "running")), at_s=60)
     assert (sim.phase(), phase_reason(sim.status)) == ("Running", "AllWorkersRunning")
 
-    # One node lost (its pod gone): still >= minNodes, the worker is recreated.
-    lost_one = sim.reconcile(pods_of(sim, {0: "running", 1: "running", 2: "running"}), at_s=100)
+    # One node lost (its pod gone): still >= minNodes, the worker is recreated in a new attempt, uncounted.
+    lost_one = sim.reconcile(pods_of(sim, {0: "running", 1: "running", 2: "running"}, attempt=0), at_s=100)
     assert (sim.phase(), phase_reason(sim.status)) == ("Running", "ElasticMinimumRunning")
     assert created(lost_one) == [3]
-    assert (sim.status.restarts, sim.status.attempt, sim.status.nodes) == (0, 0, "3/4")
-    assert lost_one.events == []
+    assert attempt_of(created_pods(lost_one)[0]) == 1
+    assert (sim.status.restarts, sim.status.attempt, sim.status.nodes) == (0, 1, "3/4")
+    assert [(e.type, e.reason) for e in lost_one.events] == [("Normal", "WorkerLost")]
+    survivors = pods_of(sim, {0: "running", 1: "running", 2: "running"}, attempt=0)
+    sim.reconcile([*survivors, sim.pod(3, "running", attempt=1)], at_s=150)
+    assert (sim.phase(), phase_reason(sim.status), sim.status.attempt) == ("Running", "AllWorkersRunning", 1)
 
-    # Three lost: below minNodes, Restarting, all three recreated.
-    below = sim.reconcile([sim.pod(0, "running")], at_s=200)
+    # Three lost: below minNodes, Restarting, all three recreated (in one more attempt, still uncounted).
+    below = sim.reconcile([sim.pod(0, "running", attempt=0)], at_s=200)
     assert (sim.phase(), phase_reason(sim.status)) == ("Restarting", "NodesBelowMinimum")
     assert created(below) == [1, 2, 3]
-    assert [(e.type, e.reason) for e in below.events] == [("Warning", "NodesBelowMinimum")]
-    assert sim.status.restarts == 0
-    waiting = sim.reconcile(pods_of(sim, {0: "running", 1: "scheduled", 2: "unscheduled", 3: "unscheduled"}), at_s=210)
+    assert {attempt_of(p) for p in created_pods(below)} == {2}
+    assert [(e.type, e.reason) for e in below.events] == [("Normal", "WorkerLost"), ("Warning", "NodesBelowMinimum")]
+    assert (sim.status.restarts, sim.status.attempt) == (0, 2)
+    first = sim.pod(0, "running", attempt=0)
+    waiting = sim.reconcile([first, *pods_of(sim, {1: "scheduled", 2: "unscheduled", 3: "unscheduled"})], at_s=210)
     assert (waiting.create, waiting.events, sim.phase()) == ([], [], "Restarting")
-    back = sim.reconcile(pods_of(sim, {0: "running", 1: "running", 2: "scheduled", 3: "unscheduled"}), at_s=260)
+    back = sim.reconcile([first, *pods_of(sim, {1: "running", 2: "scheduled", 3: "unscheduled"})], at_s=260)
     assert (sim.phase(), phase_reason(sim.status)) == ("Running", "ElasticMinimumRunning")
     assert [(e.type, e.reason) for e in back.events] == [("Normal", "ElasticMinimumRunning")]
-    sim.reconcile(pods_of(sim, dict.fromkeys(range(4), "running")), at_s=300)
+    sim.reconcile([first, *pods_of(sim, {1: "running", 2: "running", 3: "running"})], at_s=300)
     assert (sim.phase(), phase_reason(sim.status), sim.status.nodes) == ("Running", "AllWorkersRunning", "4/4")
+    assert (sim.status.restarts, sim.status.attempt) == (0, 2)
 
 
 def test_elastic_evicted_worker_is_replaced_once_gone(ctx: BuildContext) -> None:
@@ -1181,14 +1239,20 @@ def test_max_duration_deadline(ctx: BuildContext) -> None:
     assert first.requeue_after == 3600
     running = sim.reconcile(pods_of(sim, dict.fromkeys(range(3), "running")), at_s=600)
     assert running.requeue_after == 3000
-    # A worker created late gets only what is left of maxDuration.
-    late = sim.reconcile(pods_of(sim, {0: "running", 1: "running"}), at_s=1000)
+    # A worker created late (worker 2 was lost with its node) gets only what is left of maxDuration.
+    late = sim.reconcile(pods_of(sim, {0: "running", 1: "running"}, attempt=0), at_s=1000)
     assert created(late) == [2]
     assert created_pods(late)[0]["spec"]["activeDeadlineSeconds"] == 2600
     assert late.requeue_after == 2600
-    almost = sim.reconcile(pods_of(sim, {0: "running", 1: "running", 2: "scheduled"}), at_s=3599)
+    assert (event_reasons(late), sim.status.attempt) == (["WorkerLost"], 1)
+    survivors = pods_of(sim, {0: "running", 1: "running"}, attempt=0)
+    almost = sim.reconcile([*survivors, sim.pod(2, "scheduled", attempt=1)], at_s=3599)
     assert (sim.phase(), almost.requeue_after) == ("Running", 1)
-    pods = [sim.pod(0, "running"), sim.pod(1, "running", terminating=True), sim.pod(2, "scheduled")]
+    pods = [
+        sim.pod(0, "running", attempt=0),
+        sim.pod(1, "running", attempt=0, terminating=True),
+        sim.pod(2, "scheduled", attempt=1),
+    ]
     end = sim.reconcile(pods, at_s=3600)
     assert (sim.phase(), phase_reason(sim.status)) == ("Failed", "DeadlineExceeded")
     assert end.delete == ["job-worker-0", "job-worker-2"]  # worker 1 is already going away
@@ -1259,6 +1323,7 @@ def test_max_pending_counts_from_when_the_job_stopped_running(ctx: BuildContext)
     assert sim.phase() == "Running"
     lost = sim.reconcile([], at_s=5000)  # the node went away with the worker
     assert (sim.phase(), lost.requeue_after) == ("Restarting", 600)
+    assert (event_reasons(lost), sim.status.restarts, sim.status.attempt) == (["WorkerLost", "NodesBelowMinimum"], 0, 1)
     sim.reconcile([sim.pod(0, "unscheduled")], at_s=5599)
     assert sim.phase() == "Restarting"
     sim.reconcile([sim.pod(0, "unscheduled")], at_s=5600)
@@ -1336,6 +1401,7 @@ def test_interactive_debug_worker(ctx: BuildContext) -> None:
     gone = sim.reconcile([], at_s=610)
     assert created(gone) == [0]
     assert created_pods(gone)[0]["metadata"]["labels"][ATTEMPT] == "1"
+    assert gone.events == []  # the operator deleted it: not lost
     # maxDuration still holds.
     sim.reconcile([sim.pod(0, "running", attempt=sim.status.attempt)], at_s=3600)
     assert (sim.phase(), phase_reason(sim.status)) == ("Failed", "DeadlineExceeded")
@@ -1577,10 +1643,12 @@ def test_observed_generation_follows_metadata_generation(ctx: BuildContext) -> N
 
 
 def test_worker_counts_and_nodes(ctx: BuildContext) -> None:
-    sim = sim_of(ctx, {"spec.elastic": {"minNodes": 2, "maxNodes": 4}})
+    sim = sim_of(ctx, {"spec.elastic": {"minNodes": 2, "maxNodes": 3}})
     sim.reconcile(at_s=0)
+    sim.respec({"spec.elastic.maxNodes": 4})
     result = sim.reconcile(pods_of(sim, {0: "running", 1: "running", 2: "unscheduled"}), at_s=10)
     assert created(result) == [3]
+    assert (event_reasons(result), sim.status.attempt) == (["ElasticMinimumRunning"], 0)
     counts = sim.workers()
     assert (counts.desired, counts.active, counts.ready, counts.failed) == (4, 4, 2, 0)
     assert sim.status.nodes == "2/4"
@@ -1618,8 +1686,10 @@ def test_events_once_per_transition(ctx: BuildContext) -> None:
             sim.respec({"spec.suspend": suspend})
         observed = [sim.pod(i, s) for i, s in pods]
         seen += event_reasons(sim.reconcile(observed, at_s=at_s))
-        assert sim.reconcile(observed, at_s=at_s).events == []
+        # The same observations again, with the workers just created (not lost: merely unscheduled).
+        assert sim.reconcile([*observed, *sim.made()], at_s=at_s).events == []
     assert seen == ["DataNotReady", "WorkersPending", "AllWorkersRunning", "Suspended"]
+    assert (sim.status.restarts, sim.status.attempt) == (0, 0)
 
 
 def test_replacement_waits_until_the_old_pod_is_gone_after_pure_creation(ctx: BuildContext) -> None:
@@ -1628,6 +1698,7 @@ def test_replacement_waits_until_the_old_pod_is_gone_after_pure_creation(ctx: Bu
     start_running(sim, 1)
     result = sim.reconcile([sim.pod(0, "running", terminating=True)], at_s=100)
     assert result.create == []
+    assert (event_reasons(result), sim.status.attempt) == (["WorkerLost", "NodesBelowMinimum"], 1)  # not our delete
 
 
 @pytest.mark.parametrize("trigger", ["counted-failure", "eviction", "older-attempt"])
@@ -1724,3 +1795,228 @@ def test_observing_the_workers_just_created_changes_nothing() -> None:
     assert second.create == []
     assert second.status.model_dump() == first.status.model_dump()
     assert "(3 not scheduled yet)" in next(c.message for c in first.status.conditions if c.type == "Running")
+
+
+# --- workers lost by other hands ------------------------------------------------------------------
+
+
+def lost_message(count: int, attempt: int) -> str:
+    return (
+        f"{count} worker(s) disappeared or were deleted by someone else; replacing them in attempt {attempt}, "
+        "not counted against backoffLimit"
+    )
+
+
+def env_of(pod: Mapping[str, Any]) -> dict[str, str | None]:
+    return {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+
+
+@pytest.mark.parametrize(
+    ("elastic", "kept", "phase", "events"),
+    [
+        ({"minNodes": 2, "maxNodes": 3}, (0, 1), ("Running", "ElasticMinimumRunning"), ["WorkerLost"]),
+        ({"minNodes": 3}, (0,), ("Restarting", "NodesBelowMinimum"), ["WorkerLost", "NodesBelowMinimum"]),
+    ],
+    ids=["elastic-above-min", "below-min"],
+)
+def test_worker_deleted_by_someone_is_replaced_in_a_new_attempt(
+    ctx: BuildContext, elastic: dict[str, int], kept: tuple[int, ...], phase: tuple[str, str], events: list[str]
+) -> None:
+    """Node loss, a spot reclaim, someone's kubectl delete: the pod is simply gone, never counted."""
+    sim = sim_of(ctx, {"spec.elastic": elastic, "spec.backoffLimit": 0})  # a counted restart would fail the job
+    start_running(sim, 3)
+    survivors = pods_of(sim, dict.fromkeys(kept, "running"), attempt=0)
+    lost = sim.reconcile(survivors, at_s=100)
+    missing = [i for i in range(3) if i not in kept]
+    assert (sim.phase(), phase_reason(sim.status)) == phase
+    assert event_reasons(lost) == events
+    assert (lost.events[0].type, lost.events[0].message) == ("Normal", lost_message(len(missing), 1))
+    assert (sim.status.restarts, sim.status.attempt) == (0, 1)
+    assert lost.delete == []  # the survivors stay
+    assert created(lost) == missing
+    assert {attempt_of(p) for p in created_pods(lost)} == {1}
+    assert {env_of(p)["KUBEDGX_ATTEMPT"] for p in created_pods(lost)} == {"1"}
+    assert (sim.workers().active, sim.workers().failed) == (3, 0)
+    # The replacements are seen, then run: nothing more is lost, the survivors keep their attempt.
+    seen = sim.reconcile([*survivors, *sim.made()], at_s=105)
+    assert (seen.create, seen.delete, seen.events) == ([], [], [])
+    back = sim.reconcile([*survivors, *(sim.pod(i, "running", attempt=1) for i in missing)], at_s=110)
+    assert (sim.phase(), phase_reason(sim.status)) == ("Running", "AllWorkersRunning")
+    assert event_reasons(back) == ([] if phase[0] == "Running" else ["AllWorkersRunning"])
+    assert (sim.status.restarts, sim.status.attempt) == (0, 1)
+
+
+@pytest.mark.parametrize("state", ["running", "failed"], ids=["running", "exits-143-on-the-way-out"])
+def test_worker_being_deleted_by_someone_else_counts_as_lost(ctx: BuildContext, state: str) -> None:
+    """A deletion the operator did not make (kubectl delete, a drain, a spot reclaim) is a loss as
+    soon as it starts; its replacement waits until the old pod has released the name."""
+    sim = sim_of(ctx, {"spec.elastic": {"minNodes": 2, "maxNodes": 3}, "spec.backoffLimit": 0})
+    start_running(sim, 3)
+    survivors = pods_of(sim, {0: "running", 1: "running"}, attempt=0)
+    going = sim.pod(2, state, exit_code=143 if state == "failed" else None, attempt=0, terminating=True)
+    first = sim.reconcile([*survivors, going], at_s=100)
+    assert [(e.type, e.reason, e.message) for e in first.events] == [("Normal", "WorkerLost", lost_message(1, 1))]
+    assert (sim.status.restarts, sim.status.attempt) == (0, 1)
+    assert (first.create, first.delete) == ([], [])  # someone else is deleting it; the name is still held
+    assert (sim.phase(), phase_reason(sim.status)) == ("Running", "ElasticMinimumRunning")
+    assert sim.workers().active == 2
+    # Still going away: counted once, not at every pass.
+    again = sim.reconcile([*survivors, going], at_s=105)
+    assert (again.create, again.delete, again.events) == ([], [], [])
+    assert (sim.status.restarts, sim.status.attempt) == (0, 1)
+    gone = sim.reconcile(survivors, at_s=110)
+    assert created(gone) == [2]
+    assert attempt_of(created_pods(gone)[0]) == 1
+    assert gone.events == []
+    assert (sim.status.restarts, sim.status.attempt) == (0, 1)
+
+
+def test_survivor_failing_after_a_loss_is_not_counted(ctx: BuildContext) -> None:
+    """The survivors' NCCL group breaks with the lost peer: their failures belong to the loss."""
+    sim = sim_of(ctx, {"spec.elastic": {"minNodes": 2, "maxNodes": 3}, "spec.backoffLimit": 1})
+    start_running(sim, 3)
+    lost = sim.reconcile(pods_of(sim, {0: "running", 1: "running"}), at_s=100)
+    assert (event_reasons(lost), sim.status.restarts, sim.status.attempt) == (["WorkerLost"], 0, 1)
+    replacement = sim.made()
+    first = sim.pod(0, "running", attempt=0)
+    crash = sim.reconcile([first, sim.pod(1, "failed", exit_code=1, attempt=0), *replacement], at_s=105)
+    assert (sim.status.restarts, sim.status.attempt) == (0, 1)
+    assert crash.delete == ["job-worker-1"]
+    assert crash.create == []  # the failed worker still holds its name
+    assert event_reasons(crash) == ["NodesBelowMinimum"]  # neither WorkerRestarted nor another WorkerLost
+    assert (sim.phase(), phase_reason(sim.status)) == ("Restarting", "NodesBelowMinimum")
+    assert sim.workers().failed == 0
+    gone = sim.reconcile([first, *replacement], at_s=110)
+    assert created(gone) == [1]
+    assert attempt_of(created_pods(gone)[0]) == 1
+    assert gone.events == []
+    assert (sim.status.restarts, sim.status.attempt) == (0, 1)
+    # A failure of the current attempt still counts.
+    current = [first, sim.pod(1, "running", attempt=1), sim.pod(2, "failed", exit_code=1, attempt=1)]
+    counted = sim.reconcile(current, at_s=200)
+    assert event_reasons(counted) == ["WorkerRestarted", "ElasticMinimumRunning"]  # workers 0 and 1 run
+    assert (sim.status.restarts, sim.status.attempt) == (1, 2)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "planner: failures() runs before notice_lost_workers(), so a survivor's failure seen in the same pass "
+        "as the loss is still of the current attempt and is counted (here backoffLimit 0 fails the job), "
+        "while the same failure seen one pass after the loss is not"
+    ),
+)
+def test_loss_and_a_survivors_failure_seen_together_are_not_counted(ctx: BuildContext) -> None:
+    sim = sim_of(ctx, {"spec.elastic": {"minNodes": 2, "maxNodes": 3}, "spec.backoffLimit": 0})
+    start_running(sim, 3)
+    result = sim.reconcile([sim.pod(0, "running"), sim.pod(1, "failed", exit_code=1)], at_s=100)
+    assert sim.phase() != "Failed"
+    assert sim.status.restarts == 0
+    assert "WorkerLost" in event_reasons(result)
+    assert "WorkerRestarted" not in event_reasons(result)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "planner: notice_lost_workers() counts every pod not being deleted, finished ones included, against "
+        "workers.active, which counts unfinished ones only; a non-zero worker that exited 0 (kept for its logs) "
+        "therefore hides one lost worker, which is recreated in the old attempt without WorkerLost"
+    ),
+)
+def test_loss_beside_a_finished_worker_is_noticed(ctx: BuildContext) -> None:
+    sim = sim_of(ctx, {"spec.elastic": {"minNodes": 2, "maxNodes": 3}})
+    start_running(sim, 3)
+    done = sim.pod(2, "succeeded")
+    sim.reconcile([sim.pod(0, "running"), sim.pod(1, "running"), done], at_s=100)
+    assert (sim.phase(), sim.workers().active) == ("Running", 2)
+    lost = sim.reconcile([sim.pod(0, "running"), done], at_s=200)  # worker 1 lost with its node
+    assert created(lost) == [1]
+    assert event_reasons(lost) == ["WorkerLost"]
+    assert attempt_of(created_pods(lost)[0]) == 1
+
+
+@pytest.mark.parametrize(
+    ("state", "restarts", "reason"), [("failed", 1, "WorkerRestarted"), ("evicted", 0, "WorkerDisrupted")]
+)
+def test_no_worker_lost_after_a_restart_deleted_the_worker(
+    ctx: BuildContext, state: str, restarts: int, reason: str
+) -> None:
+    sim = sim_of(ctx, {"spec.elastic": {"minNodes": 1, "maxNodes": 2}})
+    start_running(sim, 2)
+    bad = sim.pod(1, state, attempt=0)
+    first = sim.reconcile([sim.pod(0, "running"), bad], at_s=100)
+    assert (event_reasons(first), first.delete) == ([reason], ["job-worker-1"])
+    assert (sim.status.restarts, sim.status.attempt) == (restarts, 1)
+    survivor = sim.pod(0, "running", attempt=0)
+    going = sim.reconcile([survivor, sim.pod(1, state, attempt=0, terminating=True)], at_s=105)
+    gone = sim.reconcile([survivor], at_s=110)
+    assert created(gone) == [1]
+    assert attempt_of(created_pods(gone)[0]) == 1
+    seen = sim.reconcile([survivor, *sim.made()], at_s=115)
+    assert (going.events, gone.events, seen.events) == ([], [], [])
+    assert (sim.status.restarts, sim.status.attempt) == (restarts, 1)
+
+
+def test_no_worker_lost_after_a_scale_down(ctx: BuildContext) -> None:
+    sim = sim_of(ctx, {"spec.elastic": {"minNodes": 2, "maxNodes": 4}})
+    start_running(sim, 4)
+    sim.respec({"spec.elastic.maxNodes": 2})
+    down = sim.reconcile(pods_of(sim, dict.fromkeys(range(4), "running")), at_s=100)
+    assert (deleted(down), down.events) == ([3, 2], [])
+    kept = pods_of(sim, {0: "running", 1: "running"})
+    going = sim.reconcile([*kept, *(sim.pod(i, "running", terminating=True) for i in (2, 3))], at_s=105)
+    gone = sim.reconcile(kept, at_s=110)
+    for result in (going, gone):
+        assert (result.create, result.delete, result.events) == ([], [], [])
+    assert (sim.phase(), phase_reason(sim.status), sim.status.nodes) == ("Running", "AllWorkersRunning", "2/2")
+    assert (sim.status.restarts, sim.status.attempt) == (0, 0)
+
+
+def test_no_worker_lost_across_suspend_and_resume(ctx: BuildContext) -> None:
+    sim = sim_of(ctx, {"spec.elastic": {"minNodes": 2}})
+    running = start_running(sim, 2)
+    sim.respec({"spec.suspend": True})
+    suspended = sim.reconcile(running, at_s=100)
+    assert (event_reasons(suspended), deleted(suspended)) == (["Suspended"], [0, 1])
+    going = sim.reconcile(pods_of(sim, dict.fromkeys(range(2), "running"), terminating=True), at_s=105)
+    gone = sim.reconcile([], at_s=110)
+    sim.respec({"spec.suspend": False})
+    resumed = sim.reconcile([], at_s=200)
+    assert (created(resumed), event_reasons(resumed)) == ([0, 1], ["WorkersPending"])
+    seen = sim.reconcile(sim.made(), at_s=205)
+    assert (going.events, gone.events, seen.events, seen.create) == ([], [], [], [])
+    assert (sim.phase(), sim.status.restarts, sim.status.attempt) == ("Pending", 0, 0)
+
+
+def test_no_worker_lost_at_the_first_start(ctx: BuildContext) -> None:
+    sim = sim_of(ctx, {"spec.elastic": {"minNodes": 2}, "spec.dataMounts": DATA_REF})
+    sim.mounts = dict(SYNCING)
+    sim.reconcile(at_s=0)
+    assert (sim.phase(), sim.workers().active) == ("WaitingForData", 0)
+    sim.mounts = dict(READY)
+    started = sim.reconcile(at_s=60)
+    assert (created(started), event_reasons(started)) == ([0, 1], ["WorkersPending"])
+    assert (sim.status.start_time, sim.workers().active) == (at(60), 2)
+    seen = sim.reconcile(sim.made(), at_s=70)
+    assert (seen.create, seen.events) == ([], [])
+    assert sim.status.attempt == 0
+
+
+@pytest.mark.parametrize(
+    ("phase", "suspend", "start"),
+    [("Pending", False, None), ("Suspended", True, T0), ("Suspended", False, T0)],
+    ids=["not-started", "still-suspended", "resuming"],
+)
+def test_no_worker_lost_before_a_start_whatever_the_status_counts(
+    ctx: BuildContext, phase: str, suspend: bool, start: datetime | None
+) -> None:
+    """A status written elsewhere (an older operator, a restore) that still counts active workers:
+    a job that has not started, or starts again, has lost nothing."""
+    counts = WorkerCounts(desired=2, active=2, ready=2, failed=0)
+    status = DGXTrainingJobStatus(phase=phase, attempt=3, restarts=1, start_time=start, workers=counts)
+    job = make_job({"spec.elastic": {"minNodes": 2}, "spec.suspend": suspend}, status=status)
+    result = plan(job, ctx, observe(), at(100))
+    assert "WorkerLost" not in event_reasons(result)
+    assert (result.status.attempt, result.status.restarts) == (3, 1)
+    assert created(result) == ([] if suspend else [0, 1])
