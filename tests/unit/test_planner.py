@@ -1898,14 +1898,6 @@ def test_survivor_failing_after_a_loss_is_not_counted(ctx: BuildContext) -> None
     assert (sim.status.restarts, sim.status.attempt) == (1, 2)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "planner: failures() runs before notice_lost_workers(), so a survivor's failure seen in the same pass "
-        "as the loss is still of the current attempt and is counted (here backoffLimit 0 fails the job), "
-        "while the same failure seen one pass after the loss is not"
-    ),
-)
 def test_loss_and_a_survivors_failure_seen_together_are_not_counted(ctx: BuildContext) -> None:
     sim = sim_of(ctx, {"spec.elastic": {"minNodes": 2, "maxNodes": 3}, "spec.backoffLimit": 0})
     start_running(sim, 3)
@@ -1916,14 +1908,6 @@ def test_loss_and_a_survivors_failure_seen_together_are_not_counted(ctx: BuildCo
     assert "WorkerRestarted" not in event_reasons(result)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "planner: notice_lost_workers() counts every pod not being deleted, finished ones included, against "
-        "workers.active, which counts unfinished ones only; a non-zero worker that exited 0 (kept for its logs) "
-        "therefore hides one lost worker, which is recreated in the old attempt without WorkerLost"
-    ),
-)
 def test_loss_beside_a_finished_worker_is_noticed(ctx: BuildContext) -> None:
     sim = sim_of(ctx, {"spec.elastic": {"minNodes": 2, "maxNodes": 3}})
     start_running(sim, 3)

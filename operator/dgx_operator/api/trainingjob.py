@@ -367,6 +367,9 @@ class WorkerCounts(KubeModel):
     active: int = Field(default=0, ge=0, description="Workers that exist and have not finished.")
     ready: int = Field(default=0, ge=0, description="Workers whose training container runs.")
     failed: int = Field(default=0, ge=0, description="Workers that failed in the current attempt.")
+    succeeded: int = Field(
+        default=0, ge=0, description="Workers that exited 0 and are kept (their logs stay readable)."
+    )
 
 
 class Progress(KubeModel):

@@ -193,8 +193,13 @@ class _Planner:
         active = [p for p in self.pods if p.active and p.name not in gone]
         ready = [p for p in active if p.running]
         failed = [p for p in self.pods if p.failed and p.attempt >= self.status.attempt]
+        succeeded = [p for p in self.pods if p.succeeded and not p.terminating and p.name not in gone]
         self.status.workers = WorkerCounts(
-            desired=desired, active=len(active) + len(created), ready=len(ready), failed=len(failed)
+            desired=desired,
+            active=len(active) + len(created),
+            ready=len(ready),
+            failed=len(failed),
+            succeeded=len(succeeded),
         )
         self.status.nodes = f"{len(ready)}/{desired}"
         self.status.observed_generation = self.generation
@@ -258,6 +263,9 @@ class _Planner:
             return self.finish(
                 "Failed", "DeadlineExceeded", f"the job ran longer than spec.maxDuration ({self.spec.max_duration})"
             )
+        # Losses first: a survivor's failure seen in the same pass belongs to the lost worker's
+        # incident and must find the attempt already moved on.
+        self.notice_lost_workers()
         failed = self.failures(r)
         if failed is not None:
             return failed
@@ -378,7 +386,6 @@ class _Planner:
     def keep_running(self, r: Resolved) -> Plan:
         desired = 1 if r.interactive else r.max_nodes
         self.ensure_shared_children(r)
-        self.notice_lost_workers()
         # Workers of older attempts that ended belong to a restart already made: replace them.
         stale = [
             p for p in self.pods if p.attempt < self.status.attempt and (p.failed or (r.interactive and p.succeeded))
@@ -420,8 +427,10 @@ class _Planner:
         old = self.job.status
         if old is None or old.workers is None or self.status.start_time is None or self.old_phase == "Suspended":
             return
+        # Failed pods the last pass kept do not exist: it deleted every one of them (they show as
+        # terminating until gone), so what it kept is exactly its active and succeeded workers.
         untouched = sum(1 for p in self.pods if not p.terminating)
-        lost = old.workers.active - untouched
+        lost = old.workers.active + old.workers.succeeded - untouched
         if lost > 0:
             self.status.attempt += 1
             self.event(
