@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -53,6 +53,21 @@ def _transient(exc: ApiException, what: str) -> TransientError:
         except ValueError:
             retry = None
     return TransientError(f"{what}: HTTP {exc.status} {exc.reason}", retry)
+
+
+async def _unparsed(call: Awaitable[Any]) -> None:
+    """Await a create or delete whose answer is not needed, without turning it into a client model:
+    the model refuses objects lacking fields it insists on (a pod status without imageID, say),
+    and would raise after the write happened. Errors still raise ApiException, as usual."""
+    response = await call
+    try:
+        if not 200 <= response.status <= 299:
+            exc = ApiException(status=response.status, reason=response.reason)
+            exc.headers = response.headers
+            exc.body = await response.read()
+            raise exc
+    finally:
+        response.release()
 
 
 def _retryable(exc: ApiException) -> bool:
@@ -131,7 +146,7 @@ class Kube:
             "ConfigMap": (self.core.create_namespaced_config_map, self.core.read_namespaced_config_map),
         }[kind]
         try:
-            await create(namespace, dict(obj))
+            await _unparsed(create(namespace, dict(obj), _preload_content=False))
             return "created"
         except ApiException as exc:
             if exc.status != 409:
@@ -160,7 +175,7 @@ class Kube:
     async def delete_pod(self, namespace: str, name: str) -> bool:
         """Delete a pod; False if it was already gone."""
         try:
-            await self.core.delete_namespaced_pod(name, namespace)
+            await _unparsed(self.core.delete_namespaced_pod(name, namespace, _preload_content=False))
         except ApiException as exc:
             if exc.status == 404:
                 return False

@@ -451,14 +451,24 @@ def _progress_view(ctx: BuildContext, *, message: str | None = None, annotation:
         (json.dumps(PROGRESS), None, PROGRESS),
         (json.dumps({"progress": PROGRESS, "summary": "done"}), None, PROGRESS),
         (None, json.dumps({"step": 7}), {"step": 7}),
-        (json.dumps({"step": 400}), json.dumps({"step": 399}), {"step": 399}),
+        (json.dumps({"step": 400}), json.dumps({"step": 399}), {"step": 400}),
         (json.dumps({"step": 400}), "{not json", {"step": 400}),
         ("Traceback (most recent call last): boom", None, None),
         (json.dumps([1, 2, 3]), None, None),
         (json.dumps({"progress": 5}), None, None),
         ("", None, None),
     ],
-    ids=["message", "wrapped", "annotation", "annotation-first", "bad-annotation", "text", "list", "scalar", "empty"],
+    ids=[
+        "message",
+        "wrapped",
+        "annotation",
+        "final-message-first",
+        "bad-annotation",
+        "text",
+        "list",
+        "scalar",
+        "empty",
+    ],
 )
 def test_read_progress(
     ctx: BuildContext, message: str | None, annotation: str | None, expected: dict[str, Any] | None

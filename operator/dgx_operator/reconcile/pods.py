@@ -175,9 +175,13 @@ def slim(pod: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def read_progress(pod: PodView) -> dict[str, Any] | None:
-    """The trainer's progress report: the pod annotation written while it runs, else the JSON
-    summary in its termination message. Anything unparseable is ignored, never fatal."""
-    for text in (pod.progress_annotation, pod.termination_message):
+    """The trainer's progress report: the JSON summary in its termination message once the worker
+    ended (the final word), else the pod annotation written while it runs. Anything unparseable is
+    ignored, never fatal."""
+    sources = (pod.termination_message, pod.progress_annotation)
+    if not pod.finished:
+        sources = (pod.progress_annotation, pod.termination_message)
+    for text in sources:
         if not text:
             continue
         try:

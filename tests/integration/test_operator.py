@@ -1,0 +1,1299 @@
+"""The operator's behaviour (docs/operator.md), end to end: the real kopf operator (``dgx_operator.handlers``)
+runs in this event loop against the in-memory API server, and the test plays everyone else: the user (jobs
+created, edited, deleted), the scheduler and the kubelet (pod status patches), the node that dies (a pod
+deleted). Every scenario checks the job's status, the Kubernetes Events posted for it, and the exact set of
+pods left at the end.
+
+Time never passes for real: the operator's controller reads a :class:`Clock` the test moves, and a reconcile
+that a timer would have started is asked for explicitly (:meth:`Operator.trigger`). Waits are conditions
+re-checked on every change the emulator sees (``emulator.wait_for``), never sleeps.
+
+The helpers at the top are shared with test_resilience.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import json
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import kopf
+import pytest
+
+from dgx_operator.controller import Controller
+from dgx_operator.reconcile.planner import Plan
+from dgx_operator.reconcile.pods import PodView
+from dgx_operator.settings import OperatorConfig
+from tests.conftest import BASE_JOB, BASE_MOUNT, with_changes
+from tests.integration.conftest import OperatorRun, RunOperator
+from tests.integration.emulator import Emulator
+
+pytestmark = pytest.mark.asyncio
+
+Body = dict[str, Any]
+NS = "ml"
+JOB = "job"
+JOBS = "dgxtrainingjobs"
+MOUNTS = "dgxdatamounts"
+# The documented names (docs/operator.md), spelled out rather than imported: renaming one is a visible change.
+JOB_LABEL = "kubedgx.io/job-name"
+ATTEMPT = "kubedgx.io/attempt"
+FINALIZER = "kubedgx.io/finalizer"
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+PROGRESS = "kubedgx.io/progress"
+IMAGE_ID = "registry.example/kubedgx/trainer@sha256:" + "0" * 64
+
+
+def worker(index: int, job: str = JOB) -> str:
+    return f"{job}-worker-{index}"
+
+
+# --------------------------------------------------------------------------------------------
+# The operator under test, with a clock the test moves
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Clock:
+    """The controller's ``now``: moves only when the test says so."""
+
+    now: datetime = field(default_factory=lambda: datetime.now(UTC).replace(microsecond=0))
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, delta: timedelta) -> datetime:
+        self.now += delta
+        return self.now
+
+
+def stamp(moment: datetime) -> str:
+    """A timestamp as the operator writes it into the status."""
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass
+class Operator:
+    """A running operator: its kopf run, its memo (``memo.controller``), the test's clock."""
+
+    emulator: Emulator
+    run: OperatorRun
+    memo: kopf.Memo
+    clock: Clock
+    #: The context of the latest finished reconcile: kopf's context variables (its event queue and settings),
+    #: without which the controller's ``kopf.event`` calls fail.
+    context: contextvars.Context | None = None
+    reconciles: int = 0
+
+    @property
+    def controller(self) -> Controller:
+        controller: Controller = self.memo.controller
+        return controller
+
+    async def _reconciled(self, key: tuple[str, str], plan: Plan | None) -> None:
+        self.context = contextvars.copy_context()
+        self.reconciles += 1
+        self.emulator.notify()  # a finished reconcile may be what a wait_for is waiting for
+
+    async def trigger(self, name: str = JOB) -> None:
+        """Ask for a reconcile of the job, as the operator's own deadline timer does.
+
+        It runs in kopf's context (that of a finished reconcile): ``Controller.trigger`` called from the test's
+        own task would start a reconcile whose events (kopf.event) fail for want of kopf's context variables.
+        """
+        context = await self.emulator.wait_for(lambda: self.context, message="a first reconcile is over")
+        context.run(self.controller.trigger, NS, name)
+        task = self.controller.workers.get((NS, name))
+        if task is not None:
+            task.add_done_callback(lambda _: self.emulator.notify())
+
+    def cache_is_current(self, name: str = JOB) -> bool:
+        """The operator's view of the job's pods (kopf's index, as the planner reads it) is what the API
+        server holds."""
+        cached = {PodView.of(p) for p in self.controller.pods_of(NS, name)}
+        stored = {PodView.of(p) for p in self.emulator.select("pods", NS, labels={JOB_LABEL: name})}
+        return cached == stored
+
+    async def settle(self, name: str = JOB, *, timeout: float = 5.0) -> None:
+        """Once the operator has seen the pods as they are, reconcile and wait until that pass (and every pass
+        coalesced with it) is over, with no failed pass waiting for its retry.
+
+        kopf updates its index before it runs the pod-event handler, whose trigger wakes the wait up (see
+        :func:`start_operator`): so the first wait needs no polling."""
+        key = (NS, name)
+        controller = self.controller
+        await self.emulator.wait_for(
+            lambda: self.cache_is_current(name), timeout=timeout, message=f"the operator sees the pods of {name}"
+        )
+        await self.trigger(name)
+
+        def idle() -> bool:
+            task = controller.workers.get(key)
+            return key not in controller.dirty and (task is None or task.done()) and key not in controller.failures
+
+        await self.emulator.wait_for(idle, timeout=timeout, message=f"the reconciles of {key} are over")
+
+    @contextlib.asynccontextmanager
+    async def paused(self, name: str = JOB) -> AsyncIterator[None]:
+        """Hold the job's reconcile lock: what happens meanwhile is seen by one pass, once it is released (so
+        that, e.g., three workers lost at once are one loss, as when the operator was busy)."""
+        lock = self.controller.locks.setdefault((NS, name), asyncio.Lock())
+        async with lock:
+            yield
+
+    async def stop(self) -> None:
+        await self.run.stop()
+
+
+def operator_config() -> OperatorConfig:
+    return OperatorConfig(error_backoffs=(0.1, 0.2, 0.5, 1.0), retry_base=0.1)
+
+
+async def start_operator(emulator: Emulator, run_operator: RunOperator, clock: Clock | None = None) -> Operator:
+    """Run dgx_operator.handlers until the test ends, with short backoffs and the test's clock."""
+    memo = kopf.Memo(config=operator_config())
+    run = await run_operator("dgx_operator.handlers", wait_for=(JOBS, "pods"), memo=memo)
+    op = Operator(emulator, run, memo, clock or Clock())
+    controller = op.controller
+    controller.now = op.clock
+    controller.on_reconciled = op._reconciled
+    trigger = controller.trigger
+
+    def triggered(namespace: str, name: str) -> None:
+        """kopf has indexed an event and handed it over: conditions on the operator's caches are re-checked."""
+        trigger(namespace, name)
+        emulator.notify()
+
+    controller.trigger = triggered  # type: ignore[method-assign]
+    return op
+
+
+# --------------------------------------------------------------------------------------------
+# The test as scheduler and kubelet
+# --------------------------------------------------------------------------------------------
+
+
+def _container(emulator: Emulator, pod: str, state: Body, *, ready: bool) -> list[Body]:
+    """containerStatuses as a kubelet reports them (the client library refuses pods without image, imageID...)."""
+    stored = emulator.get("pods", NS, pod)
+    assert stored is not None, f"pod {pod} does not exist"
+    image = stored["spec"]["containers"][0]["image"]
+    status = {"name": "trainer", "image": image, "imageID": IMAGE_ID, "ready": ready, "restartCount": 0}
+    return [{**status, "started": ready, "state": state}]
+
+
+def _scheduled(ready: bool) -> Body:
+    conditions = [
+        {"type": "PodScheduled", "status": "True"},
+        {"type": "Initialized", "status": "True"},
+        {"type": "ContainersReady", "status": "True" if ready else "False"},
+        {"type": "Ready", "status": "True" if ready else "False"},
+    ]
+    return {"hostIP": "10.0.0.1", "podIP": "10.1.0.1", "conditions": conditions}
+
+
+def run_pod(emulator: Emulator, pod: str) -> None:
+    """Scheduled, pulled, the trainer container running."""
+    state = {"running": {"startedAt": "2025-01-01T00:00:00Z"}}
+    emulator.patch_status(
+        "pods",
+        NS,
+        pod,
+        {"phase": "Running", **_scheduled(True), "containerStatuses": _container(emulator, pod, state, ready=True)},
+    )
+
+
+def run_pods(emulator: Emulator, *pods: str) -> None:
+    for pod in pods:
+        run_pod(emulator, pod)
+
+
+def exit_pod(emulator: Emulator, pod: str, code: int, *, reason: str | None = None, message: str = "") -> None:
+    """The trainer container exited with ``code``; the pod (restartPolicy Never) ends with it."""
+    terminated = {
+        "exitCode": code,
+        "reason": reason or ("Completed" if code == 0 else "Error"),
+        "startedAt": "2025-01-01T00:00:00Z",
+        "finishedAt": "2025-01-01T01:00:00Z",
+        **({"message": message} if message else {}),
+    }
+    emulator.patch_status(
+        "pods",
+        NS,
+        pod,
+        {
+            "phase": "Succeeded" if code == 0 else "Failed",
+            **_scheduled(False),
+            "containerStatuses": _container(emulator, pod, {"terminated": terminated}, ready=False),
+        },
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Reading the outcome
+# --------------------------------------------------------------------------------------------
+
+
+def get_job(emulator: Emulator, name: str = JOB) -> Body:
+    job = emulator.get(JOBS, NS, name)
+    assert job is not None, f"job {name} does not exist"
+    return job
+
+
+def pod_set(emulator: Emulator) -> dict[str, str | None]:
+    """Every pod in the namespace: name -> its kubedgx.io/attempt label."""
+    return {
+        p["metadata"]["name"]: (p["metadata"].get("labels") or {}).get(ATTEMPT) for p in emulator.select("pods", NS)
+    }
+
+
+def live_pods(emulator: Emulator) -> dict[str, str | None]:
+    """The pods not being deleted."""
+    return {
+        p["metadata"]["name"]: (p["metadata"].get("labels") or {}).get(ATTEMPT)
+        for p in emulator.select("pods", NS)
+        if not p["metadata"].get("deletionTimestamp")
+    }
+
+
+def conditions(status: Mapping[str, Any]) -> dict[str, tuple[str, str]]:
+    """type -> (status, reason)."""
+    return {c["type"]: (c["status"], c["reason"]) for c in status.get("conditions", [])}
+
+
+def condition(status: Mapping[str, Any], type_: str) -> Body:
+    found = next((c for c in status.get("conditions", []) if c["type"] == type_), None)
+    assert found is not None, f"no {type_} condition in {status}"
+    return dict(found)
+
+
+def counts(status: Mapping[str, Any]) -> tuple[Any, ...]:
+    """(phase, restarts, attempt, nodes, workers) in one comparable tuple."""
+    workers = status.get("workers") or {}
+    return (
+        status.get("phase"),
+        status.get("restarts"),
+        status.get("attempt"),
+        status.get("nodes"),
+        tuple(workers.get(k) for k in ("desired", "active", "ready", "failed")),
+    )
+
+
+def job_events(emulator: Emulator, name: str = JOB) -> list[tuple[str, str, str]]:
+    """(type, reason, message) of the Events posted for the job, oldest first."""
+    job = emulator.get(JOBS, NS, name)
+    events = [
+        e
+        for e in emulator.select("events", NS)
+        if e.get("involvedObject", {}).get("kind") == "DGXTrainingJob"
+        and e["involvedObject"].get("name") == name
+        and (job is None or e["involvedObject"].get("uid") == job["metadata"]["uid"])
+    ]
+    events.sort(key=lambda e: int(e["metadata"]["resourceVersion"]))
+    return [(e["type"], e["reason"], e.get("message", "")) for e in events]
+
+
+def event_reasons(emulator: Emulator, name: str = JOB) -> list[tuple[str, str]]:
+    return [(t, r) for t, r, _ in job_events(emulator, name)]
+
+
+async def wait_phase(
+    emulator: Emulator,
+    phase: str,
+    check: Callable[[Body], bool] = lambda _: True,
+    *,
+    name: str = JOB,
+    timeout: float = 5.0,
+) -> Body:
+    """The job's status once it has this phase (and passes ``check``)."""
+
+    def reached(job: Body) -> bool:
+        status = job.get("status") or {}
+        return bool(status.get("phase") == phase and check(status))
+
+    job = await emulator.wait_for_object(JOBS, NS, name, reached, timeout=timeout)
+    status: Body = job["status"]
+    return status
+
+
+def nodes(ready_of_desired: str) -> Callable[[Body], bool]:
+    """A status check: status.nodes (ready/desired workers) is this."""
+    return lambda status: status.get("nodes") == ready_of_desired
+
+
+async def expect_events(emulator: Emulator, expected: list[tuple[str, str]], *, name: str = JOB) -> None:
+    """The job's events, (type, reason) oldest first, are exactly these (posting is asynchronous: wait for as
+    many, then compare)."""
+    await emulator.wait_for(
+        lambda: len(job_events(emulator, name)) >= len(expected),
+        message=lambda: f"{len(expected)} events for {name}; now {event_reasons(emulator, name)}",
+    )
+    assert event_reasons(emulator, name) == expected
+
+
+async def expect_pods(emulator: Emulator, expected: Mapping[str, str | None], *, timeout: float = 5.0) -> None:
+    """The pods in the namespace come to be exactly these (name -> attempt label)."""
+    await emulator.wait_for(
+        lambda: pod_set(emulator) == expected,
+        timeout=timeout,
+        message=lambda: f"pods {dict(expected)}; now {pod_set(emulator)}",
+    )
+
+
+async def final_pods(op: Operator, expected: Mapping[str, str | None]) -> None:
+    """The pods converge to ``expected`` and stay so after one more reconcile."""
+    await expect_pods(op.emulator, expected)
+    await op.settle()
+    assert pod_set(op.emulator) == expected
+
+
+def job_with(changes: Mapping[str, Any]) -> Body:
+    return with_changes(BASE_JOB, dict(changes))
+
+
+def two_workers(**changes: Any) -> Body:
+    return job_with({"spec.elastic.minNodes": 2, **changes})
+
+
+# --------------------------------------------------------------------------------------------
+# Success
+# --------------------------------------------------------------------------------------------
+
+
+async def test_two_workers_run_and_succeed_when_worker_0_exits_0(emulator: Emulator, run_operator: RunOperator) -> None:
+    op = await start_operator(emulator, run_operator)
+    emulator.create(JOBS, two_workers())
+    await expect_pods(emulator, {worker(0): "0", worker(1): "0"})
+    status = await wait_phase(emulator, "Pending")
+    assert counts(status) == ("Pending", 0, 0, "0/2", (2, 2, 0, 0))
+    assert condition(status, "Running")["reason"] == "WorkersPending"
+    assert status["startTime"] == stamp(op.clock.now)
+    job = get_job(emulator)
+    assert job["metadata"]["finalizers"] == [FINALIZER]
+    assert emulator.get("services", NS, JOB) is not None
+    assert emulator.get("configmaps", NS, f"{JOB}-trainer") is not None
+
+    run_pods(emulator, worker(0), worker(1))
+    status = await wait_phase(emulator, "Running", nodes("2/2"))
+    assert counts(status) == ("Running", 0, 0, "2/2", (2, 2, 2, 0))
+    assert conditions(status) == {
+        "Running": ("True", "AllWorkersRunning"),
+        "Restarting": ("False", "NotRestarting"),
+        "Suspended": ("False", "NotSuspended"),
+    }
+
+    # Worker 0's progress report (a pod annotation while it runs) is mirrored; garbage in it is ignored.
+    report = {"step": 10, "totalSteps": 100, "loss": 1.25, "bogus": "x"}
+    emulator.patch("pods", NS, worker(0), {"metadata": {"annotations": {PROGRESS: json.dumps(report)}}})
+    status = await wait_phase(emulator, "Running", lambda s: "progress" in s)
+    assert status["progress"] == {"step": 10, "totalSteps": 100, "loss": 1.25}
+    # (Unparseable from now on: so when worker 0 ends, its termination message's summary is what counts.)
+    emulator.patch("pods", NS, worker(0), {"metadata": {"annotations": {PROGRESS: "{not json"}}})
+    await op.settle()
+    assert get_job(emulator)["status"]["progress"]["step"] == 10
+    assert get_job(emulator)["status"]["phase"] == "Running"
+
+    op.clock.advance(timedelta(hours=2))
+    exit_pod(emulator, worker(0), 0, message=json.dumps({"step": 100, "totalSteps": 100, "loss": 0.5}))
+    status = await wait_phase(emulator, "Succeeded")
+    assert conditions(status) == {
+        "Running": ("False", "Completed"),
+        "Restarting": ("False", "NotRestarting"),
+        "Suspended": ("False", "NotSuspended"),
+        "Succeeded": ("True", "Completed"),
+        "Failed": ("False", "NotFailed"),
+    }
+    assert condition(status, "Succeeded")["message"] == f"{worker(0)} exited 0: training completed"
+    assert status["completionTime"] == stamp(op.clock.now)
+    assert status["progress"] == {"step": 100, "totalSteps": 100, "loss": 0.5}
+    assert counts(status) == ("Succeeded", 0, 0, "0/0", (0, 0, 0, 0))
+    # Worker 1 is deleted; worker 0 stays, finished, with its logs.
+    await final_pods(op, {worker(0): "0"})
+    await expect_events(
+        emulator, [("Normal", "WorkersPending"), ("Normal", "AllWorkersRunning"), ("Normal", "Completed")]
+    )
+
+
+async def test_status_progress_is_the_final_summary_once_worker_0_ended(
+    emulator: Emulator, run_operator: RunOperator
+) -> None:
+    op = await start_operator(emulator, run_operator)
+    emulator.create(JOBS, job_with({}))
+    await expect_pods(emulator, {worker(0): "0"})
+    run_pod(emulator, worker(0))
+    await wait_phase(emulator, "Running")
+    running = {"step": 10, "totalSteps": 100, "loss": 1.25}
+    emulator.patch("pods", NS, worker(0), {"metadata": {"annotations": {PROGRESS: json.dumps(running)}}})
+    await wait_phase(emulator, "Running", lambda s: "progress" in s)
+
+    final = {"step": 100, "totalSteps": 100, "loss": 0.5}
+    exit_pod(emulator, worker(0), 0, message=json.dumps({"progress": final}))
+    await wait_phase(emulator, "Succeeded")
+    await op.settle()
+    assert get_job(emulator)["status"]["progress"] == final
+
+
+async def test_status_progress_drops_fields_the_latest_report_lacks(
+    emulator: Emulator, run_operator: RunOperator
+) -> None:
+    op = await start_operator(emulator, run_operator)
+    emulator.create(JOBS, job_with({}))
+    await expect_pods(emulator, {worker(0): "0"})
+    run_pod(emulator, worker(0))
+    await wait_phase(emulator, "Running")
+    first = {"step": 10, "totalSteps": 100, "precision": "bf16"}
+    emulator.patch("pods", NS, worker(0), {"metadata": {"annotations": {PROGRESS: json.dumps(first)}}})
+    await wait_phase(emulator, "Running", lambda s: s.get("progress", {}).get("step") == 10)
+
+    latest = {"step": 20, "totalSteps": 100}
+    emulator.patch("pods", NS, worker(0), {"metadata": {"annotations": {PROGRESS: json.dumps(latest)}}})
+    await wait_phase(emulator, "Running", lambda s: s.get("progress", {}).get("step") == 20)
+    await op.settle()
+    writes = len(emulator.calls("patch", "dgxtrainingjobs", subresource="status"))
+    await op.settle()  # a reconcile that learns nothing writes nothing
+    assert len(emulator.calls("patch", "dgxtrainingjobs", subresource="status")) == writes
+    assert get_job(emulator)["status"]["progress"] == latest
+
+
+async def test_a_worker_other_than_0_that_exits_0_is_left_alone(emulator: Emulator, run_operator: RunOperator) -> None:
+    op = await start_operator(emulator, run_operator)
+    emulator.create(JOBS, two_workers())
+    await expect_pods(emulator, {worker(0): "0", worker(1): "0"})
+    run_pods(emulator, worker(0), worker(1))
+    await wait_phase(emulator, "Running", nodes("2/2"))
+
+    exit_pod(emulator, worker(1), 0)  # its share is done; worker 0 still writes the checkpoint
+    status = await wait_phase(emulator, "Running", nodes("1/2"))
+    assert condition(status, "Running")["message"] == "1/2 workers running, 1 finished"
+    await op.settle()
+    assert pod_set(emulator) == {worker(0): "0", worker(1): "0"}  # not recreated, not deleted
+    assert get_job(emulator)["status"]["phase"] == "Running"
+
+    exit_pod(emulator, worker(0), 0)
+    status = await wait_phase(emulator, "Succeeded")
+    assert counts(status) == ("Succeeded", 0, 0, "0/0", (0, 0, 0, 0))
+    await final_pods(op, {worker(0): "0", worker(1): "0"})
+    assert emulator.calls("delete", "pods") == []
+    await expect_events(
+        emulator, [("Normal", "WorkersPending"), ("Normal", "AllWorkersRunning"), ("Normal", "Completed")]
+    )
+
+
+async def test_an_unknown_instance_type_fails_the_job(emulator: Emulator, run_operator: RunOperator) -> None:
+    op = await start_operator(emulator, run_operator)
+    emulator.create(JOBS, job_with({"spec.instance": "dgxz999.80g.8.norm"}))  # well-formed, not in the catalog
+    status = await wait_phase(emulator, "Failed")
+    failed = condition(status, "Failed")
+    assert failed["reason"] == "InvalidSpec"
+    assert failed["message"].startswith("spec.instance: ")
+    assert "dgxz999.80g.8.norm" in failed["message"]
+    await final_pods(op, {})
+    assert emulator.select("services", NS) == []
+    await expect_events(emulator, [("Warning", "InvalidSpec")])
+
+
+async def test_a_finished_job_is_deleted_after_its_ttl(emulator: Emulator, run_operator: RunOperator) -> None:
+    op = await start_operator(emulator, run_operator)
+    emulator.create(JOBS, job_with({"spec.ttlSecondsAfterFinished": 600}))
+    await expect_pods(emulator, {worker(0): "0"})
+    run_pod(emulator, worker(0))
+    await wait_phase(emulator, "Running")
+    exit_pod(emulator, worker(0), 0)
+    await wait_phase(emulator, "Succeeded")
+    op.clock.advance(timedelta(seconds=599))
+    await op.settle()
+    assert emulator.get(JOBS, NS, JOB) is not None
+    op.clock.advance(timedelta(seconds=1))
+    await op.trigger()
+    await emulator.wait_for_absence(JOBS, NS, JOB)
+    # Its children go with it (ownerReferences).
+    await expect_pods(emulator, {})
+    assert emulator.select("services", NS) == []
+    assert emulator.select("configmaps", NS) == []
+
+
+# --------------------------------------------------------------------------------------------
+# Failures, restarts and the backoff limit
+# --------------------------------------------------------------------------------------------
+
+
+async def test_restart_policy_never_fails_the_job_at_the_first_worker_failure(
+    emulator: Emulator, run_operator: RunOperator
+) -> None:
+    op = await start_operator(emulator, run_operator)
+    emulator.create(JOBS, two_workers(**{"spec.restartPolicy": "Never"}))
+    await expect_pods(emulator, {worker(0): "0", worker(1): "0"})
+    run_pods(emulator, worker(0), worker(1))
+    await wait_phase(emulator, "Running", nodes("2/2"))
+
+    log = (
+        "Traceback (most recent call last):\n  ...\nRuntimeError: CUDA error: an illegal memory access was encountered"
+    )
+    exit_pod(emulator, worker(1), 1, message=log)
+    status = await wait_phase(emulator, "Failed")
+    failed = condition(status, "Failed")
+    assert (failed["status"], failed["reason"]) == ("True", "WorkerFailed")
+    assert failed["message"] == (
+        f"{worker(1)} exited with code 1: RuntimeError: CUDA error: an illegal memory access was encountered; "
+        "restartPolicy is Never"
+    )
+    assert conditions(status)["Succeeded"] == ("False", "NotSucceeded")
+    assert conditions(status)["Running"] == ("False", "WorkerFailed")
+    assert counts(status) == ("Failed", 0, 0, "0/0", (0, 0, 0, 1))
+    assert status["completionTime"] == stamp(op.clock.now)
+    # Every worker still running is deleted; the failed one is kept (its logs explain the failure).
+    await final_pods(op, {worker(1): "0"})
+    await expect_events(
+        emulator, [("Normal", "WorkersPending"), ("Normal", "AllWorkersRunning"), ("Warning", "WorkerFailed")]
+    )
+    assert job_events(emulator)[-1][2] == failed["message"]
+
+
+async def test_on_failure_restarts_up_to_the_backoff_limit(emulator: Emulator, run_operator: RunOperator) -> None:
+    op = await start_operator(emulator, run_operator)
+    emulator.hold_pod_deletion = True  # deleted pods stay Terminating until the test ends them
+    emulator.create(JOBS, job_with({"spec.restartPolicy": "OnFailure", "spec.backoffLimit": 1}))
+    await expect_pods(emulator, {worker(0): "0"})
+    run_pod(emulator, worker(0))
+    await wait_phase(emulator, "Running")
+
+    exit_pod(emulator, worker(0), 1, message="NCCL error: unhandled system error")
+    status = await wait_phase(emulator, "Restarting")
+    assert counts(status) == ("Restarting", 1, 1, "0/1", (1, 0, 0, 0))
+    assert conditions(status)["Restarting"] == ("True", "NodesBelowMinimum")
+    # The failed worker is being deleted; its replacement waits until the name is free.
+    await op.settle()
+    assert pod_set(emulator) == {worker(0): "0"}
+    assert get_job(emulator)["status"]["restarts"] == 1  # the same failure, seen again, is not counted again
+    emulator.finish_pod_deletion(NS, worker(0))
+    await expect_pods(emulator, {worker(0): "1"})
+    run_pod(emulator, worker(0))
+    status = await wait_phase(emulator, "Running")
+    assert counts(status) == ("Running", 1, 1, "1/1", (1, 1, 1, 0))
+
+    exit_pod(emulator, worker(0), 1, message="NCCL error: unhandled system error")
+    status = await wait_phase(emulator, "Failed")
+    failed = condition(status, "Failed")
+    assert failed["reason"] == "BackoffLimitExceeded"
+    assert failed["message"] == (
+        f"{worker(0)} exited with code 1: NCCL error: unhandled system error; backoffLimit 1 reached after 1 restart(s)"
+    )
+    assert counts(status) == ("Failed", 1, 1, "0/0", (0, 0, 0, 1))
+    await final_pods(op, {worker(0): "1"})
+    await expect_events(
+        emulator,
+        [
+            ("Normal", "WorkersPending"),
+            ("Normal", "AllWorkersRunning"),
+            ("Warning", "WorkerRestarted"),
+            ("Warning", "NodesBelowMinimum"),
+            ("Normal", "AllWorkersRunning"),
+            ("Warning", "BackoffLimitExceeded"),
+        ],
+    )
+    restarted = job_events(emulator)[2][2]
+    assert restarted == (
+        f"{worker(0)} exited with code 1: NCCL error: unhandled system error; restart 1 of 1 (attempt 1)"
+    )
+
+
+async def test_exit_code_policy_retries_signals_and_fails_on_other_codes(
+    emulator: Emulator, run_operator: RunOperator
+) -> None:
+    op = await start_operator(emulator, run_operator)
+    emulator.create(JOBS, job_with({"spec.restartPolicy": "ExitCode", "spec.backoffLimit": 5}))
+    await expect_pods(emulator, {worker(0): "0"})
+    run_pod(emulator, worker(0))
+    await wait_phase(emulator, "Running")
+
+    exit_pod(emulator, worker(0), 137, reason="OOMKilled")  # in the default retryableExitCodes (128-255)
+    await expect_pods(emulator, {worker(0): "1"})
+    status = get_job(emulator)["status"]
+    assert (status["restarts"], status["attempt"]) == (1, 1)
+    run_pod(emulator, worker(0))
+    await wait_phase(emulator, "Running")
+
+    exit_pod(emulator, worker(0), 2, message="error: unrecognized arguments: --lr")  # a bug: retrying won't help
+    status = await wait_phase(emulator, "Failed")
+    failed = condition(status, "Failed")
+    assert failed["reason"] == "WorkerFailed"
+    assert failed["message"] == (
+        f"{worker(0)} exited with code 2: error: unrecognized arguments: --lr; exit code 2 is not in retryableExitCodes"
+    )
+    assert counts(status) == ("Failed", 1, 1, "0/0", (0, 0, 0, 1))
+    await final_pods(op, {worker(0): "1"})
+    await expect_events(
+        emulator,
+        [
+            ("Normal", "WorkersPending"),
+            ("Normal", "AllWorkersRunning"),
+            ("Warning", "WorkerRestarted"),
+            ("Warning", "NodesBelowMinimum"),
+            ("Normal", "AllWorkersRunning"),
+            ("Warning", "WorkerFailed"),
+        ],
+    )
+    assert job_events(emulator)[2][2] == f"{worker(0)} exited with code 137 (OOMKilled); restart 1 of 5 (attempt 1)"
+
+
+DISRUPTIONS: dict[str, Body] = {
+    "evicted": {
+        "phase": "Failed",
+        "reason": "Evicted",
+        "message": "The node was low on resource: memory.",
+    },
+    "preempted-with-DisruptionTarget": {
+        "phase": "Failed",
+        "conditions": [{"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}],
+    },
+    "rejected-by-the-kubelet": {
+        "phase": "Failed",
+        "reason": "OutOfnvidia.com/gpu",
+        "message": "Pod was rejected: Node didn't have enough resource: nvidia.com/gpu",
+    },
+}
+
+
+@pytest.mark.parametrize("disruption", sorted(DISRUPTIONS))
+async def test_disruptions_replace_the_worker_without_counting(
+    emulator: Emulator, run_operator: RunOperator, disruption: str
+) -> None:
+    op = await start_operator(emulator, run_operator)
+    # backoffLimit 0: a single counted failure would fail the job.
+    emulator.create(JOBS, job_with({"spec.backoffLimit": 0}))
+    await expect_pods(emulator, {worker(0): "0"})
+    run_pod(emulator, worker(0))
+    await wait_phase(emulator, "Running")
+
+    update = DISRUPTIONS[disruption]
+    if disruption != "rejected-by-the-kubelet":  # the program ran, and was killed
+        terminated = {"exitCode": 143, "reason": "Error", "startedAt": "2025-01-01T00:00:00Z"}
+        update = {
+            **update,
+            "containerStatuses": _container(emulator, worker(0), {"terminated": terminated}, ready=False),
+        }
+    emulator.patch_status("pods", NS, worker(0), update)
+    await expect_pods(emulator, {worker(0): "1"})
+    status = get_job(emulator)["status"]
+    assert (status["restarts"], status["attempt"]) == (0, 1)
+    run_pod(emulator, worker(0))
+    status = await wait_phase(emulator, "Running")
+    assert counts(status) == ("Running", 0, 1, "1/1", (1, 1, 1, 0))
+    await final_pods(op, {worker(0): "1"})
+    await expect_events(
+        emulator,
+        [
+            ("Normal", "WorkersPending"),
+            ("Normal", "AllWorkersRunning"),
+            ("Normal", "WorkerDisrupted"),
+            ("Warning", "NodesBelowMinimum"),
+            ("Normal", "AllWorkersRunning"),
+        ],
+    )
+    assert job_events(emulator)[2][2].endswith("replaced without counting against backoffLimit")
+
+
+# --------------------------------------------------------------------------------------------
+# Elastic jobs and scaling
+# --------------------------------------------------------------------------------------------
+
+
+def elastic(min_nodes: int, max_nodes: int, **changes: Any) -> Body:
+    return job_with({"spec.elastic.minNodes": min_nodes, "spec.elastic.maxNodes": max_nodes, **changes})
+
+
+async def running_elastic_job(op: Operator, min_nodes: int, max_nodes: int) -> None:
+    op.emulator.create(JOBS, elastic(min_nodes, max_nodes))
+    await expect_pods(op.emulator, {worker(i): "0" for i in range(max_nodes)})
+    # One at a time, so that the phase's reason is deterministic: Running (ElasticMinimumRunning) as soon as
+    # minNodes run, then AllWorkersRunning.
+    for running in range(1, max_nodes + 1):
+        run_pod(op.emulator, worker(running - 1))
+        await wait_phase(op.emulator, "Running" if running >= min_nodes else "Pending", nodes(f"{running}/{max_nodes}"))
+
+
+def env_of(emulator: Emulator, pod: str) -> dict[str, str]:
+    stored = emulator.get("pods", NS, pod)
+    assert stored is not None
+    return {e["name"]: e.get("value", "") for e in stored["spec"]["containers"][0].get("env", [])}
+
+
+async def test_elastic_job_losing_a_worker_above_min_nodes_keeps_running(
+    emulator: Emulator, run_operator: RunOperator
+) -> None:
+    op = await start_operator(emulator, run_operator)
+    await running_elastic_job(op, 2, 4)
+    running_since = condition(get_job(emulator)["status"], "Running")["lastTransitionTime"]
+    op.clock.advance(timedelta(minutes=10))
+
+    emulator.delete("pods", NS, worker(3))  # its node is gone
+    await emulator.wait_for(lambda: worker(3) in pod_set(emulator))
+    await op.settle()
+    status = get_job(emulator)["status"]
+    assert counts(status) == ("Running", 0, 1, "3/4", (4, 4, 3, 0))
+    assert condition(status, "Running")["reason"] == "ElasticMinimumRunning"
+    run_pod(emulator, worker(3))
+    status = await wait_phase(emulator, "Running", nodes("4/4"))
+    assert counts(status) == ("Running", 0, 1, "4/4", (4, 4, 4, 0))
+    assert conditions(status)["Running"] == ("True", "AllWorkersRunning")
+    # The condition never flipped: `kubectl wait --for=condition=Running` sees one transition.
+    assert condition(status, "Running")["lastTransitionTime"] == running_since
+    # The replacement runs in a new attempt; the survivors keep theirs.
+    await final_pods(op, {worker(0): "0", worker(1): "0", worker(2): "0", worker(3): "1"})
+    # Running all along: no phase change; the loss is reported, uncounted.
+    await expect_events(
+        emulator, [("Normal", "WorkersPending"), ("Normal", "ElasticMinimumRunning"), ("Normal", "WorkerLost")]
+    )
+    assert job_events(emulator)[-1][2] == (
+        "1 worker(s) disappeared or were deleted by someone else; replacing them in attempt 1, not counted "
+        "against backoffLimit"
+    )
+
+
+async def test_elastic_job_below_min_nodes_restarts_and_runs_again(
+    emulator: Emulator, run_operator: RunOperator
+) -> None:
+    op = await start_operator(emulator, run_operator)
+    await running_elastic_job(op, 2, 4)
+
+    async with op.paused():  # three nodes lost at once: the operator sees one incident
+        for i in (1, 2, 3):
+            emulator.delete("pods", NS, worker(i))
+        await emulator.wait_for(op.cache_is_current)
+    status = await wait_phase(emulator, "Restarting")
+    assert conditions(status)["Restarting"] == ("True", "NodesBelowMinimum")
+    assert conditions(status)["Running"] == ("False", "NodesBelowMinimum")
+    await expect_pods(emulator, {worker(0): "0", **{worker(i): "1" for i in (1, 2, 3)}})
+    await op.settle()
+    status = get_job(emulator)["status"]
+    assert counts(status) == ("Restarting", 0, 1, "1/4", (4, 4, 1, 0))
+
+    run_pod(emulator, worker(1))  # 2 of 4 run: minNodes again
+    status = await wait_phase(emulator, "Running")
+    assert condition(status, "Running")["reason"] == "ElasticMinimumRunning"
+    assert status["nodes"] == "2/4"
+    run_pods(emulator, worker(2), worker(3))
+    status = await wait_phase(emulator, "Running", nodes("4/4"))
+    assert counts(status) == ("Running", 0, 1, "4/4", (4, 4, 4, 0))
+    assert conditions(status)["Running"] == ("True", "AllWorkersRunning")
+    assert conditions(status)["Restarting"] == ("False", "NotRestarting")
+    await final_pods(op, {worker(0): "0", **{worker(i): "1" for i in (1, 2, 3)}})
+    await expect_events(
+        emulator,
+        [
+            ("Normal", "WorkersPending"),
+            ("Normal", "ElasticMinimumRunning"),
+            ("Normal", "WorkerLost"),
+            ("Warning", "NodesBelowMinimum"),
+            ("Normal", "ElasticMinimumRunning"),
+        ],
+    )
+    assert job_events(emulator)[2][2].startswith("3 worker(s) disappeared")
+
+
+async def test_a_lost_worker_is_replaced_in_a_new_attempt(emulator: Emulator, run_operator: RunOperator) -> None:
+    """docs/operator.md: never counted are "... node loss ... a pod deleted by someone ... Those workers are
+    replaced, the attempt is bumped, restarts is not"; and only failures of the current attempt count."""
+    op = await start_operator(emulator, run_operator)
+    emulator.create(JOBS, two_workers(**{"spec.backoffLimit": 0}))
+    await expect_pods(emulator, {worker(0): "0", worker(1): "0"})
+    run_pods(emulator, worker(0), worker(1))
+    await wait_phase(emulator, "Running", nodes("2/2"))
+
+    emulator.delete("pods", NS, worker(1))  # its node is gone
+    await emulator.wait_for(lambda: worker(1) in pod_set(emulator))
+    await op.settle()
+    status = get_job(emulator)["status"]
+    assert (status["restarts"], status["attempt"]) == (0, 1)
+    assert pod_set(emulator) == {worker(0): "0", worker(1): "1"}
+    # Worker 0 loses its peer: NCCL fails. The incident is the node loss, which never counts.
+    exit_pod(emulator, worker(0), 1, message="torch.distributed.DistBackendError: NCCL error: remote process exited")
+    await op.settle()
+    status = get_job(emulator)["status"]
+    assert (status["phase"], status["restarts"], status["attempt"]) == ("Restarting", 0, 1)
+    await expect_pods(emulator, {worker(0): "1", worker(1): "1"})
+    run_pods(emulator, worker(0), worker(1))
+    status = await wait_phase(emulator, "Running", nodes("2/2"))
+    assert counts(status) == ("Running", 0, 1, "2/2", (2, 2, 2, 0))
+    await final_pods(op, {worker(0): "1", worker(1): "1"})
+    await expect_events(
+        emulator,
+        [
+            ("Normal", "WorkersPending"),
+            ("Normal", "AllWorkersRunning"),
+            ("Normal", "WorkerLost"),
+            ("Warning", "NodesBelowMinimum"),
+            ("Normal", "AllWorkersRunning"),
+        ],
+    )
+
+
+async def test_editing_max_nodes_scales_the_job(emulator: Emulator, run_operator: RunOperator) -> None:
+    op = await start_operator(emulator, run_operator)
+    await running_elastic_job(op, 2, 4)
+    assert env_of(emulator, worker(0))["PET_NNODES"] == "2:4"
+
+    emulator.patch(JOBS, NS, JOB, {"spec": {"elastic": {"maxNodes": 6}}})
+    await expect_pods(emulator, {worker(i): "0" for i in range(6)})
+    status = await wait_phase(emulator, "Running", lambda s: s.get("observedGeneration") == 2)
+    assert counts(status) == ("Running", 0, 0, "4/6", (6, 6, 4, 0))
+    assert condition(status, "Running")["reason"] == "ElasticMinimumRunning"
+    # Newcomers get the new bounds; running workers keep theirs (a pod's environment cannot change).
+    assert env_of(emulator, worker(5))["PET_NNODES"] == "2:6"
+    assert env_of(emulator, worker(0))["PET_NNODES"] == "2:4"
+    run_pods(emulator, worker(4), worker(5))
+    await wait_phase(emulator, "Running", nodes("6/6"))
+
+    emulator.hold_pod_deletion = True
+    emulator.patch(JOBS, NS, JOB, {"spec": {"elastic": {"maxNodes": 2}}})
+    # The highest-numbered go: they get SIGTERM and exit 143 while terminating, which is no failure.
+    await emulator.wait_for(lambda: live_pods(emulator) == {worker(0): "0", worker(1): "0"})
+    for i in (2, 3, 4, 5):
+        exit_pod(emulator, worker(i), 143)
+    await op.settle()
+    for i in (2, 3, 4, 5):
+        emulator.finish_pod_deletion(NS, worker(i))
+    await expect_pods(emulator, {worker(0): "0", worker(1): "0"})
+    status = await wait_phase(emulator, "Running", lambda s: s.get("observedGeneration") == 3)
+    await op.settle()
+    status = get_job(emulator)["status"]
+    assert counts(status) == ("Running", 0, 0, "2/2", (2, 2, 2, 0))
+    assert conditions(status)["Running"] == ("True", "AllWorkersRunning")
+    deleted = [str(c.name) for c in emulator.calls("delete", "pods", succeeded=True)]
+    assert sorted(deleted) == [worker(i) for i in (2, 3, 4, 5)]
+    await final_pods(op, {worker(0): "0", worker(1): "0"})
+    await expect_events(emulator, [("Normal", "WorkersPending"), ("Normal", "ElasticMinimumRunning")])
+
+
+# --------------------------------------------------------------------------------------------
+# Deadlines
+# --------------------------------------------------------------------------------------------
+
+
+async def test_max_duration_fails_the_job_with_deadline_exceeded(emulator: Emulator, run_operator: RunOperator) -> None:
+    op = await start_operator(emulator, run_operator)
+    emulator.create(JOBS, two_workers(**{"spec.maxDuration": "1h"}))
+    await expect_pods(emulator, {worker(0): "0", worker(1): "0"})
+    started = op.clock.now
+    pod = emulator.get("pods", NS, worker(0))
+    assert pod is not None
+    assert pod["spec"]["activeDeadlineSeconds"] == 3600  # even a stopped operator cannot overrun
+    run_pods(emulator, worker(0), worker(1))
+    await wait_phase(emulator, "Running", nodes("2/2"))
+    # The operator looks again by itself (the precise timer or the periodic resync, both real time).
+    assert (NS, JOB) in op.controller.timers
+
+    op.clock.advance(timedelta(minutes=30))
+    emulator.delete("pods", NS, worker(1))  # node lost; its replacement gets what is left of maxDuration
+    await emulator.wait_for(lambda: worker(1) in pod_set(emulator))
+    pod = emulator.get("pods", NS, worker(1))
+    assert pod is not None
+    assert pod["spec"]["activeDeadlineSeconds"] == 1800
+    assert pod["metadata"]["labels"][ATTEMPT] == "1"
+    run_pod(emulator, worker(1))
+    await wait_phase(emulator, "Running", nodes("2/2"))
+
+    op.clock.advance(timedelta(minutes=29, seconds=59))
+    await op.settle()
+    assert get_job(emulator)["status"]["phase"] == "Running"
+
+    op.clock.advance(timedelta(seconds=1))
+    await op.trigger()
+    status = await wait_phase(emulator, "Failed")
+    failed = condition(status, "Failed")
+    assert failed["reason"] == "DeadlineExceeded"
+    assert failed["message"] == "the job ran longer than spec.maxDuration (1h)"
+    assert status["startTime"] == stamp(started)
+    assert status["completionTime"] == stamp(started + timedelta(hours=1))
+    assert counts(status) == ("Failed", 0, 1, "0/0", (0, 0, 0, 0))  # attempt 1: the lost worker
+    await final_pods(op, {})
+    await expect_events(
+        emulator,
+        [
+            ("Normal", "WorkersPending"),
+            ("Normal", "AllWorkersRunning"),
+            ("Normal", "WorkerLost"),
+            ("Warning", "NodesBelowMinimum"),
+            ("Normal", "AllWorkersRunning"),
+            ("Warning", "DeadlineExceeded"),
+        ],
+    )
+
+
+async def test_max_pending_fails_a_job_whose_workers_never_run(emulator: Emulator, run_operator: RunOperator) -> None:
+    op = await start_operator(emulator, run_operator)
+    emulator.create(JOBS, two_workers(**{"spec.maxPending": "10m"}))
+    await expect_pods(emulator, {worker(0): "0", worker(1): "0"})
+    run_pod(emulator, worker(0))  # one of the two needed: still Pending
+    await wait_phase(emulator, "Pending", nodes("1/2"))
+
+    op.clock.advance(timedelta(minutes=9, seconds=59))
+    await op.settle()
+    assert get_job(emulator)["status"]["phase"] == "Pending"
+
+    op.clock.advance(timedelta(seconds=1))
+    await op.trigger()
+    status = await wait_phase(emulator, "Failed")
+    failed = condition(status, "Failed")
+    assert failed["reason"] == "PendingTimeout"
+    assert failed["message"] == (
+        "fewer than minNodes workers ran for spec.maxPending (10m): 1/2 workers running, need 2 (1 not scheduled yet)"
+    )
+    assert counts(status) == ("Failed", 0, 0, "0/0", (0, 0, 0, 0))
+    await final_pods(op, {})
+    await expect_events(emulator, [("Normal", "WorkersPending"), ("Warning", "PendingTimeout")])
+
+
+# --------------------------------------------------------------------------------------------
+# Suspend, Kueue, interactive debugging
+# --------------------------------------------------------------------------------------------
+
+
+async def test_suspend_deletes_the_workers_and_resume_starts_afresh(
+    emulator: Emulator, run_operator: RunOperator
+) -> None:
+    op = await start_operator(emulator, run_operator)
+    # As Kueue's job integration wants them: created suspended, with a queue label.
+    emulator.create(
+        JOBS,
+        two_workers(**{"spec.suspend": True, "spec.maxDuration": "1h", "metadata.labels": {QUEUE_LABEL: "team-a"}}),
+    )
+    status = await wait_phase(emulator, "Suspended")
+    assert conditions(status)["Suspended"] == ("True", "Suspended")
+    assert "startTime" not in status
+    await op.settle()
+    assert pod_set(emulator) == {}
+
+    first_start = op.clock.advance(timedelta(minutes=5))
+    emulator.patch(JOBS, NS, JOB, {"spec": {"suspend": False}})  # Kueue admits it
+    await expect_pods(emulator, {worker(0): "0", worker(1): "0"})
+    for i in (0, 1):
+        pod = emulator.get("pods", NS, worker(i))
+        assert pod is not None
+        assert pod["metadata"]["labels"][QUEUE_LABEL] == "team-a"
+    run_pods(emulator, worker(0), worker(1))
+    status = await wait_phase(emulator, "Running", nodes("2/2"))
+    assert status["startTime"] == stamp(first_start)
+    assert conditions(status)["Suspended"] == ("False", "NotSuspended")
+
+    op.clock.advance(timedelta(minutes=30))
+    emulator.patch(JOBS, NS, JOB, {"spec": {"suspend": True}})  # preempted by Kueue
+    status = await wait_phase(emulator, "Suspended")
+    assert "startTime" not in status
+    assert counts(status) == ("Suspended", 0, 0, "0/0", (0, 0, 0, 0))
+    await expect_pods(emulator, {})
+
+    resumed = op.clock.advance(timedelta(minutes=30))
+    emulator.patch(JOBS, NS, JOB, {"spec": {"suspend": False}})
+    await expect_pods(emulator, {worker(0): "0", worker(1): "0"})
+    run_pods(emulator, worker(0), worker(1))
+    status = await wait_phase(emulator, "Running", nodes("2/2"))
+    assert status["startTime"] == stamp(resumed)  # maxDuration counts from the resume
+    pod = emulator.get("pods", NS, worker(0))
+    assert pod is not None
+    assert pod["spec"]["activeDeadlineSeconds"] == 3600
+    op.clock.advance(timedelta(minutes=45))  # 1h45 after the first start, 45 min after the resume
+    await op.settle()
+    status = get_job(emulator)["status"]
+    assert counts(status) == ("Running", 0, 0, "2/2", (2, 2, 2, 0))
+    await final_pods(op, {worker(0): "0", worker(1): "0"})
+    await expect_events(
+        emulator,
+        [
+            ("Normal", "Suspended"),
+            ("Normal", "WorkersPending"),
+            ("Normal", "AllWorkersRunning"),
+            ("Normal", "Suspended"),
+            ("Normal", "WorkersPending"),
+            ("Normal", "AllWorkersRunning"),
+        ],
+    )
+
+
+async def test_interactive_debug_worker_is_replaced_when_it_exits(
+    emulator: Emulator, run_operator: RunOperator
+) -> None:
+    op = await start_operator(emulator, run_operator)
+    emulator.create(JOBS, job_with({"spec.debug": {"interactive": True}}))
+    await expect_pods(emulator, {worker(0): "0"})
+    pod = emulator.get("pods", NS, worker(0))
+    assert pod is not None
+    command = pod["spec"]["containers"][0]["command"]
+    assert command[:2] == ["/bin/sh", "-c"]
+    assert "sleep infinity" in command[2]
+    assert "torchrun" not in json.dumps(pod["spec"]["containers"][0].get("args", []))
+    run_pod(emulator, worker(0))
+    await wait_phase(emulator, "Running")
+
+    exit_pod(emulator, worker(0), 0)  # someone ran `kill 1` in it: not a finished training
+    await expect_pods(emulator, {worker(0): "1"})
+    status = get_job(emulator)["status"]
+    assert status["phase"] != "Succeeded"
+    assert (status["restarts"], status["attempt"]) == (0, 1)
+    run_pod(emulator, worker(0))
+    status = await wait_phase(emulator, "Running")
+    assert counts(status) == ("Running", 0, 1, "1/1", (1, 1, 1, 0))
+    assert "Succeeded" not in conditions(status)
+    await final_pods(op, {worker(0): "1"})
+    await expect_events(
+        emulator,
+        [
+            ("Normal", "WorkersPending"),
+            ("Normal", "AllWorkersRunning"),
+            ("Normal", "WorkerReplaced"),
+            ("Warning", "NodesBelowMinimum"),
+            ("Normal", "AllWorkersRunning"),
+        ],
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Deletion and children that belong to someone else
+# --------------------------------------------------------------------------------------------
+
+
+async def test_deleting_a_running_job_waits_for_its_workers(emulator: Emulator, run_operator: RunOperator) -> None:
+    op = await start_operator(emulator, run_operator)
+    emulator.create(JOBS, two_workers())
+    await expect_pods(emulator, {worker(0): "0", worker(1): "0"})
+    run_pods(emulator, worker(0), worker(1))
+    await wait_phase(emulator, "Running", nodes("2/2"))
+    await expect_events(emulator, [("Normal", "WorkersPending"), ("Normal", "AllWorkersRunning")])
+
+    emulator.hold_pod_deletion = True  # the workers take their time to stop
+    assert emulator.delete(JOBS, NS, JOB) is not None  # held by the finalizer
+    await emulator.wait_for(
+        lambda: live_pods(emulator) == {} and len(pod_set(emulator)) == 2,
+        message=lambda: f"both workers terminating; now {pod_set(emulator)}",
+    )
+    await op.settle()
+    job = get_job(emulator)
+    assert job["metadata"]["deletionTimestamp"]
+    assert job["metadata"]["finalizers"] == [FINALIZER]
+    assert sorted(str(c.name) for c in emulator.calls("delete", "pods", succeeded=True)) == [worker(0), worker(1)]
+
+    emulator.finish_pod_deletion(NS, worker(0))
+    await op.settle()
+    assert get_job(emulator)["metadata"]["finalizers"] == [FINALIZER]  # worker 1 still stops
+
+    emulator.finish_pod_deletion(NS, worker(1))
+    await emulator.wait_for_absence(JOBS, NS, JOB)
+    assert pod_set(emulator) == {}
+    assert emulator.select("services", NS) == []
+    assert emulator.select("configmaps", NS) == []
+    # Deleting is no phase of the job: no event.
+    assert event_reasons(emulator) == [("Normal", "WorkersPending"), ("Normal", "AllWorkersRunning")]
+
+
+def foreign_pod(*, labelled: bool) -> Body:
+    labels = {"app": "someone-else", **({JOB_LABEL: JOB} if labelled else {})}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": worker(0), "namespace": NS, "labels": labels},
+        "spec": {"containers": [{"name": "main", "image": "busybox:1.36"}]},
+    }
+
+
+@pytest.mark.parametrize("labelled", [False, True], ids=["unlabelled", "with-the-job-label"])
+async def test_a_foreign_pod_at_a_worker_name_fails_the_job(
+    emulator: Emulator, run_operator: RunOperator, labelled: bool
+) -> None:
+    op = await start_operator(emulator, run_operator)
+    squatter = emulator.create("pods", foreign_pod(labelled=labelled))
+    emulator.create(JOBS, two_workers())
+    status = await wait_phase(emulator, "Failed")
+    failed = condition(status, "Failed")
+    assert failed["reason"] == "ForeignObject"
+    if labelled:
+        assert failed["message"] == (
+            f"pod {NS}/{worker(0)} carries this job's label but another owner; delete it or rename the job"
+        )
+    else:
+        assert failed["message"] == (
+            f"Pod {NS}/{worker(0)} already exists and is controlled by no controller, not this job; "
+            "delete it or rename the job"
+        )
+    assert conditions(status)["Running"] == ("False", "ForeignObject")
+    # The squatter is left exactly as it was; nothing of ours runs.
+    await final_pods(op, {worker(0): None})
+    assert emulator.get("pods", NS, worker(0)) == squatter
+    assert not [c for c in emulator.calls(resource="pods") if c.write and c.name == worker(0)]
+    await expect_events(emulator, [("Warning", "ForeignObject")])
+
+
+# --------------------------------------------------------------------------------------------
+# Data mounts
+# --------------------------------------------------------------------------------------------
+
+
+def job_with_data() -> Body:
+    return job_with({"spec.dataMounts": [{"name": "data", "mountPath": "/data"}]})
+
+
+async def test_a_job_waits_for_its_data_mount_to_be_ready(emulator: Emulator, run_operator: RunOperator) -> None:
+    op = await start_operator(emulator, run_operator)
+    emulator.create(JOBS, job_with_data())
+    status = await wait_phase(emulator, "WaitingForData")
+    assert conditions(status)["Running"] == ("False", "DataNotReady")
+    assert condition(status, "DataReady")["message"] == "waiting for DGXDataMount data (not found)"
+    assert counts(status) == ("WaitingForData", 0, 0, "0/0", (0, 0, 0, 0))
+
+    emulator.create(MOUNTS, BASE_MOUNT)  # exists, but not listed yet
+    status = await wait_phase(
+        emulator, "WaitingForData", lambda s: condition(s, "DataReady")["message"].endswith("(Pending)")
+    )
+    assert condition(status, "DataReady")["message"] == "waiting for DGXDataMount data (Pending)"
+    await op.settle()
+    assert pod_set(emulator) == {}
+
+    emulator.patch_status(MOUNTS, NS, "data", {"phase": "Ready"})
+    await expect_pods(emulator, {worker(0): "0"})
+    pod = emulator.get("pods", NS, worker(0))
+    assert pod is not None
+    assert "/data" in [m["mountPath"] for m in pod["spec"]["containers"][0]["volumeMounts"]]
+    status = await wait_phase(emulator, "Pending")
+    assert conditions(status)["DataReady"] == ("True", "DataReady")
+    run_pod(emulator, worker(0))
+    status = await wait_phase(emulator, "Running")
+    assert counts(status) == ("Running", 0, 0, "1/1", (1, 1, 1, 0))
+    await final_pods(op, {worker(0): "0"})
+    await expect_events(
+        emulator, [("Normal", "DataNotReady"), ("Normal", "WorkersPending"), ("Normal", "AllWorkersRunning")]
+    )
+
+
+async def test_a_failed_data_mount_fails_the_job(emulator: Emulator, run_operator: RunOperator) -> None:
+    op = await start_operator(emulator, run_operator)
+    emulator.create(MOUNTS, BASE_MOUNT)
+    ready = {"type": "Ready", "status": "False", "reason": "AccessDenied", "message": "s3://bucket/prefix: 403"}
+    emulator.patch_status(
+        MOUNTS, NS, "data", {"phase": "Failed", "conditions": [{**ready, "lastTransitionTime": stamp(op.clock.now)}]}
+    )
+    emulator.create(JOBS, job_with_data())
+    status = await wait_phase(emulator, "Failed")
+    failed = condition(status, "Failed")
+    assert failed["reason"] == "DataMountFailed"
+    assert failed["message"] == "DGXDataMount data failed: s3://bucket/prefix: 403"
+    assert conditions(status)["DataReady"] == ("False", "DataMountFailed")
+    assert counts(status) == ("Failed", 0, 0, "0/0", (0, 0, 0, 0))
+    await final_pods(op, {})
+    await expect_events(emulator, [("Warning", "DataMountFailed")])
+
+
+async def test_a_worker_killed_by_its_active_deadline_fails_the_job(
+    emulator: Emulator, run_operator: RunOperator
+) -> None:
+    """The kubelet enforces activeDeadlineSeconds even when the operator's clock has not got there."""
+    op = await start_operator(emulator, run_operator)
+    emulator.create(JOBS, job_with({"spec.maxDuration": "2h"}))
+    await expect_pods(emulator, {worker(0): "0"})
+    run_pod(emulator, worker(0))
+    await wait_phase(emulator, "Running")
+    emulator.patch_status(
+        "pods",
+        NS,
+        worker(0),
+        {
+            "phase": "Failed",
+            "reason": "DeadlineExceeded",
+            "message": "Pod was active on the node longer than the specified deadline",
+        },
+    )
+    status = await wait_phase(emulator, "Failed")
+    assert condition(status, "Failed")["reason"] == "DeadlineExceeded"
+    assert counts(status)[:3] == ("Failed", 0, 0)
+    await final_pods(op, {worker(0): "0"})
+    await expect_events(
+        emulator, [("Normal", "WorkersPending"), ("Normal", "AllWorkersRunning"), ("Warning", "DeadlineExceeded")]
+    )
+
+
+PENDING_AFTER = ["data became ready", "resumed", "lost workers"]
+
+
+@pytest.mark.parametrize("after", PENDING_AFTER)
+async def test_max_pending_counts_only_the_time_spent_waiting_for_nodes(
+    emulator: Emulator, run_operator: RunOperator, after: str
+) -> None:
+    """maxPending counts from the latest of: stopped running, data became ready, resumed."""
+    op = await start_operator(emulator, run_operator)
+    changes: dict[str, Any] = {"spec.maxPending": "10m"}
+    if after == "data became ready":
+        changes["spec.dataMounts"] = [{"name": "data", "mountPath": "/data"}]
+        emulator.create(MOUNTS, BASE_MOUNT)
+    elif after == "resumed":
+        changes["spec.suspend"] = True
+    emulator.create(JOBS, job_with(changes))
+    if after == "lost workers":
+        await expect_pods(emulator, {worker(0): "0"})
+        run_pod(emulator, worker(0))
+        await wait_phase(emulator, "Running")
+    else:
+        await wait_phase(emulator, "WaitingForData" if after == "data became ready" else "Suspended")
+
+    op.clock.advance(timedelta(hours=1))  # an hour not waiting for nodes
+    if after == "data became ready":
+        emulator.patch_status(MOUNTS, NS, "data", {"phase": "Ready"})
+    elif after == "resumed":
+        emulator.patch(JOBS, NS, JOB, {"spec": {"suspend": False}})
+    else:
+        emulator.delete("pods", NS, worker(0))
+    await emulator.wait_for(lambda: worker(0) in live_pods(emulator) and not _running(emulator, worker(0)))
+    await wait_phase(emulator, "Restarting" if after == "lost workers" else "Pending")
+
+    op.clock.advance(timedelta(minutes=9, seconds=59))
+    await op.settle()
+    assert get_job(emulator)["status"]["phase"] in ("Pending", "Restarting")
+    op.clock.advance(timedelta(seconds=1))
+    await op.trigger()
+    status = await wait_phase(emulator, "Failed")
+    assert condition(status, "Failed")["reason"] == "PendingTimeout"
+    await final_pods(op, {})
+
+
+def _running(emulator: Emulator, pod: str) -> bool:
+    stored = emulator.get("pods", NS, pod)
+    return stored is not None and stored.get("status", {}).get("phase") == "Running"
+
+
+async def test_a_new_job_waits_for_the_pods_of_a_deleted_job_of_the_same_name(
+    emulator: Emulator, run_operator: RunOperator
+) -> None:
+    op = await start_operator(emulator, run_operator)
+    emulator.create(JOBS, job_with({"spec.restartPolicy": "Never"}))
+    await expect_pods(emulator, {worker(0): "0"})
+    run_pod(emulator, worker(0))
+    exit_pod(emulator, worker(0), 1)
+    await wait_phase(emulator, "Failed")
+    old_uid = get_job(emulator)["metadata"]["uid"]
+
+    emulator.hold_pod_deletion = True  # the old worker takes its time to go
+    emulator.delete(JOBS, NS, JOB)
+    await emulator.wait_for_absence(JOBS, NS, JOB)  # no worker ran: the finalizer is released at once
+    old = emulator.get("pods", NS, worker(0))
+    assert old is not None
+    assert old["metadata"]["deletionTimestamp"]  # collected with its owner, still terminating
+
+    emulator.create(JOBS, job_with({"spec.restartPolicy": "Never"}))
+    status = await wait_phase(emulator, "Pending")
+    assert get_job(emulator)["metadata"]["uid"] != old_uid
+    await op.settle()
+    assert pod_set(emulator) == {worker(0): "0"}  # still the old one: the new job waits for the name
+    assert get_job(emulator)["status"]["phase"] == "Pending"
+
+    emulator.finish_pod_deletion(NS, worker(0))
+    await emulator.wait_for(lambda: worker(0) in pod_set(emulator))
+    pod = emulator.get("pods", NS, worker(0))
+    assert pod is not None
+    assert pod["metadata"]["ownerReferences"][0]["uid"] == get_job(emulator)["metadata"]["uid"]
+    run_pod(emulator, worker(0))
+    status = await wait_phase(emulator, "Running")
+    assert counts(status) == ("Running", 0, 0, "1/1", (1, 1, 1, 0))
+    await final_pods(op, {worker(0): "0"})
+    await expect_events(emulator, [("Normal", "WorkersPending"), ("Normal", "AllWorkersRunning")])
