@@ -158,9 +158,10 @@ def free_port() -> int:
         return port
 
 
-def peak_rss_mb(pid: int) -> float:
+def rss_mb(pid: int, field: str = "VmHWM") -> float:
+    """VmHWM: the peak resident set so far; VmRSS: now."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) / 1024
     return float("nan")
 
@@ -200,9 +201,10 @@ async def operator(n: int) -> dict[str, float]:
                 # Event (its WorkersPending transition) has arrived, so none is missed.
                 await api.wait_for(lambda: api.count("events", NAMESPACE) >= n, timeout=TIMEOUT)
                 total, without_events = writes(api, mark)
-                rss = peak_rss_mb(proc.pid)
+                rss = rss_mb(proc.pid)
                 if os.environ.get("BENCH_DETAIL"):
                     print(f"  operator writes at N={n}: {breakdown(api, mark)}", flush=True)
+                    print(f"  operator RSS now {rss_mb(proc.pid, 'VmRSS'):.0f} MB, peak {rss:.0f} MB", flush=True)
             finally:
                 proc.terminate()
                 proc.wait(timeout=30)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+import aiohttp
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from dgx_operator.api import DGXTrainingJob
@@ -30,7 +31,7 @@ from dgx_operator.build.resolved import Defaults
 from dgx_operator.catalog import Catalog
 from dgx_operator.kube import ForeignObjectError, Kube, TransientError
 from dgx_operator.reconcile.planner import Event, MountState, Observed, Plan, plan
-from dgx_operator.reconcile.pods import PodView
+from dgx_operator.reconcile.pods import PodView, slim
 
 log = logging.getLogger("kubedgx")
 
@@ -137,6 +138,9 @@ class Controller:
             except TransientError as exc:
                 delay = self._backoff(key, exc.retry_after)
                 log.info("reconcile %s/%s: %s; retrying in %.1fs", *key, exc, delay)
+            except (aiohttp.ClientError, TimeoutError) as exc:  # the connection, not the answer
+                delay = self._backoff(key, None)
+                log.warning("reconcile %s/%s: %r; retrying in %.1fs", *key, exc, delay)
             except Exception:  # a bug or an unexpected answer: log it, back off, never stop the loop
                 delay = self._backoff(key, None)
                 log.exception("reconcile %s/%s failed; retrying in %.1fs", *key, delay)
@@ -267,7 +271,10 @@ class Controller:
                 self.post_event(body, "Warning", "CreateFailed", f"{obj['kind']} {obj['metadata']['name']}: {exc}")
                 raise TransientError(f"create {obj['kind']} failed: HTTP {exc.status}") from exc
             if outcome != "blocked":
-                exp.created[f"{obj['kind']}/{obj['metadata']['name']}"] = (time.monotonic(), obj)
+                # Only what PodView reads: a whole manifest per in-flight worker would be most of
+                # the operator's memory at a thousand jobs.
+                kept = slim(obj) if obj["kind"] == "Pod" else {}
+                exp.created[f"{obj['kind']}/{obj['metadata']['name']}"] = (time.monotonic(), kept)
 
         # The ConfigMap and Service first (workers mount and resolve them), then the workers all at
         # once, as the Job controller does; every success is remembered even if another fails.

@@ -69,8 +69,10 @@ async def operator_process(emulator: Emulator, kubeconfig: Path) -> AsyncIterato
     try:
         # Started once kopf watches the jobs and the pods.
         await emulator.wait_for(
-            lambda: proc.returncode is not None
-            or (emulator.open_watches("dgxtrainingjobs") and emulator.open_watches("pods")),
+            lambda: (
+                proc.returncode is not None
+                or (emulator.open_watches("dgxtrainingjobs") and emulator.open_watches("pods"))
+            ),
             timeout=STARTUP_TIMEOUT,
             message=lambda: "operator watching\n" + "\n".join(running.lines[-20:]),
         )
