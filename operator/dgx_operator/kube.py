@@ -108,28 +108,24 @@ class Kube:
     # -- reads ---------------------------------------------------------------------------------
 
     async def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
-        try:
-            job: dict[str, Any] = await self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, JOBS, name)
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            if _retryable(exc):
-                raise _transient(exc, f"get {JOBS} {namespace}/{name}") from exc
-            raise
-        return job
+        return await self._get(JOBS, namespace, name)
 
     async def get_mount(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return await self._get(MOUNTS, namespace, name)
+
+    async def _get(self, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """One of our custom objects, or None when it does not exist."""
         try:
-            mount: dict[str, Any] = await self.custom.get_namespaced_custom_object(
-                GROUP, VERSION, namespace, MOUNTS, name
+            obj: dict[str, Any] = await self.custom.get_namespaced_custom_object(
+                GROUP, VERSION, namespace, plural, name
             )
         except ApiException as exc:
             if exc.status == 404:
                 return None
             if _retryable(exc):
-                raise _transient(exc, f"get {MOUNTS} {namespace}/{name}") from exc
+                raise _transient(exc, f"get {plural} {namespace}/{name}") from exc
             raise
-        return mount
+        return obj
 
     # -- writes --------------------------------------------------------------------------------
 
