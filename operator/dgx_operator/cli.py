@@ -223,6 +223,35 @@ def cmd_instances(args: argparse.Namespace, out: TextIO, err: TextIO, stdin: Tex
     return 0
 
 
+def cmd_run(args: argparse.Namespace, out: TextIO, err: TextIO, stdin: TextIO) -> int:
+    """Run a job's fine-tune here (--local); to run it on a cluster, kubectl apply it."""
+    from dgx_operator import local
+
+    if not args.local:
+        print("kubedgx run: only --local is supported; on a cluster, `kubectl apply -f` the manifest", file=err)
+        return 2
+    loaded = _inputs(args, err, stdin)
+    if isinstance(loaded, int):
+        return loaded
+    validator, docs = loaded
+    jobs = []
+    for doc in docs:
+        if isinstance(doc.obj, dict) and doc.obj.get("kind") == "DGXTrainingJob":
+            outcome = validator.validate(doc.obj)
+            if not outcome.ok:
+                for problem in outcome.problems:
+                    print(_line(doc, problem), file=err)
+                return 1
+            jobs.append(DGXTrainingJob.model_validate(doc.obj))
+    try:
+        job = local.pick_job(jobs, args.job)
+        plan = local.plan(job, Path(args.files[0]), validator.catalog, nproc=args.nproc, output=args.output)
+        return local.execute(plan, out, err)
+    except local.LocalRunError as exc:
+        print(f"kubedgx run: {exc}", file=err)
+        return 2
+
+
 def cmd_operator(args: argparse.Namespace, out: TextIO, err: TextIO, stdin: TextIO) -> int:
     """Run the kopf operator. kopf is imported here only, so validate/render stay light."""
     import kopf
@@ -312,6 +341,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("crds", help="print the CustomResourceDefinitions (kubectl apply -f -)")
     c.set_defaults(func=cmd_crds)
+
+    run = sub.add_parser(
+        "run",
+        help="run a DGXTrainingJob's fine-tune on this machine (--local)",
+        description="Run the job's spec.trainer on this machine under torchrun, as one node: its processes per "
+        "node capped to the GPUs (or CPU cores) present, its torchrun restart budget. Relative paths resolve "
+        "against the manifest's directory.",
+    )
+    run.add_argument("files", nargs=1, metavar="FILE", help="the job's manifest (YAML)")
+    run.add_argument("--local", action="store_true", help="run here (required: on a cluster, kubectl apply)")
+    run.add_argument("--nproc", type=int, help="processes (default: the job's nprocPerNode, capped)")
+    run.add_argument("--output", type=Path, help="output directory (default: ./kubedgx-runs/<job>)")
+    run.add_argument("--job", help="which DGXTrainingJob, when the file holds several")
+    common(run)
+    run.set_defaults(func=cmd_run)
 
     o = sub.add_parser(
         "operator",

@@ -1,0 +1,133 @@
+"""Built-in models: `builtin:tiny-llama`, made on this machine from a config, never downloaded.
+
+The quickstart and the tests need a model with no network: a Llama-shaped model with random
+weights and a byte-level BPE tokenizer trained on the job's own training texts. Both are
+deterministic (fixed seed, fixed texts), cached under ``$KUBEDGX_CACHE`` (default
+``~/.cache/kubedgx``) by a digest of the recipe and the texts, and built under a file lock so the
+processes of one torchrun group build it once.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+PREFIX = "builtin:"
+
+#: name -> model shape. Small enough to train in seconds on a laptop CPU, big enough to learn.
+RECIPES: dict[str, dict[str, int]] = {
+    "tiny-llama": {
+        "vocab_size": 512,
+        "hidden_size": 128,
+        "intermediate_size": 256,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 1024,
+    },
+}
+
+SPECIAL = {"bos": "<s>", "eos": "</s>", "pad": "<pad>"}
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}{{ eos_token }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+
+
+def is_builtin(name: str) -> bool:
+    return name.startswith(PREFIX)
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("KUBEDGX_CACHE") or Path.home() / ".cache" / "kubedgx")
+
+
+def digest(name: str, texts: Sequence[str]) -> str:
+    h = hashlib.sha256(json.dumps({"name": name, "recipe": RECIPES[name]}, sort_keys=True).encode())
+    for text in texts:
+        h.update(text.encode("utf-8", "replace"))
+        h.update(b"\0")
+    return h.hexdigest()[:16]
+
+
+def ensure(model: str, texts: Sequence[str], root: Path | None = None) -> Path:
+    """The directory of the built model (building it if needed); usable by from_pretrained."""
+    name = model[len(PREFIX) :]
+    if name not in RECIPES:
+        known = ", ".join(PREFIX + n for n in RECIPES)
+        from dgx_trainer.config import ConfigError
+        from dgx_trainer.schema import Problem
+
+        raise ConfigError(
+            "trainer config", [Problem("model.name", f"unknown built-in model {model!r} (known: {known})")]
+        )
+    root = root or cache_root()
+    root.mkdir(parents=True, exist_ok=True)
+    target = root / f"{name}-{digest(name, texts)}"
+    with open(root / f".{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (target / "config.json").exists():
+            staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=root))
+            try:
+                _build(name, texts, staging)
+                if target.exists():
+                    shutil.rmtree(target)
+                staging.rename(target)  # atomic: a half-built model is never seen
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def _build(name: str, texts: Sequence[str], out: Path) -> None:
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    recipe = RECIPES[name]
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=recipe["vocab_size"],
+        special_tokens=list(SPECIAL.values()),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(list(texts) or ["kubedgx"], trainer)
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{SPECIAL['bos']} $A", special_tokens=[(SPECIAL["bos"], tokenizer.token_to_id(SPECIAL["bos"]))]
+    )
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        bos_token=SPECIAL["bos"],
+        eos_token=SPECIAL["eos"],
+        pad_token=SPECIAL["pad"],
+        model_max_length=recipe["max_position_embeddings"],
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(out)
+    config = LlamaConfig(
+        vocab_size=len(fast),
+        hidden_size=recipe["hidden_size"],
+        intermediate_size=recipe["intermediate_size"],
+        num_hidden_layers=recipe["num_hidden_layers"],
+        num_attention_heads=recipe["num_attention_heads"],
+        num_key_value_heads=recipe["num_key_value_heads"],
+        max_position_embeddings=recipe["max_position_embeddings"],
+        bos_token_id=fast.bos_token_id,
+        eos_token_id=fast.eos_token_id,
+        pad_token_id=fast.pad_token_id,
+        tie_word_embeddings=False,
+    )
+    generator_state = torch.random.get_rng_state()
+    torch.manual_seed(0)
+    try:
+        LlamaForCausalLM(config).save_pretrained(out)
+    finally:
+        torch.random.set_rng_state(generator_state)

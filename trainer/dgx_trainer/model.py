@@ -1,0 +1,224 @@
+"""The model side of QLoRA: small pure factories (quantization, LoRA, precision) in TRL's style,
+the probe that decides whether 4-bit can run here, and loading the base model and tokenizer.
+
+Quantization falls back honestly: when 4/8-bit was asked for but bitsandbytes cannot run its
+kernels on this device, the model trains as plain LoRA in bf16/fp32, one warning is logged, and the
+effective mode travels into progress and summary.json.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dgx_trainer.config import ConfigError, Lora, Quantization, TrainerConfig
+from dgx_trainer.schema import Problem
+
+log = logging.getLogger("dgx_trainer.model")
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+@dataclass(frozen=True)
+class Precision:
+    """Mixed precision for the optimizer step and the dtype the non-quantized weights load in."""
+
+    name: str  # bf16 | fp16 | fp32
+    dtype: torch.dtype
+
+    @property
+    def bf16(self) -> bool:
+        return self.name == "bf16"
+
+    @property
+    def fp16(self) -> bool:
+        return self.name == "fp16"
+
+
+def device_kind() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def precision(requested: str, device: str) -> Precision:
+    """`auto` is bf16 on GPUs that have it, else fp16 on a GPU, fp32 on the CPU. An explicit
+    choice the hardware cannot do is refused rather than silently changed."""
+    if requested == "auto":
+        if device == "cuda":
+            return (
+                Precision("bf16", torch.bfloat16)
+                if torch.cuda.is_bf16_supported()
+                else Precision("fp16", torch.float16)
+            )
+        return Precision("fp32", torch.float32)
+    if requested in ("bf16", "fp16") and device == "cpu":
+        log.warning("training.precision %s needs a GPU; this CPU run uses fp32", requested)
+        return Precision("fp32", torch.float32)
+    if requested == "bf16" and not torch.cuda.is_bf16_supported():
+        raise ConfigError("trainer config", [Problem("training.precision", "bf16 is not supported by this GPU")])
+    return Precision(requested, {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[requested])
+
+
+def compute_dtype(q: Quantization, p: Precision) -> torch.dtype:
+    return p.dtype if q.compute_dtype == "auto" else DTYPES[q.compute_dtype]
+
+
+def quantization_config(q: Quantization, p: Precision, bits: int | None) -> Any:
+    """The BitsAndBytesConfig for ``bits`` (4: NF4/FP4 QLoRA, 8: LLM.int8), or None."""
+    if bits is None:
+        return None
+    from transformers import BitsAndBytesConfig
+
+    if bits == 8:
+        return BitsAndBytesConfig(load_in_8bit=True)
+    return BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type=q.quant_type,
+        bnb_4bit_use_double_quant=q.double_quant,
+        bnb_4bit_compute_dtype=compute_dtype(q, p),
+        bnb_4bit_quant_storage=compute_dtype(q, p),
+    )
+
+
+def lora_config(lora: Lora) -> Any:
+    from peft import LoraConfig
+
+    targets: str | list[str] | None = list(lora.target_modules) or None
+    if targets == ["all-linear"]:
+        targets = "all-linear"
+    return LoraConfig(
+        r=lora.r,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=targets,
+        target_parameters=list(lora.target_parameters) or None,
+        bias=lora.bias,
+        modules_to_save=list(lora.modules_to_save) or None,
+        task_type="CAUSAL_LM",
+    )
+
+
+def quantization_usable(bits: int, device: str) -> tuple[bool, str]:
+    """Whether bitsandbytes runs ``bits``-bit layers here, by running a tiny one forward and
+    backward; the reason when not."""
+    try:
+        import bitsandbytes as bnb
+
+        logging.getLogger("bitsandbytes").setLevel(logging.ERROR)  # its 'kernels' hint is noise here
+        dev = torch.device(device)
+        if bits == 4:
+            layer = bnb.nn.Linear4bit(16, 16, compute_dtype=torch.float32, quant_type="nf4").to(dev)
+        else:
+            layer = bnb.nn.Linear8bitLt(16, 16, has_fp16_weights=False).to(dev)
+        x = torch.randn(2, 16, device=dev, requires_grad=True)
+        layer(x).sum().backward()
+        if x.grad is None:
+            return False, "no gradient through the quantized layer"
+        return True, ""
+    except Exception as exc:  # missing library, unsupported device, missing kernels...
+        return False, f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+
+
+@dataclass
+class Loaded:
+    model: Any
+    tokenizer: Any
+    quantization: str  # nf4 | fp4 | int8 | none | "none (fallback from nf4)"
+    precision: Precision
+
+
+def load(cfg: TrainerConfig, model_path: str, device: str, p: Precision) -> Loaded:
+    """The base model (quantized when asked and possible) and its tokenizer."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    bits = cfg.quantization_bits
+    wanted = {4: cfg.quantization.quant_type, 8: "int8", None: "none"}[bits]
+    effective = wanted
+    if bits is not None:
+        ok, reason = quantization_usable(bits, device)
+        if not ok:
+            if not cfg.quantization.allow_fallback:
+                raise ConfigError(
+                    "trainer config",
+                    [Problem("quantization", f"{bits}-bit loading is not usable on {device}: {reason}")],
+                )
+            log.warning(
+                "%d-bit quantization is not usable on %s (%s): training plain LoRA in %s instead "
+                "(quantization.allowFallback is true)",
+                bits,
+                device,
+                reason,
+                p.name,
+            )
+            bits, effective = None, f"none (fallback from {wanted})"
+    kwargs: dict[str, Any] = {
+        "dtype": DTYPES[cfg.model.dtype] if cfg.model.dtype != "auto" else p.dtype,
+        "trust_remote_code": cfg.model.trust_remote_code,
+    }
+    if cfg.model.revision:
+        kwargs["revision"] = cfg.model.revision
+    if cfg.model.attn_implementation:
+        kwargs["attn_implementation"] = cfg.model.attn_implementation
+    q = quantization_config(cfg.quantization, p, bits)
+    if q is not None:
+        kwargs["quantization_config"] = q
+        kwargs["device_map"] = {"": _local_device(device)}
+    model = AutoModelForCausalLM.from_pretrained(model_path, **kwargs)
+    if q is not None:
+        from peft import prepare_model_for_kbit_training
+
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=cfg.training.gradient_checkpointing)
+    tokenizer = AutoTokenizer.from_pretrained(model_path, revision=cfg.model.revision)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return Loaded(model=model, tokenizer=tokenizer, quantization=effective, precision=p)
+
+
+def _local_device(device: str) -> Any:
+    return int(os.environ.get("LOCAL_RANK", "0")) if device == "cuda" else "cpu"
+
+
+def check_targets(model: Any, lora: Lora) -> None:
+    """Unknown target modules are a config error naming the field and the modules that exist."""
+    names = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+    params = {name for name, _ in model.named_parameters()}
+    missing = [t for t in lora.target_modules if t != "all-linear" and t not in names]
+    if missing:
+        linear = sorted(
+            {
+                n.rsplit(".", 1)[-1]
+                for n, m in model.named_modules()
+                if isinstance(m, torch.nn.Linear) or "Linear" in type(m).__name__
+            }
+        )
+        raise ConfigError(
+            "trainer config",
+            [
+                Problem(
+                    "lora.targetModules",
+                    f"{', '.join(missing)} not found in the model; its linear layers are: {', '.join(linear[:30])}",
+                )
+            ],
+        )
+    unknown = [t for t in lora.target_parameters if not any(p.endswith(t) or f".{t}." in p for p in params)]
+    if unknown:
+        raise ConfigError(
+            "trainer config",
+            [Problem("lora.targetParameters", f"{', '.join(unknown)} not found among the model's parameters")],
+        )
+
+
+def save_merged(cfg: TrainerConfig, model_path: str, adapter_dir: Path, out: Path, p: Precision) -> None:
+    """The base model (unquantized, in its dtype) with the adapter merged in: 4-bit weights cannot
+    be merged into, so the base is loaded again in full precision for this."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    dtype = DTYPES[cfg.model.dtype] if cfg.model.dtype != "auto" else p.dtype
+    base = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype, trust_remote_code=cfg.model.trust_remote_code)
+    merged = PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload()
+    merged.save_pretrained(out)

@@ -1,0 +1,112 @@
+"""How far training got, told three ways (the contract is in docs/trainer.md):
+
+- JSON lines on stdout, one per logging step (``{"event": "progress", ...}``), which
+  ``kubedgx run --local`` turns into a progress bar and log collectors can parse;
+- ``progress.json`` in the output directory, rewritten atomically at each report;
+- on exit, a compact summary in the container's termination message (``/dev/termination-log``,
+  at most 4 KiB), which the operator copies into the job's ``status.progress``.
+
+Only the global rank 0 reports: the other ranks train the same steps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TextIO
+
+#: The kubelet truncates termination messages beyond this.
+TERMINATION_LIMIT = 4096
+#: Marker a checkpoint directory gets once every file of it is written (see checkpoints.py).
+COMPLETE_MARKER = "kubedgx-complete.json"
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write-then-rename: a reader (the checkpoint uploader, a human) never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def termination_message(report: dict[str, Any], path: Path | None) -> str:
+    """Write the summary for the operator, trimmed to fit the kubelet's 4 KiB; returns the text."""
+    text = json.dumps(report, separators=(",", ":"), default=str)
+    if len(text.encode()) > TERMINATION_LIMIT:
+        slim = {"progress": report.get("progress", {}), "status": report.get("status")}
+        text = json.dumps(slim, separators=(",", ":"), default=str)[:TERMINATION_LIMIT]
+    if path is not None:
+        # Not in a pod (or not writable): the stdout lines and summary.json remain.
+        with contextlib.suppress(OSError):
+            path.write_text(text, encoding="utf-8")
+    return text
+
+
+class Reporter:
+    """Turns trainer log records into progress reports, with throughput measured between them."""
+
+    def __init__(
+        self,
+        output_dir: Path,
+        *,
+        precision: str,
+        quantization: str,
+        samples_per_step: int,
+        enabled: bool,
+        stream: TextIO | None = None,
+    ) -> None:
+        self.output_dir = output_dir
+        self.precision = precision
+        self.quantization = quantization
+        self.samples_per_step = samples_per_step
+        self.enabled = enabled
+        self.stream = stream or sys.stdout
+        self.last: dict[str, Any] = {}
+        self._mark: tuple[float, int, float] | None = None  # (time, step, tokens)
+
+    def emit(self, event: str, payload: dict[str, Any]) -> None:
+        if self.enabled:
+            self.stream.write(json.dumps({"event": event, **payload}, default=str) + "\n")
+            self.stream.flush()
+
+    def start(self, step: int, total: int) -> None:
+        self._mark = (time.monotonic(), step, 0.0)
+        self.emit(
+            "start",
+            {"step": step, "totalSteps": total, "precision": self.precision, "quantization": self.quantization},
+        )
+
+    def log(self, step: int, total: int, epoch: float | None, logs: dict[str, Any]) -> None:
+        if "loss" not in logs:
+            return
+        now = time.monotonic()
+        tokens = float(logs.get("num_tokens", 0.0) or 0.0)
+        report: dict[str, Any] = {
+            "step": step,
+            "totalSteps": total,
+            "epoch": round(epoch, 4) if epoch is not None else None,
+            "loss": float(logs["loss"]),
+            "learningRate": float(logs.get("learning_rate", 0.0)),
+            "precision": self.precision,
+            "quantization": self.quantization,
+            "updatedAt": now_iso(),
+        }
+        if self._mark is not None and now > self._mark[0] and step > self._mark[1]:
+            elapsed = now - self._mark[0]
+            report["samplesPerSecond"] = round((step - self._mark[1]) * self.samples_per_step / elapsed, 3)
+            if tokens > self._mark[2]:
+                report["tokensPerSecond"] = round((tokens - self._mark[2]) / elapsed, 1)
+        self._mark = (now, step, tokens)
+        self.last = report
+        self.emit("progress", report)
+        if self.enabled:
+            write_atomic(self.output_dir / "progress.json", json.dumps(report, indent=2) + "\n")

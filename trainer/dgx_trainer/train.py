@@ -1,0 +1,240 @@
+"""The fine-tune: TRL's SFTTrainer with LoRA or QLoRA, resumable after any interruption.
+
+Every start resumes from the newest complete checkpoint in the output directory, so a torchrun
+restart, a recreated pod or a spot reclaim loses at most ``training.saveSteps`` steps. Under
+torchrun the run is data-parallel (gloo on CPU, NCCL on GPU), set up by the HF Trainer from the
+environment torchrun provides.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import PrinterCallback, TrainerCallback, set_seed
+
+from dgx_trainer import builtin, checkpoints, data, model, preflight
+from dgx_trainer.config import TrainerConfig
+from dgx_trainer.progress import Reporter, now_iso, termination_message, write_atomic
+
+log = logging.getLogger("dgx_trainer")
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """Where and as what this process runs: paths, ranks, and the environment it was given."""
+
+    base_dir: Path
+    output_dir: Path
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    termination_log: Path | None = None
+    env: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_env(cls, cfg: TrainerConfig, base_dir: Path, output_dir: str | None = None) -> Runtime:
+        env = dict(os.environ)
+        out = Path(output_dir or cfg.output.dir)
+        term = env.get("KUBEDGX_TERMINATION_LOG", "/dev/termination-log")
+        return cls(
+            base_dir=base_dir,
+            output_dir=out if out.is_absolute() else base_dir / out,
+            rank=int(env.get("RANK", "0")),
+            local_rank=int(env.get("LOCAL_RANK", "0")),
+            world_size=int(env.get("WORLD_SIZE", "1")),
+            termination_log=Path(term) if term else None,
+            env=env,
+        )
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+
+class _Hooks(TrainerCallback):
+    """Progress reports, checkpoint completion markers, and the test-only fault injection."""
+
+    def __init__(self, reporter: Reporter, rt: Runtime) -> None:
+        self.reporter = reporter
+        self.rt = rt
+        fault = rt.env.get("KUBEDGX_FAULT_AT_STEP")
+        self.fault_step = int(fault) if fault else None
+        self.fault_once = rt.env.get("KUBEDGX_FAULT_ONCE_FILE")
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.reporter.start(state.global_step, state.max_steps)
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        if logs:
+            self.reporter.log(state.global_step, state.max_steps, state.epoch, logs)
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.rt.main:
+            ckpt = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+            if ckpt.is_dir():
+                checkpoints.mark_complete(ckpt, state.global_step)
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        # Tests crash a worker here (KUBEDGX_FAULT_AT_STEP), once: the marker file makes the
+        # restarted group train on. os._exit skips every cleanup, as a real crash would.
+        if (
+            self.fault_step is not None
+            and state.global_step == self.fault_step
+            and self.rt.rank == int(self.rt.env.get("KUBEDGX_FAULT_RANK", "0"))
+        ):
+            if self.fault_once and Path(self.fault_once).exists():
+                return
+            if self.fault_once:
+                Path(self.fault_once).write_text(str(state.global_step))
+            log.error("fault injection: exiting at step %d", state.global_step)
+            os._exit(17)
+
+
+def _model_path(cfg: TrainerConfig, rt: Runtime, texts: list[str]) -> str:
+    name = cfg.model.name
+    if builtin.is_builtin(name):
+        return str(builtin.ensure(name, texts))
+    local = rt.base_dir / name
+    return str(local) if not Path(name).is_absolute() and local.exists() else name
+
+
+def sft_config(cfg: TrainerConfig, rt: Runtime, p: model.Precision, has_eval: bool, device: str) -> Any:
+    from trl import SFTConfig
+
+    t = cfg.training
+    eval_strategy = "steps" if has_eval and t.eval_steps else "no"
+    return SFTConfig(
+        output_dir=str(rt.output_dir),
+        num_train_epochs=t.epochs,
+        max_steps=t.max_steps if t.max_steps is not None else -1,
+        per_device_train_batch_size=t.per_device_batch_size,
+        per_device_eval_batch_size=t.per_device_batch_size,
+        gradient_accumulation_steps=t.gradient_accumulation_steps,
+        learning_rate=t.learning_rate,
+        lr_scheduler_type=t.lr_scheduler,
+        warmup_steps=t.warmup_ratio,  # a float below 1 is a ratio in transformers 5
+        weight_decay=t.weight_decay,
+        max_grad_norm=t.max_grad_norm,
+        optim=t.optimizer if device == "cuda" or "paged" not in t.optimizer else "adamw_torch",
+        max_length=t.max_seq_length,
+        packing=t.packing,
+        gradient_checkpointing=t.gradient_checkpointing,
+        gradient_checkpointing_kwargs={"use_reentrant": False} if t.gradient_checkpointing else None,
+        bf16=p.bf16,
+        fp16=p.fp16,
+        use_cpu=device == "cpu",
+        seed=t.seed,
+        data_seed=t.seed,
+        logging_steps=t.logging_steps,
+        save_strategy="steps",
+        save_steps=t.save_steps,
+        save_total_limit=t.save_total_limit,
+        eval_strategy=eval_strategy,
+        eval_steps=t.eval_steps if eval_strategy == "steps" else None,
+        dataset_text_field="text",
+        report_to=[],
+        disable_tqdm=True,
+        ddp_find_unused_parameters=False,
+        dataloader_num_workers=0,
+        log_level="warning",
+    )
+
+
+def run(cfg: TrainerConfig, rt: Runtime) -> dict[str, Any]:
+    """Train, save the adapter (and the merged model when asked), return the summary."""
+    started = time.monotonic()
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    report = preflight.check(preflight.Expectation.from_env(rt.env, allow_cpu=cfg.allow_cpu))
+    device = "cpu" if report.cpu_only else model.device_kind()
+    p = model.precision(cfg.training.precision, device)
+    rt.output_dir.mkdir(parents=True, exist_ok=True)
+
+    records = data.load_records(cfg.dataset, rt.base_dir)
+    # The built-in tokenizer is trained on the texts themselves, so render before loading it.
+    draft = data.render(records, cfg.dataset, builtin.SPECIAL["eos"])
+    model_path = _model_path(cfg, rt, data.sample_texts(draft))
+    loaded = model.load(cfg, model_path, device, p)
+    model.check_targets(loaded.model, cfg.lora)
+    rendered = data.render(records, cfg.dataset, loaded.tokenizer.eos_token or "")
+    train_set, eval_set = data.split(rendered, cfg.dataset.eval_fraction, cfg.training.seed)
+
+    from trl import SFTTrainer
+
+    samples_per_step = cfg.training.per_device_batch_size * cfg.training.gradient_accumulation_steps * rt.world_size
+    reporter = Reporter(
+        rt.output_dir,
+        precision=p.name,
+        quantization=loaded.quantization,
+        samples_per_step=samples_per_step,
+        enabled=rt.main,
+    )
+    set_seed(cfg.training.seed)  # before the adapters are created: their init draws from it
+    trainer = SFTTrainer(
+        model=loaded.model,
+        args=sft_config(cfg, rt, p, eval_set is not None, device),
+        train_dataset=train_set,
+        eval_dataset=eval_set,
+        processing_class=loaded.tokenizer,
+        peft_config=model.lora_config(cfg.lora),
+        callbacks=[_Hooks(reporter, rt)],
+    )
+    trainer.remove_callback(PrinterCallback)  # stdout is for the JSON progress lines
+    resume = checkpoints.latest_complete(rt.output_dir)
+    if resume is not None:
+        log.info("resuming from %s", resume)
+    result = trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+    metrics = dict(result.metrics)
+    if eval_set is not None:
+        metrics.update(trainer.evaluate())
+
+    adapter_dir = rt.output_dir / "adapter"
+    merged_dir = rt.output_dir / "merged" if cfg.output.save_merged else None
+    if rt.main:
+        peft_model: Any = trainer.model
+        peft_model.save_pretrained(adapter_dir)
+        loaded.tokenizer.save_pretrained(adapter_dir)
+        if merged_dir is not None:
+            model.save_merged(cfg, model_path, adapter_dir, merged_dir, p)
+            loaded.tokenizer.save_pretrained(merged_dir)
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.barrier()  # no rank exits before the artifacts exist
+
+    state = trainer.state
+    losses = [h["loss"] for h in state.log_history if "loss" in h]
+    summary = {
+        "status": "Succeeded",
+        "model": cfg.model.name,
+        "device": device,
+        "worldSize": rt.world_size,
+        "precision": p.name,
+        "quantization": loaded.quantization,
+        "step": state.global_step,
+        "totalSteps": state.max_steps,
+        "epoch": state.epoch,
+        "firstLoss": losses[0] if losses else None,
+        "loss": losses[-1] if losses else None,
+        "trainLoss": metrics.get("train_loss"),
+        "evalLoss": metrics.get("eval_loss"),
+        "samplesPerSecond": metrics.get("train_samples_per_second"),
+        "runtimeSeconds": round(time.monotonic() - started, 2),
+        "resumedFrom": str(resume) if resume else None,
+        "adapter": str(adapter_dir),
+        "merged": str(merged_dir) if merged_dir else None,
+        "completedAt": now_iso(),
+    }
+    if rt.main:
+        import json
+
+        write_atomic(rt.output_dir / "summary.json", json.dumps(summary, indent=2, default=str) + "\n")
+        progress = {**reporter.last, "step": state.global_step, "totalSteps": state.max_steps}
+        termination_message({"status": "Succeeded", "progress": progress, "summary": summary}, rt.termination_log)
+        reporter.emit("summary", summary)
+    return summary
