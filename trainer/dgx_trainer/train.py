@@ -8,6 +8,7 @@ environment torchrun provides.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -231,8 +232,6 @@ def run(cfg: TrainerConfig, rt: Runtime) -> dict[str, Any]:
         "completedAt": now_iso(),
     }
     if rt.main:
-        import json
-
         write_atomic(rt.output_dir / "summary.json", json.dumps(summary, indent=2, default=str) + "\n")
         progress = {**reporter.last, "step": state.global_step, "totalSteps": state.max_steps}
         termination_message({"status": "Succeeded", "progress": progress, "summary": summary}, rt.termination_log)
