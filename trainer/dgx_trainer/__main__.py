@@ -8,7 +8,6 @@ with every problem named, instead of after a ten-second import. Exit codes: 0 do
 from __future__ import annotations
 
 import argparse
-import contextlib
 import logging
 import os
 import sys
@@ -16,6 +15,7 @@ import warnings
 from pathlib import Path
 
 from dgx_trainer.config import ConfigError, load_config
+from dgx_trainer.progress import write_termination
 
 
 def _setup_logging() -> None:
@@ -40,9 +40,7 @@ def _terminate(message: str) -> None:
     """The failure as the pod's termination message, so `kubectl describe` and the job's
     condition show the reason rather than a truncated traceback."""
     path = os.environ.get("KUBEDGX_TERMINATION_LOG", "/dev/termination-log")
-    if path:
-        with contextlib.suppress(OSError):
-            Path(path).write_text(message[:4096], encoding="utf-8")
+    write_termination(message, Path(path) if path else None)
 
 
 def main(argv: list[str] | None = None) -> int:

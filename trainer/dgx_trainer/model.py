@@ -63,6 +63,26 @@ def precision(requested: str, device: str) -> Precision:
     return Precision(requested, {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[requested])
 
 
+def adapter_dtype(p: Precision) -> torch.dtype:
+    """The dtype the trainable LoRA weights live in: bf16 in a bf16 run (the QLoRA paper's choice,
+    which TRL applies to quantized models), fp32 otherwise — fp16 weights cannot be stepped by the
+    fp16 grad scaler, and an fp32 run that computes its adapters in bf16 is not an fp32 run."""
+    return torch.bfloat16 if p.bf16 else torch.float32
+
+
+def align_adapters(peft_model: Any, p: Precision) -> torch.dtype:
+    """Put every trainable parameter in :func:`adapter_dtype`; returns that dtype.
+
+    TRL's SFTTrainer casts a quantized model's adapters to bf16 whatever the run's precision; on a
+    CPU (fp32) that made the LoRA maths bf16 and the saved adapter reload to different logits. Must
+    run before the optimizer exists (the HF Trainer creates it in ``train()``)."""
+    dtype = adapter_dtype(p)
+    for param in peft_model.parameters():
+        if param.requires_grad and param.dtype != dtype:
+            param.data = param.data.to(dtype)
+    return dtype
+
+
 def compute_dtype(q: Quantization, p: Precision) -> torch.dtype:
     return p.dtype if q.compute_dtype == "auto" else DTYPES[q.compute_dtype]
 
@@ -184,9 +204,14 @@ def _local_device(device: str) -> Any:
 
 def check_targets(model: Any, lora: Lora) -> None:
     """Unknown target modules are a config error naming the field and the modules that exist."""
-    names = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+    modules = [name for name, _ in model.named_modules()]
     params = {name for name, _ in model.named_parameters()}
-    missing = [t for t in lora.target_modules if t != "all-linear" and t not in names]
+
+    def matches(target: str) -> bool:
+        # peft's rule for a list entry: the whole module name, or a suffix after a dot.
+        return any(name == target or name.endswith(f".{target}") for name in modules)
+
+    missing = [t for t in lora.target_modules if t != "all-linear" and not matches(t)]
     if missing:
         linear = sorted(
             {

@@ -38,17 +38,39 @@ def write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def clip_utf8(text: str, limit: int = TERMINATION_LIMIT) -> str:
+    """At most ``limit`` bytes of UTF-8: the kubelet's limit is in bytes, and a cut in the middle
+    of a character would leave bytes the operator cannot decode."""
+    data = text.encode("utf-8")
+    return text if len(data) <= limit else data[:limit].decode("utf-8", errors="ignore")
+
+
 def termination_message(report: dict[str, Any], path: Path | None) -> str:
-    """Write the summary for the operator, trimmed to fit the kubelet's 4 KiB; returns the text."""
-    text = json.dumps(report, separators=(",", ":"), default=str)
-    if len(text.encode()) > TERMINATION_LIMIT:
-        slim = {"progress": report.get("progress", {}), "status": report.get("status")}
-        text = json.dumps(slim, separators=(",", ":"), default=str)[:TERMINATION_LIMIT]
-    if path is not None:
-        # Not in a pod (or not writable): the stdout lines and summary.json remain.
-        with contextlib.suppress(OSError):
-            path.write_text(text, encoding="utf-8")
+    """Write the summary for the operator, trimmed to fit the kubelet's 4 KiB; returns the text.
+
+    Too long, it drops the summary and keeps status and progress; still too long (a pathological
+    progress), status alone. What is written is always whole JSON."""
+    candidates = (
+        report,
+        {"status": report.get("status"), "progress": report.get("progress", {})},
+        {"status": report.get("status")},
+    )
+    text = ""
+    for candidate in candidates:
+        text = json.dumps(candidate, separators=(",", ":"), default=str)
+        if len(text.encode("utf-8")) <= TERMINATION_LIMIT:
+            break
+    else:
+        text = clip_utf8(text)
+    write_termination(text, path)
     return text
+
+
+def write_termination(text: str, path: Path | None) -> None:
+    """Best effort: not in a pod (or not writable), the stdout lines and summary.json remain."""
+    if path is not None:
+        with contextlib.suppress(OSError):
+            path.write_text(clip_utf8(text), encoding="utf-8")
 
 
 class Reporter:

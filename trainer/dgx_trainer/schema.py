@@ -299,6 +299,10 @@ def _kind_of(value: Any) -> str:
     return "null" if value is None else type(value).__name__
 
 
+def _count(n: Any, one: str, many: str | None = None) -> str:
+    return f"{n} {one if n == 1 else many or one + 's'}"
+
+
 def _show(value: Any) -> str:
     text = json.dumps(value, default=str)
     return text if len(text) <= 60 else text[:57] + "..."
@@ -335,9 +339,11 @@ def explain(error: jsonschema.ValidationError, root: str = "") -> Iterator[Probl
                 yield Problem(join_path(path, name), f"unknown field{extra}")
     elif keyword == "type":
         wanted = " or ".join(_TYPE_NAMES.get(t, t) for t in ([expected] if isinstance(expected, str) else expected))
-        yield Problem(path, f"must be {wanted}, got {_kind_of(value)} {_show(value)}")
+        got = "null (an empty value)" if value is None else f"{_kind_of(value)} {_show(value)}"
+        yield Problem(path, f"must be {wanted}, got {got}")
     elif keyword == "anyOf" and isinstance(error.schema, Mapping) and error.schema.get("x-kubernetes-int-or-string"):
-        yield Problem(path, f"must be an integer or a string, got {_kind_of(value)} {_show(value)}")
+        got = "null (an empty value)" if value is None else f"{_kind_of(value)} {_show(value)}"
+        yield Problem(path, f"must be an integer or a string, got {got}")
     elif keyword == "enum":
         options = ", ".join(_show(v) for v in expected)
         yield Problem(path, f"unsupported value {_show(value)}: must be one of {options}")
@@ -356,13 +362,13 @@ def explain(error: jsonschema.ValidationError, root: str = "") -> Iterator[Probl
         yield Problem(path, f"must be {op[(keyword, bool(exclusive))]} {expected} (got {_show(value)})")
     elif keyword in ("minLength", "maxLength"):
         bound = "at least" if keyword == "minLength" else "at most"
-        yield Problem(path, f"must be {bound} {expected} characters long (got {len(value)})")
+        yield Problem(path, f"must be {bound} {_count(expected, 'character')} long (got {len(value)})")
     elif keyword in ("minItems", "maxItems"):
         bound = "at least" if keyword == "minItems" else "at most"
-        yield Problem(path, f"must have {bound} {expected} items (got {len(value)})")
+        yield Problem(path, f"must have {bound} {_count(expected, 'item')} (got {len(value)})")
     elif keyword in ("minProperties", "maxProperties"):
         bound = "at least" if keyword == "minProperties" else "at most"
-        yield Problem(path, f"must have {bound} {expected} entries (got {len(value)})")
+        yield Problem(path, f"must have {bound} {_count(expected, 'entry', 'entries')} (got {len(value)})")
     else:
         yield Problem(path, error.message)
 

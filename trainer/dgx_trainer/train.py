@@ -188,6 +188,7 @@ def run(cfg: TrainerConfig, rt: Runtime) -> dict[str, Any]:
         callbacks=[_Hooks(reporter, rt)],
     )
     trainer.remove_callback(PrinterCallback)  # stdout is for the JSON progress lines
+    adapters = model.align_adapters(trainer.model, p)
     resume = checkpoints.latest_complete(rt.output_dir)
     if resume is not None:
         log.info("resuming from %s", resume)
@@ -217,6 +218,7 @@ def run(cfg: TrainerConfig, rt: Runtime) -> dict[str, Any]:
         "worldSize": rt.world_size,
         "precision": p.name,
         "quantization": loaded.quantization,
+        "adapterDtype": str(adapters).removeprefix("torch."),
         "step": state.global_step,
         "totalSteps": state.max_steps,
         "epoch": state.epoch,

@@ -1,0 +1,1 @@
+"""Tests of the trainer (dgx_trainer) and of `kubedgx run --local`."""
