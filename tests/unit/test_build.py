@@ -854,7 +854,9 @@ def test_out_mount_covering_the_output_dir_replaces_the_empty_dir(mount_path: st
     assert mount_paths(pod) == ["/dev/shm", "/etc/kubedgx", mount_path]
     mount, volume = volume_at(pod, mount_path)
     assert mount["readOnly"] is False
-    assert volume["hostPath"] == {"path": "/raid/kubedgx/ml/ckpt", "type": "DirectoryOrCreate"}
+    # One directory per job run (name and UID) under the mount's directory on the node.
+    assert volume["hostPath"]["type"] == "DirectoryOrCreate"
+    assert re.fullmatch(r"/raid/kubedgx/ml/ckpt/job-[0-9a-f]{8}", volume["hostPath"]["path"])
 
 
 def test_out_mount_beside_the_output_dir_does_not_cover_it() -> None:

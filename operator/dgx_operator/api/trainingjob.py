@@ -389,6 +389,16 @@ class Progress(KubeModel):
     updated_at: datetime | None = Field(default=None, description="When the trainer reported this.")
 
 
+class Artifact(KubeModel):
+    """A final output of the job, uploaded by the checkpoint sidecar to a direction: Out mount."""
+
+    name: str = Field(
+        max_length=253, description="adapter, merged, summary or model.tar.gz (with archive.format tar.gz)."
+    )
+    uri: str = Field(max_length=2048, description="Where it is: s3://bucket/prefix/... or gs://bucket/prefix/...")
+    mount: str | None = Field(default=None, max_length=253, description="The DGXDataMount it was archived to.")
+
+
 class DGXTrainingJobStatus(KubeModel):
     """What the operator observed, never what it hopes: written only by the operator."""
 
@@ -416,6 +426,15 @@ class DGXTrainingJobStatus(KubeModel):
     )
     completion_time: datetime | None = Field(default=None, description="When the job succeeded or failed.")
     progress: Progress | None = Field(default=None, description="Training progress reported by the trainer.")
+    artifacts: list[Artifact] = Field(
+        default_factory=list,
+        max_length=32,
+        description=(
+            "Final outputs archived to direction: Out mounts when the job succeeded, as reported by the uploader "
+            "that wrote them (empty when nothing was archived; see the Archived condition)."
+        ),
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["uri"]},
+    )
 
 
 class DGXTrainingJob(KubeModel):

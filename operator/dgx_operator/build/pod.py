@@ -8,6 +8,7 @@ from typing import Any
 from dgx_operator.api.common import API_VERSION
 from dgx_operator.api.datamount import DGXDataMountSpec
 from dgx_operator.api.trainingjob import KIND, DGXTrainingJobSpec
+from dgx_operator.build.datasync import MountPlan, archives, out_local_dir, sync_containers
 from dgx_operator.build.names import (
     CONFIG_FILE,
     CONTAINER_NAME,
@@ -170,6 +171,8 @@ def affinity(job: JobIdentity, r: Resolved) -> dict[str, Any]:
 
 
 def _data_volume(job: JobIdentity, mount_name: str, mount: DGXDataMountSpec, ctx: BuildContext) -> dict[str, Any]:
+    """Input mounts: one directory per mount and namespace on the node, shared by the jobs that use
+    it (the pull is incremental and ``preload`` reuses it). Output mounts: one per job run."""
     cache = mount.cache
     if cache is not None and cache.type == "pvc":
         claim: dict[str, Any] = {
@@ -180,6 +183,8 @@ def _data_volume(job: JobIdentity, mount_name: str, mount: DGXDataMountSpec, ctx
             claim["storageClassName"] = cache.storage_class_name
         return {"ephemeral": {"volumeClaimTemplate": {"spec": claim}}}
     root = (cache.path if cache is not None and cache.path else None) or ctx.defaults.cache_root
+    if mount.direction == "Out":
+        return {"hostPath": {"path": out_local_dir(job, mount_name, root), "type": "DirectoryOrCreate"}}
     return {"hostPath": {"path": posixpath.join(root, job.namespace, mount_name), "type": "DirectoryOrCreate"}}
 
 
@@ -188,7 +193,7 @@ def _under(path: str, mount_path: str) -> bool:
 
 
 def volumes_and_mounts(
-    job: JobIdentity, spec: DGXTrainingJobSpec, ctx: BuildContext, r: Resolved
+    job: JobIdentity, spec: DGXTrainingJobSpec, ctx: BuildContext, r: Resolved, plans: list[MountPlan] | None = None
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Volumes and the training container's mounts. Raises :class:`BuildError` for mounts the API
     server would reject (two at one path) or that cannot work (outputs into a read-only input)."""
@@ -213,6 +218,8 @@ def volumes_and_mounts(
         volume = f"data-{i}"
         volumes.append({"name": volume, **_data_volume(job, ref.name, mount, ctx)})
         mounts.append({"name": volume, "mountPath": ref.mount_path, "readOnly": mount.direction == "In"})
+        if plans is not None:
+            plans.append(MountPlan(i, ref, mount, volume))
     if spec.trainer is not None and spec.trainer.output.dir.startswith("/"):
         # A relative output dir lands in the container's working directory; only an absolute
         # one can get a volume of its own.
@@ -257,7 +264,10 @@ def worker_pod(
     (the operator passes the remainder for a worker created late); by default the whole of it."""
     name = worker_name(job.name, index)
     resources = {"cpu": r.cpu, "memory": r.memory, GPU_RESOURCE: str(r.gpus)}
-    volumes, mounts = volumes_and_mounts(job, spec, ctx, r)
+    plans: list[MountPlan] = []
+    volumes, mounts = volumes_and_mounts(job, spec, ctx, r, plans)
+    init_containers, sync_volumes = sync_containers(job, spec, plans, ctx)
+    volumes += sync_volumes
     container: dict[str, Any] = {
         "name": CONTAINER_NAME,
         "image": spec.image or ctx.defaults.trainer_image,
@@ -274,17 +284,22 @@ def worker_pod(
         "terminationMessagePath": "/dev/termination-log",
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
+    grace = ctx.defaults.termination_grace_seconds
+    if any(archives(p.spec) for p in plans):
+        grace = max(grace, ctx.defaults.archive_grace_seconds)
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",  # the operator restarts workers, so that it can count and decide
         "hostname": name,
         "subdomain": service_name(job.name),
         "enableServiceLinks": False,
-        "terminationGracePeriodSeconds": ctx.defaults.termination_grace_seconds,
+        "terminationGracePeriodSeconds": grace,
         "affinity": affinity(job, r),
         "tolerations": [*r.instance.tolerations, *(t.to_manifest() for t in spec.tolerations)],
         "containers": [container],
         "volumes": volumes,
     }
+    if init_containers:
+        pod_spec["initContainers"] = init_containers
     priority_class = ctx.defaults.priority_classes.get(spec.priority)
     if priority_class:
         pod_spec["priorityClassName"] = priority_class

@@ -36,6 +36,17 @@ class Defaults:
     master_port: int = 23456
     config_dir: str = "/etc/kubedgx"
     cache_root: str = "/raid/kubedgx"
+    #: Image of the data sync containers; the trainer image (which carries dgx_trainer.datasync) when unset.
+    datasync_image: str | None = None
+    #: Parallel transfers of each sync container.
+    sync_workers: int = 8
+    #: Pull and restore init containers (they run before the trainer, so they add nothing to its share).
+    sync_resources: Mapping[str, str] = field(default_factory=lambda: {"cpu": "4", "memory": "4Gi"})
+    #: The checkpoint uploader sidecar, which runs beside the trainer for the whole job.
+    sidecar_resources: Mapping[str, str] = field(default_factory=lambda: {"cpu": "1", "memory": "1Gi"})
+    #: Grace period of workers whose sidecar archives the final model: SIGTERM reaches the sidecar when
+    #: the trainer exits, and it finishes the upload in flight and the archive within this time.
+    archive_grace_seconds: int = 900
 
 
 @dataclass(frozen=True)
@@ -109,6 +120,9 @@ class BuildContext:
     defaults: Defaults = field(default_factory=Defaults)
     #: DGXDataMount specs by name, as the operator (or `kubedgx render`) found them.
     data_mounts: Mapping[str, DGXDataMountSpec] = field(default_factory=dict)
+    #: status.manifestDigest of Ready input mounts by name: the pull init containers compare it with
+    #: the node's cached copy (``dataCache: preload`` reuses a copy with the same digest).
+    data_digests: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

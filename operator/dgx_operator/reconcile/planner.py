@@ -23,15 +23,17 @@ from typing import Any, Literal
 from dgx_operator.api.common import Condition
 from dgx_operator.api.trainingjob import (
     KIND,
+    Artifact,
     DGXTrainingJob,
     DGXTrainingJobStatus,
     Progress,
     WorkerCounts,
 )
 from dgx_operator.build import BuildContext, BuildError, JobIdentity, headless_service, trainer_config_map, worker_pod
+from dgx_operator.build.datasync import archives
 from dgx_operator.build.resolved import Resolved, resolve
 from dgx_operator.catalog import UnknownInstanceError
-from dgx_operator.reconcile.pods import PodView, read_progress
+from dgx_operator.reconcile.pods import PodView, artifacts_of, read_progress
 
 EventType = Literal["Normal", "Warning"]
 
@@ -43,6 +45,8 @@ RUNNING, RESTARTING, SUSPENDED, SUCCEEDED, FAILED, DATA_READY = (
     "Failed",
     "DataReady",
 )
+#: Whether the final model reached the job's direction: Out mounts (set when the job succeeds).
+ARCHIVED = "Archived"
 TERMINAL = ("Succeeded", "Failed")
 
 
@@ -233,6 +237,8 @@ class _Planner:
             return self.deleting()
         if self.status.phase in TERMINAL:
             self.delete([p for p in self.pods if not p.finished])
+            if self.status.phase == "Succeeded":
+                self.collect_artifacts()  # a report that arrived after the job ended
             return self.done(desired=0)
         if self.observed.foreign:
             return self.finish("Failed", "ForeignObject", "; ".join(self.observed.foreign))
@@ -328,7 +334,58 @@ class _Planner:
         worker0 = next((p for p in self.pods if p.index == 0 and p.succeeded), None)
         if worker0 is None:
             return None
-        return self.finish("Succeeded", "Completed", f"{worker0.name} exited 0: training completed")
+        if self.archiving_mounts():
+            # Rank 0 (whose node holds the final model) may be any worker of an elastic job, and its
+            # sidecar archives after the trainer exits: wait for the workers of this attempt to end
+            # rather than delete one mid-upload. torchrun ends them all together.
+            busy = [p for p in self.pods if p.active and p.attempt >= self.status.attempt]
+            if busy:
+                names = ", ".join(p.name for p in busy)
+                self.cond(RUNNING, True, "Finishing", f"{worker0.name} completed; waiting for {names} to end")
+                self.plan.requeue_after = 30.0
+                return self.done(desired=len(busy))
+        self.finish("Succeeded", "Completed", f"{worker0.name} exited 0: training completed")
+        self.collect_artifacts()
+        return self.plan
+
+    def archiving_mounts(self) -> dict[int, str]:
+        """Index -> name of the referenced mounts that archive the final model."""
+        out: dict[int, str] = {}
+        for i, ref in enumerate(self.spec.data_mounts):
+            mount = self.ctx.data_mounts.get(ref.name)
+            if mount is not None and archives(mount):
+                out[i] = ref.name
+        return out
+
+    def collect_artifacts(self) -> None:
+        """status.artifacts from what the sidecars reported, and the Archived condition saying
+        whether the archive the job asked for happened. Only reports, never guesses: a URI is listed
+        because an uploader wrote it there."""
+        mounts = self.archiving_mounts()
+        if not mounts:
+            return
+        found: dict[str, Artifact] = {a.uri: a for a in self.status.artifacts}
+        errors: list[str] = []
+        for pod in self.pods:
+            items, problems = artifacts_of(pod)
+            errors += problems
+            for index, name, uri in items:
+                found.setdefault(uri, Artifact(name=name, uri=uri, mount=mounts.get(index)))
+        artifacts = sorted(found.values(), key=lambda a: a.uri)[:32]
+        before = condition(self.status, ARCHIVED)
+        self.status.artifacts = artifacts
+        targets = ", ".join(sorted(set(mounts.values())))
+        if artifacts:
+            message = f"{len(artifacts)} artifact(s) archived to {targets}"
+            if before is None or before.status != "True":
+                self.event("Normal", "Archived", message)
+            self.cond(ARCHIVED, True, "Archived", message)
+        elif before is None or before.status != "True":
+            detail = "; ".join(errors) if errors else "no uploader reported an archive (see the checkpoints-* logs)"
+            message = f"the final model was not archived to {targets}: {detail}"[:1000]
+            if before is None:
+                self.event("Warning", "ArchiveFailed", message)
+            self.cond(ARCHIVED, False, "ArchiveFailed", message)
 
     def failures(self, r: Resolved) -> Plan | None:
         """A failure the restart policy does not absorb ends the job; others restart workers.

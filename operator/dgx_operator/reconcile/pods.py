@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from dgx_operator.build.datasync import SIDECAR_PREFIX
 from dgx_operator.build.names import ATTEMPT_LABEL, CONTAINER_NAME, INDEX_LABEL
 
 #: Pod-level reasons for a failure the program did not cause.
@@ -59,6 +60,11 @@ class PodView:
     owner_name: str | None
     termination_message: str | None
     progress_annotation: str | None
+    #: (container, termination message) of the checkpoint sidecars that have ended: their report of
+    #: what they uploaded and archived.
+    sidecar_reports: tuple[tuple[str, str], ...] = ()
+    #: The data sync init container that failed (the trainer never started), if one did.
+    failed_init: str | None = None
 
     @property
     def failed(self) -> bool:
@@ -83,6 +89,11 @@ class PodView:
         return self.reason == "DeadlineExceeded"
 
     def describe_failure(self) -> str:
+        if self.failed_init is not None:
+            text = f"{self.name}: data sync {self.failed_init} exited with code {self.exit_code}"
+            if self.message:
+                text += f": {self.message.strip().splitlines()[-1][:300]}"
+            return text
         if self.exit_code is not None:
             text = f"{self.name} exited with code {self.exit_code}"
             if self.reason and self.reason not in ("Error", "Completed"):
@@ -108,6 +119,13 @@ class PodView:
         terminated = state.get("terminated") or (container.get("lastState") or {}).get("terminated")
         exit_code = terminated.get("exitCode") if terminated else None
         reason = str(status.get("reason") or (terminated or {}).get("reason") or "")
+        failed_init, init_exit, init_message = _failed_init(status)
+        if terminated is None and failed_init is not None:
+            # The trainer never ran: a pull or restore failed (bad credentials, missing bucket...).
+            # Its exit code decides like the trainer's would (2: permanent, see docs/datasync.md).
+            terminated = {"exitCode": init_exit, "reason": "DataSyncFailed", "message": init_message}
+            exit_code = init_exit
+            reason = str(status.get("reason") or "DataSyncFailed")
         conditions = {c.get("type"): c for c in status.get("conditions") or []}
         disruption = conditions.get(DISRUPTION_CONDITION, {}).get("status") == "True"
         disrupted = (
@@ -138,9 +156,69 @@ class PodView:
             owner_uid=str(owner["uid"]) if owner and owner.get("uid") else None,
             owner_kind=str(owner.get("kind")) if owner else None,
             owner_name=str(owner.get("name")) if owner else None,
-            termination_message=(terminated or {}).get("message"),
+            termination_message=(terminated or {}).get("message") if failed_init is None else None,
             progress_annotation=annotations.get("kubedgx.io/progress"),
+            sidecar_reports=_sidecar_reports(status),
+            failed_init=failed_init if exit_code is not None and failed_init is not None else None,
         )
+
+
+def _init_terminated(status: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
+    out = []
+    for c in status.get("initContainerStatuses") or []:
+        terminated = (c.get("state") or {}).get("terminated")
+        if terminated:
+            out.append((str(c.get("name", "")), terminated))
+    return out
+
+
+def _sync_message(text: str) -> str:
+    """datasync writes {"error": ..., "message": ...} as its termination message; show the message."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return text
+    if isinstance(data, dict) and isinstance(data.get("message"), str):
+        return str(data["message"])
+    return text
+
+
+def _failed_init(status: Mapping[str, Any]) -> tuple[str | None, int, str]:
+    for name, terminated in _init_terminated(status):
+        if name.startswith(SIDECAR_PREFIX):
+            continue  # a sidecar's exit is not the pod's failure
+        code = _int(terminated.get("exitCode"), -1)
+        if code != 0:
+            return name, code, _sync_message(str(terminated.get("message") or terminated.get("reason") or ""))
+    return None, 0, ""
+
+
+def _sidecar_reports(status: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    return tuple(
+        (name, str(t.get("message") or ""))
+        for name, t in _init_terminated(status)
+        if name.startswith(SIDECAR_PREFIX) and t.get("message")
+    )
+
+
+def artifacts_of(pod: PodView) -> tuple[list[tuple[int, str, str]], list[str]]:
+    """([(mount index, artifact name, uri)], [errors]) from the pod's sidecar reports."""
+    found: list[tuple[int, str, str]] = []
+    errors: list[str] = []
+    for container, text in pod.sidecar_reports:
+        index = _int(container.removeprefix(SIDECAR_PREFIX), -1)
+        try:
+            data = json.loads(text)
+        except ValueError:
+            continue
+        if not isinstance(data, dict):
+            continue
+        if data.get("error"):
+            errors.append(f"{pod.name}/{container}: {data.get('message') or data['error']}")
+        for item in data.get("artifacts") or []:
+            if isinstance(item, dict) and item.get("uri"):
+                found.append((index, str(item.get("name") or ""), str(item["uri"])))
+    return found, errors
 
 
 def slim(pod: Mapping[str, Any]) -> dict[str, Any]:
@@ -170,6 +248,9 @@ def slim(pod: Mapping[str, Any]) -> dict[str, Any]:
                 if c.get("type") in ("PodScheduled", DISRUPTION_CONDITION)
             ],
             "containerStatuses": [c for c in status.get("containerStatuses") or [] if c.get("name") == CONTAINER_NAME],
+            "initContainerStatuses": [
+                {"name": name, "state": {"terminated": dict(t)}} for name, t in _init_terminated(status)
+            ],
         },
     }
 

@@ -1,0 +1,212 @@
+"""The data plane of a worker pod: init containers that pull input mounts onto the node, a restore
+step that brings back the newest uploaded checkpoint, and the native sidecar that streams
+checkpoints to an output mount and archives the final model.
+
+All of them run ``python -m dgx_trainer.datasync`` (the trainer image carries it; admins can point
+``Defaults.datasync_image`` elsewhere) and mount the data volume at the same path as the training
+container, so every path in their arguments is the path the trainer sees.
+
+Remote layout of a direction: Out mount (docs/datamounts.md): checkpoints under
+``<source>/<job>-<uid8>/checkpoints/checkpoint-<step>/`` and the final model under
+``<source>/<archive.prefix>/<job>-<uid8>/``. The job's UID is part of the path so that a new job
+with an old name never resumes from, or overwrites, another run's files.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from dgx_operator.api.datamount import DGXDataMountSpec
+from dgx_operator.api.trainingjob import DataMountRef, DGXTrainingJobSpec
+from dgx_operator.build.resolved import BuildContext, JobIdentity
+
+DATASYNC = ["python", "-m", "dgx_trainer.datasync"]
+#: Where a gs:// service-account key is mounted in the sync containers.
+CREDENTIALS_DIR = "/var/run/kubedgx/credentials"
+GCS_KEY_DEFAULT = "service-account.json"
+#: Container names carry the mount's index (mount names may be longer than a container name).
+PULL_PREFIX = "data-in-"
+RESTORE_PREFIX = "restore-"
+SIDECAR_PREFIX = "checkpoints-"
+#: How often the sidecar looks for new complete checkpoints.
+WATCH_INTERVAL_SECONDS = 30
+
+
+@dataclass(frozen=True)
+class MountPlan:
+    """One referenced mount as the pod uses it."""
+
+    index: int
+    ref: DataMountRef
+    spec: DGXDataMountSpec
+    volume: str
+
+    @property
+    def out(self) -> bool:
+        return self.spec.direction == "Out"
+
+
+def run_dir(job: JobIdentity) -> str:
+    """The job's directory name in an output mount, on the node and in the store."""
+    return f"{job.name}-{job.uid.replace('-', '')[:8]}"
+
+
+def checkpoint_uri(job: JobIdentity, spec: DGXDataMountSpec) -> str:
+    return posixpath.join(spec.source.rstrip("/"), run_dir(job), "checkpoints")
+
+
+def archive_uri(job: JobIdentity, spec: DGXDataMountSpec) -> str:
+    prefix = spec.archive.prefix if spec.archive is not None else "final"
+    return posixpath.join(spec.source.rstrip("/"), prefix.strip("/"), run_dir(job))
+
+
+def archives(spec: DGXDataMountSpec) -> bool:
+    return spec.direction == "Out" and (spec.archive is None or spec.archive.enabled)
+
+
+def syncs_checkpoints(spec: DGXDataMountSpec) -> bool:
+    return spec.direction == "Out" and spec.sync_checkpoints is not False
+
+
+def credentials(plan: MountPlan) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """(env, volumeMounts, volumes) giving a sync container the mount's credentials. No Secret:
+    nothing, the pod's ambient identity (IRSA, workload identity) is used."""
+    ref = plan.spec.credentials_secret_ref
+    if ref is None:
+        return [], [], []
+    if plan.spec.source.startswith("gs://"):
+        volume = f"credentials-{plan.index}"
+        directory = f"{CREDENTIALS_DIR}-{plan.index}"
+        key = ref.key or GCS_KEY_DEFAULT
+        return (
+            [{"name": "GOOGLE_APPLICATION_CREDENTIALS", "value": posixpath.join(directory, "key.json")}],
+            [{"name": volume, "mountPath": directory, "readOnly": True}],
+            [{"name": volume, "secret": {"secretName": ref.name, "items": [{"key": key, "path": "key.json"}]}}],
+        )
+
+    def secret_env(name: str, optional: bool) -> dict[str, Any]:
+        selector: dict[str, Any] = {"name": ref.name, "key": name}
+        if optional:
+            selector["optional"] = True
+        return {"name": name, "valueFrom": {"secretKeyRef": selector}}
+
+    env = [
+        secret_env("AWS_ACCESS_KEY_ID", False),
+        secret_env("AWS_SECRET_ACCESS_KEY", False),
+        secret_env("AWS_SESSION_TOKEN", True),
+    ]
+    return env, [], []
+
+
+def store_args(spec: DGXDataMountSpec) -> list[str]:
+    args: list[str] = []
+    if spec.endpoint:
+        args += ["--endpoint-url", spec.endpoint]
+    if spec.region:
+        args += ["--region", spec.region]
+    return args
+
+
+def filter_args(spec: DGXDataMountSpec) -> list[str]:
+    args: list[str] = []
+    for glob in spec.include:
+        args += ["--include", glob]
+    for glob in spec.exclude:
+        args += ["--exclude", glob]
+    return args
+
+
+def watched_dir(plan: MountPlan, spec: DGXTrainingJobSpec) -> str:
+    """The directory the trainer writes checkpoint-<step>/ into: its output.dir when that lies in
+    this mount, else the mount itself (a command job writing there in the same layout)."""
+    mount_path = plan.ref.mount_path.rstrip("/") or "/"
+    if spec.trainer is not None:
+        out = spec.trainer.output.dir
+        if out == mount_path or out.startswith(mount_path + "/"):
+            return out
+    return mount_path
+
+
+def _container(
+    name: str,
+    args: list[str],
+    plan: MountPlan,
+    ctx: BuildContext,
+    resources: Mapping[str, str],
+    *,
+    sidecar: bool = False,
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    env, cred_mounts, cred_volumes = credentials(plan)
+    container: dict[str, Any] = {
+        "name": name,
+        "image": ctx.defaults.datasync_image or ctx.defaults.trainer_image,
+        "imagePullPolicy": ctx.defaults.image_pull_policy,
+        "command": list(DATASYNC),
+        "args": args,
+        "env": [*env, {"name": "PYTHONUNBUFFERED", "value": "1"}],
+        "resources": {"requests": dict(resources), "limits": dict(resources)},
+        "volumeMounts": [{"name": plan.volume, "mountPath": plan.ref.mount_path}, *cred_mounts],
+        "terminationMessagePath": "/dev/termination-log",
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    if sidecar:
+        container["restartPolicy"] = "Always"  # a native sidecar (Kubernetes >= 1.29)
+    return container, cred_volumes
+
+
+def sync_containers(
+    job: JobIdentity, spec: DGXTrainingJobSpec, plans: list[MountPlan], ctx: BuildContext
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(initContainers, extra volumes): pulls of input mounts, then checkpoint restores, then the
+    uploader sidecars, in that order (a sidecar starts once the init containers before it ended)."""
+    common = ["--workers", str(ctx.defaults.sync_workers), "--log-format", "json"]
+    pulls: list[dict[str, Any]] = []
+    restores: list[dict[str, Any]] = []
+    sidecars: list[dict[str, Any]] = []
+    volumes: list[dict[str, Any]] = []
+    for p in plans:
+        if not p.out:
+            args = ["pull", p.spec.source, p.ref.mount_path, *filter_args(p.spec), *store_args(p.spec), *common]
+            digest = ctx.data_digests.get(p.ref.name)
+            if digest:
+                args += ["--expect-digest", digest]
+                if spec.data_cache == "preload":
+                    args.append("--reuse")
+            container, extra = _container(f"{PULL_PREFIX}{p.index}", args, p, ctx, ctx.defaults.sync_resources)
+            pulls.append(container)
+            volumes += extra
+            continue
+        directory = watched_dir(p, spec)
+        checkpoints = checkpoint_uri(job, p.spec)
+        if syncs_checkpoints(p.spec):
+            args = ["restore", checkpoints, directory, *store_args(p.spec), *common]
+            container, extra = _container(f"{RESTORE_PREFIX}{p.index}", args, p, ctx, ctx.defaults.sync_resources)
+            restores.append(container)
+            volumes += extra
+        if not (syncs_checkpoints(p.spec) or archives(p.spec)):
+            continue
+        args = ["watch", directory, checkpoints, "--interval", str(WATCH_INTERVAL_SECONDS)]
+        if not syncs_checkpoints(p.spec):
+            args.append("--no-checkpoints")
+        if archives(p.spec):
+            fmt = p.spec.archive.format if p.spec.archive is not None else "files"
+            args += ["--archive", archive_uri(job, p.spec), "--archive-format", fmt]
+        args += [*store_args(p.spec), *common]
+        container, extra = _container(
+            f"{SIDECAR_PREFIX}{p.index}", args, p, ctx, ctx.defaults.sidecar_resources, sidecar=True
+        )
+        sidecars.append(container)
+        volumes += extra
+    unique: dict[str, dict[str, Any]] = {}
+    for volume in volumes:
+        unique.setdefault(volume["name"], volume)
+    return [*pulls, *restores, *sidecars], list(unique.values())
+
+
+def out_local_dir(job: JobIdentity, mount_name: str, root: str) -> str:
+    """A direction: Out mount's directory on the node: one per job run, so two jobs writing to one
+    mount never share checkpoints, and a worker recreated on the same node finds its own."""
+    return posixpath.join(root, job.namespace, mount_name, run_dir(job))
