@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-import aiohttp
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from dgx_operator.api import DGXTrainingJob
@@ -30,19 +29,15 @@ from dgx_operator.build.names import FINALIZER, config_map_name, service_name
 from dgx_operator.build.resolved import Defaults
 from dgx_operator.catalog import Catalog
 from dgx_operator.kube import ForeignObjectError, Kube, TransientError
+from dgx_operator.loop import RESYNC, Key, ReconcileLoop
+from dgx_operator.reconcile.mounts import mount_state
 from dgx_operator.reconcile.planner import Event, MountState, Observed, Plan, plan
 from dgx_operator.reconcile.pods import PodView, slim
 
 log = logging.getLogger("kubedgx")
 
-Key = tuple[str, str]
 #: How long a create/delete is assumed in flight before its watch event must have arrived.
 EXPECTATION_TTL = 60.0
-#: Backoff after failed reconciles of one job: 1, 2, 4 ... 60 s.
-MAX_BACKOFF = 60.0
-#: A job that is not finished is looked at again at least this often, whatever events say: the
-#: periodic safety net of a level-triggered controller (kopf's timers would add a finalizer).
-RESYNC = 60.0
 
 
 def utcnow() -> datetime:
@@ -95,7 +90,7 @@ EventSink = Callable[[Mapping[str, Any], str, str, str], None]
 
 
 @dataclass
-class Controller:
+class Controller(ReconcileLoop):
     """The reconcile loop of DGXTrainingJobs; see the module docstring."""
 
     kube: Kube
@@ -115,67 +110,20 @@ class Controller:
     on_reconciled: Callable[[Key, Plan | None], Awaitable[None]] | None = None
     retry_base: float = 1.0
 
-    # -- triggering ----------------------------------------------------------------------------
-
-    def trigger(self, namespace: str, name: str) -> None:
-        """Ask for a reconcile of one job; bursts of triggers coalesce into one pass."""
-        key = (namespace, name)
-        self.dirty.add(key)
-        task = self.workers.get(key)
-        if task is None or task.done():
-            self.workers[key] = asyncio.get_running_loop().create_task(self._drain(key), name=f"reconcile-{key}")
-
-    async def _drain(self, key: Key) -> None:
-        while key in self.dirty:
-            self.dirty.discard(key)
-            delay: float | None
-            try:
-                result = await self.reconcile(*key)
-                self.failures.pop(key, None)
-                delay = result.requeue_after if result is not None else None
-                if result is not None and result.status.phase not in ("Succeeded", "Failed"):
-                    delay = min(delay if delay is not None else RESYNC, RESYNC)
-            except TransientError as exc:
-                delay = self._backoff(key, exc.retry_after)
-                log.info("reconcile %s/%s: %s; retrying in %.1fs", *key, exc, delay)
-            except (aiohttp.ClientError, TimeoutError) as exc:  # the connection, not the answer
-                delay = self._backoff(key, None)
-                log.warning("reconcile %s/%s: %r; retrying in %.1fs", *key, exc, delay)
-            except Exception:  # a bug or an unexpected answer: log it, back off, never stop the loop
-                delay = self._backoff(key, None)
-                log.exception("reconcile %s/%s failed; retrying in %.1fs", *key, delay)
-            self._schedule(key, delay)
-
-    def _backoff(self, key: Key, hint: float | None) -> float:
-        count = self.failures.get(key, 0) + 1
-        self.failures[key] = count
-        return hint if hint is not None else min(MAX_BACKOFF, self.retry_base * 2.0 ** (count - 1))
-
-    def _schedule(self, key: Key, delay: float | None) -> None:
-        old = self.timers.pop(key, None)
-        if old is not None:
-            old.cancel()
-        if delay is not None:
-            loop = asyncio.get_running_loop()
-            self.timers[key] = loop.call_later(max(delay, 0.0), self.trigger, *key)
+    async def step(self, key: Key) -> float | None:
+        result = await self.reconcile(*key)
+        delay = result.requeue_after if result is not None else None
+        if result is not None and result.status.phase not in ("Succeeded", "Failed"):
+            delay = min(delay if delay is not None else RESYNC, RESYNC)
+        return delay
 
     def forget(self, namespace: str, name: str) -> None:
         """The job is gone: drop its bookkeeping."""
         key = (namespace, name)
-        timer = self.timers.pop(key, None)
-        if timer is not None:
-            timer.cancel()
+        self.cancel_timer(key)
         self.expectations.pop(key, None)
         self.failures.pop(key, None)
         self.locks.pop(key, None)
-
-    async def stop(self) -> None:
-        for timer in self.timers.values():
-            timer.cancel()
-        tasks = [t for t in self.workers.values() if not t.done()]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
 
     # -- one pass ------------------------------------------------------------------------------
 
@@ -197,7 +145,9 @@ class Controller:
                     return None
             job = DGXTrainingJob.model_validate(body)
             observed = await self.observe(key, job)
-            ctx = BuildContext(catalog=self.catalog, defaults=self.defaults, data_mounts=observed[1])
+            ctx = BuildContext(
+                catalog=self.catalog, defaults=self.defaults, data_mounts=observed[1], data_digests=observed[2]
+            )
             result = plan(job, ctx, observed[0], self.now())
             foreign = await self.act(key, body, job, result)
             if foreign:
@@ -213,7 +163,7 @@ class Controller:
                 await self.on_reconciled(key, result)
             return result
 
-    async def observe(self, key: Key, job: DGXTrainingJob) -> tuple[Observed, dict[str, Any]]:
+    async def observe(self, key: Key, job: DGXTrainingJob) -> tuple[Observed, dict[str, Any], dict[str, str]]:
         """Children from the caches, corrected by this process's expectations; mounts read fresh."""
         namespace, name = key
         raw = list(self.pods_of(namespace, name))
@@ -234,6 +184,7 @@ class Controller:
         expected = present | set(exp.created)
         mounts: dict[str, MountState] = {}
         specs: dict[str, Any] = {}
+        digests: dict[str, str] = {}
         for ref in job.spec.data_mounts:
             body = await self.kube.get_mount(namespace, ref.name)
             if body is None:
@@ -241,18 +192,17 @@ class Controller:
                 continue
             mount = DGXDataMount.model_validate(body)
             specs[ref.name] = mount.spec
-            status = mount.status
-            ready = next((c for c in status.conditions if c.type == "Ready"), None) if status else None
-            mounts[ref.name] = MountState(
-                (status.phase if status else None) or "Pending", ready.message if ready else ""
-            )
+            phase, message, digest = mount_state(mount)
+            mounts[ref.name] = MountState(phase, message)
+            if digest:
+                digests[ref.name] = digest
         observed = Observed(
             pods=tuple(views),
             service=f"Service/{service_name(name)}" in expected,
             config_map=f"ConfigMap/{config_map_name(name)}" in expected,
             mounts=mounts,
         )
-        return observed, specs
+        return observed, specs, digests
 
     async def act(self, key: Key, body: Mapping[str, Any], job: DGXTrainingJob, result: Plan) -> list[str]:
         """Carry out a plan: creates, the status write, deletes, events, TTL deletion."""

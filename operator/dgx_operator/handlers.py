@@ -18,6 +18,7 @@ import kopf
 from dgx_operator.build.names import JOB_LABEL
 from dgx_operator.controller import Controller
 from dgx_operator.kube import Kube
+from dgx_operator.mounts import MountController
 from dgx_operator.reconcile.pods import slim
 from dgx_operator.settings import OperatorConfig, configure
 from dgx_operator.validation import Validator
@@ -55,12 +56,21 @@ async def startup(
         ),
         retry_base=config.retry_base,
     )
+    memo.mounts = MountController(
+        kube=kube,
+        post_event=lambda body, type_, reason, message: kopf.event(
+            cast(kopf.Body, body), type=type_, reason=reason, message=message
+        ),
+        retry_base=config.retry_base,
+    )
 
 
 @kopf.on.cleanup()
 async def cleanup(memo: Any, **_: Any) -> None:
     if "controller" in memo:
         await memo.controller.stop()
+    if "mounts" in memo:
+        await memo.mounts.stop()
     if "kube" in memo:
         await memo.kube.close()
 
@@ -105,11 +115,15 @@ async def jobs_by_mount(name: Any, namespace: Any, spec: Any, **_: Any) -> Any:
 
 
 @kopf.on.event(*JOB)
-async def job_event(name: Any, namespace: Any, type: Any, memo: Any, **_: Any) -> None:
+async def job_event(name: Any, namespace: Any, type: Any, body: Any, memo: Any, **_: Any) -> None:
     if type == "DELETED":
         memo.controller.forget(namespace, name)
     else:
         memo.controller.trigger(namespace, name)
+    if type == "DELETED" or (body.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+        # A mount whose deletion waits for this job may go now.
+        for ref in (body.get("spec") or {}).get("dataMounts") or []:
+            memo.mounts.trigger(namespace, ref.get("name"))
 
 
 @kopf.on.event("pods", labels=OURS)
@@ -118,6 +132,10 @@ async def pod_event(namespace: Any, labels: Any, memo: Any, **_: Any) -> None:
 
 
 @kopf.on.event(*MOUNT)
-async def mount_event(name: Any, namespace: Any, memo: Any, jobs_by_mount: Any = None, **_: Any) -> None:
+async def mount_event(name: Any, namespace: Any, type: Any, memo: Any, jobs_by_mount: Any = None, **_: Any) -> None:
+    if type == "DELETED":
+        memo.mounts.forget(namespace, name)
+    else:
+        memo.mounts.trigger(namespace, name)
     for job in set(jobs_by_mount.get((namespace, name), [])):
         memo.controller.trigger(namespace, job)

@@ -9,6 +9,7 @@ transient and raised as :class:`TransientError` for the caller's backoff.
 
 from __future__ import annotations
 
+import base64
 import logging
 import os
 from collections.abc import Awaitable, Mapping
@@ -113,6 +114,27 @@ class Kube:
     async def get_mount(self, namespace: str, name: str) -> dict[str, Any] | None:
         return await self._get(MOUNTS, namespace, name)
 
+    async def list_jobs(self, namespace: str) -> list[dict[str, Any]]:
+        try:
+            found: dict[str, Any] = await self.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, JOBS)
+        except ApiException as exc:
+            if _retryable(exc):
+                raise _transient(exc, f"list {JOBS} in {namespace}") from exc
+            raise
+        return list(found.get("items") or [])
+
+    async def get_secret_data(self, namespace: str, name: str) -> dict[str, bytes] | None:
+        """A Secret's decoded data, or None when it does not exist."""
+        try:
+            secret = await self.core.read_namespaced_secret(name, namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            if _retryable(exc):
+                raise _transient(exc, f"get secret {namespace}/{name}") from exc
+            raise
+        return {k: base64.b64decode(v) for k, v in (secret.data or {}).items()}
+
     async def _get(self, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
         """One of our custom objects, or None when it does not exist."""
         try:
@@ -193,9 +215,9 @@ class Kube:
             raise
 
     async def set_finalizers(
-        self, namespace: str, name: str, resource_version: str | None, finalizers: list[str]
+        self, namespace: str, name: str, resource_version: str | None, finalizers: list[str], plural: str = JOBS
     ) -> dict[str, Any]:
-        """Replace the job's finalizer list, guarded by resourceVersion (409: plan again)."""
+        """Replace the object's finalizer list, guarded by resourceVersion (409: plan again)."""
         meta: dict[str, Any] = {"finalizers": finalizers}
         if resource_version:
             meta["resourceVersion"] = resource_version
@@ -204,7 +226,7 @@ class Kube:
                 GROUP,
                 VERSION,
                 namespace,
-                JOBS,
+                plural,
                 name,
                 {"metadata": meta},
                 _content_type="application/merge-patch+json",  # type: ignore[call-arg]
@@ -213,12 +235,22 @@ class Kube:
             if exc.status == 404:
                 return {}
             if _retryable(exc):
-                raise _transient(exc, f"patch finalizers of {JOBS} {namespace}/{name}") from exc
+                raise _transient(exc, f"patch finalizers of {plural} {namespace}/{name}") from exc
             raise
         return patched
 
-    async def patch_job_status(
+    async def patch_mount_status(
         self, namespace: str, name: str, resource_version: str | None, status: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        return await self.patch_job_status(namespace, name, resource_version, status, plural=MOUNTS)
+
+    async def patch_job_status(
+        self,
+        namespace: str,
+        name: str,
+        resource_version: str | None,
+        status: Mapping[str, Any],
+        plural: str = JOBS,
     ) -> dict[str, Any]:
         """Merge-patch the status, guarded by the resourceVersion the plan was made from: a spec
         edit or another writer in between makes it 409, and the job is planned again."""
@@ -231,13 +263,13 @@ class Kube:
                 GROUP,
                 VERSION,
                 namespace,
-                JOBS,
+                plural,
                 name,
                 body,
                 _content_type="application/merge-patch+json",  # type: ignore[call-arg]
             )
         except ApiException as exc:
             if _retryable(exc):
-                raise _transient(exc, f"patch status of {JOBS} {namespace}/{name}") from exc
+                raise _transient(exc, f"patch status of {plural} {namespace}/{name}") from exc
             raise
         return patched

@@ -47,6 +47,8 @@ RUNTIME = (
     "dgx_operator.webhooks",
     "dgx_operator.kube",
     "dgx_operator.controller",
+    "dgx_operator.loop",
+    "dgx_operator.mounts",
     "dgx_operator.settings",
     "dgx_operator.admission",
 )

@@ -1,0 +1,85 @@
+"""Per-object reconcile tasks: triggers coalesce into one pass at a time per object, failures back
+off exponentially, and a pass may ask to be run again after a delay. Shared by the job and the
+data-mount controllers."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import aiohttp
+
+from dgx_operator.kube import TransientError
+
+log = logging.getLogger("kubedgx")
+
+Key = tuple[str, str]
+#: Backoff after failed reconciles of one object: 1, 2, 4 ... 60 s.
+MAX_BACKOFF = 60.0
+#: An object that is not finished is looked at again at least this often, whatever events say: the
+#: periodic safety net of a level-triggered controller (kopf's timers would add a finalizer).
+RESYNC = 60.0
+
+
+class ReconcileLoop:
+    """Subclasses (dataclasses) declare these attributes and implement :meth:`step`."""
+
+    dirty: set[Key]
+    workers: dict[Key, asyncio.Task[None]]
+    timers: dict[Key, asyncio.TimerHandle]
+    failures: dict[Key, int]
+    retry_base: float
+
+    async def step(self, key: Key) -> float | None:
+        """One pass over ``key``; returns when to look again (None: only on the next trigger)."""
+        raise NotImplementedError
+
+    def trigger(self, namespace: str, name: str) -> None:
+        """Ask for a pass over one object; bursts of triggers coalesce into one pass."""
+        key = (namespace, name)
+        self.dirty.add(key)
+        task = self.workers.get(key)
+        if task is None or task.done():
+            self.workers[key] = asyncio.get_running_loop().create_task(self._drain(key), name=f"reconcile-{key}")
+
+    async def _drain(self, key: Key) -> None:
+        while key in self.dirty:
+            self.dirty.discard(key)
+            delay: float | None
+            try:
+                delay = await self.step(key)
+                self.failures.pop(key, None)
+            except TransientError as exc:
+                delay = self._backoff(key, exc.retry_after)
+                log.info("reconcile %s/%s: %s; retrying in %.1fs", *key, exc, delay)
+            except (aiohttp.ClientError, TimeoutError) as exc:  # the connection, not the answer
+                delay = self._backoff(key, None)
+                log.warning("reconcile %s/%s: %r; retrying in %.1fs", *key, exc, delay)
+            except Exception:  # a bug or an unexpected answer: log it, back off, never stop the loop
+                delay = self._backoff(key, None)
+                log.exception("reconcile %s/%s failed; retrying in %.1fs", *key, delay)
+            self._schedule(key, delay)
+
+    def _backoff(self, key: Key, hint: float | None) -> float:
+        count = self.failures.get(key, 0) + 1
+        self.failures[key] = count
+        return hint if hint is not None else min(MAX_BACKOFF, self.retry_base * 2.0 ** (count - 1))
+
+    def _schedule(self, key: Key, delay: float | None) -> None:
+        self.cancel_timer(key)
+        if delay is not None:
+            loop = asyncio.get_running_loop()
+            self.timers[key] = loop.call_later(max(delay, 0.0), self.trigger, *key)
+
+    def cancel_timer(self, key: Key) -> None:
+        timer = self.timers.pop(key, None)
+        if timer is not None:
+            timer.cancel()
+
+    async def stop(self) -> None:
+        for timer in self.timers.values():
+            timer.cancel()
+        tasks = [t for t in self.workers.values() if not t.done()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
