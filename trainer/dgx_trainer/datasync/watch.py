@@ -1,0 +1,279 @@
+"""The checkpoint uploader: a native sidecar beside the trainer.
+
+Every ``interval`` it uploads the complete checkpoints (``checkpoint-<step>/`` holding the trainer's
+marker) that are not remote yet, oldest first, each with its files first and the marker last, so a
+remote checkpoint is complete exactly when its marker exists. An unmarked directory is never
+touched: it may be half written.
+
+When the trainer has succeeded (``summary.json`` says so) and an archive destination is given, it
+uploads the final artifacts once and exits: the job's work is done. SIGTERM (the kubelet stopping
+the sidecar after the trainer exits) lets the checkpoint upload in flight finish, then does the
+archive if it is due, then exits 0; it starts no other checkpoint.
+
+What was uploaded is remembered in ``DIR/.kubedgx/uploaded.json`` (and a checkpoint whose marker is
+already remote counts as uploaded), so a restarted sidecar does not upload anything twice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import random
+import signal
+import tarfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from types import FrameType
+from typing import Any, Final, Literal, TypeVar
+
+from dgx_trainer.checkpoints import complete
+from dgx_trainer.datasync import local, sync
+from dgx_trainer.datasync.errors import SyncError
+from dgx_trainer.datasync.logs import event
+from dgx_trainer.datasync.store import STATE_DIR, Location, Store, StoreOptions
+from dgx_trainer.progress import COMPLETE_MARKER
+
+T = TypeVar("T")
+
+SUMMARY: Final = "summary.json"
+ArchiveFormat = Literal["files", "tar.gz"]
+
+
+def succeeded(directory: Path) -> bool:
+    try:
+        data = json.loads((directory / SUMMARY).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and data.get("status") == "Succeeded"
+
+
+@dataclass
+class Watcher:
+    directory: Path
+    dest: Location
+    options: StoreOptions
+    interval: float = 10.0
+    archive: Location | None = None
+    archive_format: ArchiveFormat = "files"
+    once: bool = False
+    workers: int = sync.DEFAULT_WORKERS
+    retry_base: float = 1.0
+    retry_max: float = 60.0
+
+    def __post_init__(self) -> None:
+        self.stop = threading.Event()
+        self.state = local.load_uploaded(self.directory, self.dest.uri)
+        self.store = Store(self.dest, self.options)
+        self.archive_store = Store(self.archive, self.options) if self.archive is not None else None
+        # --once gives up on a store that stays unreachable; the sidecar retries for as long as it runs.
+        self.max_attempts: int | None = 4 if self.once else None
+
+    # -- control -----------------------------------------------------------------------------------
+
+    def request_stop(self, signum: int, frame: FrameType | None = None) -> None:
+        if not self.stop.is_set():
+            event(
+                logging.INFO,
+                f"{signal.Signals(signum).name}: finishing the upload in flight, then stopping",
+            )
+        self.stop.set()
+
+    def run(self) -> dict[str, Any]:
+        previous: dict[signal.Signals, Any] = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                previous[sig] = signal.signal(sig, self.request_stop)
+        try:
+            return self._run()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _run(self) -> dict[str, Any]:
+        self._retrying(lambda: self.store.check_writable(self.dest), f"check {self.dest.uri}", interruptible=True)
+        if self.archive is not None and self.archive_store is not None:
+            store, target = self.archive_store, self.archive
+            self._retrying(lambda: store.check_writable(target), f"check {target.uri}", interruptible=True)
+        event(logging.INFO, f"watching {self.directory} for checkpoints", destination=self.dest.uri)
+        while True:
+            self.scan()
+            if self.archive is not None and succeeded(self.directory):
+                if not self._archived():
+                    self._retrying(self.do_archive, f"archive to {self.archive.uri}", interruptible=False)
+                event(logging.INFO, "training succeeded and the model is archived: done")
+                return self.result()
+            if self.once or self.stop.is_set():
+                return self.result()
+            self.stop.wait(self.interval)
+
+    def result(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"checkpoints": list(self.state["checkpoints"])}
+        if self._archived():
+            out["artifacts"] = list(self.state["archive"].get("artifacts") or [])
+        return out
+
+    def _retrying(self, fn: Callable[[], T], what: str, *, interruptible: bool) -> T:
+        """``fn`` again after transient errors, 1 s doubling to 60 s, jittered. A stop request ends
+        an interruptible wait (re-raising the error); work in flight keeps retrying."""
+        delay = self.retry_base
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                return fn()
+            except SyncError as err:
+                if not err.transient:
+                    raise
+                if (self.max_attempts is not None and attempt >= self.max_attempts) or (
+                    interruptible and self.stop.is_set()
+                ):
+                    raise
+                pause = delay * random.uniform(0.5, 1.0)
+                event(logging.WARNING, f"{what} failed, retrying in {pause:.1f}s: {err.message}", attempt=attempt)
+                if interruptible:
+                    if self.stop.wait(pause):
+                        raise
+                else:
+                    time.sleep(pause)
+                delay = min(delay * 2, self.retry_max)
+
+    # -- checkpoints -------------------------------------------------------------------------------
+
+    def scan(self) -> None:
+        """Upload every complete checkpoint not uploaded yet, oldest first, until a stop request."""
+        for step, path in complete(self.directory):
+            if self.stop.is_set():
+                return
+            if step in self.state["checkpoints"]:
+                continue
+            marker = self.dest.child(f"checkpoint-{step}", COMPLETE_MARKER)
+            remote = self._retrying(partial(self.store.head, marker), f"check {marker.uri}", interruptible=True)
+            if remote is not None:
+                event(logging.INFO, f"checkpoint-{step} is already at {self.dest.uri}")
+                self._remember(step)
+                continue
+            upload = partial(self.upload_checkpoint, step, path)
+            if self._retrying(upload, f"upload checkpoint-{step}", interruptible=False):
+                self._remember(step)
+
+    def _remember(self, step: int) -> None:
+        self.state["checkpoints"] = sorted({*self.state["checkpoints"], step})
+        local.save_uploaded(self.directory, self.state)
+
+    def upload_checkpoint(self, step: int, path: Path) -> bool:
+        """Files, then the marker. False when the trainer deleted the checkpoint meanwhile."""
+        base = self.dest.child(f"checkpoint-{step}")
+        started = time.monotonic()
+        try:
+            files = [(k, p) for k, p in sync.local_files(path) if k != COMPLETE_MARKER]
+            sync.upload_files(self.store, base, files, self.workers, f"upload checkpoint-{step}")
+            self.store.upload(path / COMPLETE_MARKER, base.child(COMPLETE_MARKER))
+        except (OSError, SyncError) as exc:
+            if path.is_dir() and (path / COMPLETE_MARKER).is_file():
+                raise
+            event(
+                logging.INFO,
+                f"checkpoint-{step} was deleted before it was uploaded (save_total_limit); skipped",
+                error=str(exc),
+            )
+            self._remove_remote(base)
+            return False
+        size = sum(p.stat().st_size for _, p in files if p.exists())
+        event(
+            logging.INFO,
+            f"uploaded checkpoint-{step}",
+            destination=base.uri,
+            files=len(files) + 1,
+            bytes=size,
+            seconds=round(time.monotonic() - started, 3),
+        )
+        return True
+
+    def _remove_remote(self, base: Location) -> None:
+        """Best effort: without its marker a remote checkpoint is ignored anyway; this saves space."""
+        with contextlib.suppress(SyncError, OSError):
+            objects = self.store.list(base)
+            self.store.delete([base.child(o.key) for o in objects])
+
+    # -- archive -----------------------------------------------------------------------------------
+
+    def _archived(self) -> bool:
+        record = self.state.get("archive")
+        return (
+            self.archive is not None
+            and isinstance(record, dict)
+            and record.get("destination") == self.archive.uri
+            and record.get("format") == self.archive_format
+        )
+
+    def do_archive(self) -> None:
+        """adapter/, merged/ (if any) and summary.json to the archive destination, summary last."""
+        assert self.archive is not None
+        assert self.archive_store is not None
+        archive, store = self.archive, self.archive_store
+        parts = [name for name in ("adapter", "merged") if (self.directory / name).is_dir()]
+        if "adapter" not in parts:
+            event(logging.WARNING, f"training succeeded but {self.directory / 'adapter'} is missing")
+        artifacts: list[dict[str, str]] = []
+        started = time.monotonic()
+        if self.archive_format == "files":
+            for name in parts:
+                files = sync.local_files(self.directory / name)
+                sync.upload_files(store, archive.child(name), files, self.workers, f"archive {name}")
+                artifacts.append({"name": name, "uri": archive.child(name).uri + "/"})
+        else:
+            tarball = self.directory / STATE_DIR / "model.tar.gz"
+            self._make_tarball(tarball, parts)
+            try:
+                sync.upload_files(store, archive, [("model.tar.gz", tarball)], 1, "archive model.tar.gz")
+            finally:
+                tarball.unlink(missing_ok=True)
+            artifacts.append({"name": "model.tar.gz", "uri": archive.child("model.tar.gz").uri})
+        store.upload(self.directory / SUMMARY, archive.child(SUMMARY))
+        artifacts.append({"name": "summary", "uri": archive.child(SUMMARY).uri})
+        self.state["archive"] = {"destination": archive.uri, "format": self.archive_format, "artifacts": artifacts}
+        local.save_uploaded(self.directory, self.state)
+        event(
+            logging.INFO,
+            f"archived the model to {archive.uri}",
+            format=self.archive_format,
+            seconds=round(time.monotonic() - started, 3),
+        )
+
+    def _make_tarball(self, tarball: Path, parts: list[str]) -> None:
+        """adapter/, merged/ and summary.json in one gzip tarball (level 1: weights barely compress)."""
+        tarball.parent.mkdir(parents=True, exist_ok=True)
+        partial = tarball.with_name(tarball.name + ".partial")
+        with tarfile.open(partial, "w:gz", compresslevel=1) as tar:
+            for name in parts:
+                tar.add(self.directory / name, arcname=name)
+            tar.add(self.directory / SUMMARY, arcname=SUMMARY)
+        partial.replace(tarball)
+
+
+def watch(
+    directory: Path,
+    dest: Location,
+    options: StoreOptions,
+    *,
+    interval: float = 10.0,
+    archive: Location | None = None,
+    archive_format: ArchiveFormat = "files",
+    once: bool = False,
+    workers: int = sync.DEFAULT_WORKERS,
+) -> dict[str, Any]:
+    return Watcher(
+        directory,
+        dest,
+        options,
+        interval=interval,
+        archive=archive,
+        archive_format=archive_format,
+        once=once,
+        workers=workers,
+    ).run()
