@@ -224,3 +224,6 @@ async def run_operator(emulator: Emulator, kubeconfig: Path) -> AsyncIterator[Ru
     yield start
     for run in reversed(runs):
         await run.stop()
+
+
+from tests.s3 import s3  # noqa: E402,F401  (the session's moto S3 server, for the data-mount scenarios)

@@ -277,15 +277,20 @@ async def test_an_output_dir_inside_an_input_mount_of_the_cluster_is_refused(
         "the config); write outputs to a direction: Out mount or another directory"
     ]
     await webhook.allowed(JOB_PATH, "CREATE", stored(data_job("/output")))
+    # The webhook looked the mount up on every admission (the mount controller, running in the same
+    # operator, reads it too once it exists: hence at least).
     lookups = [c for c in emulator.calls("get", "dgxdatamounts") if c.name == "data" and c.namespace == "ml"]
-    assert len(lookups) == 3
-    assert [c.status for c in lookups] == [404, 200, 200]
+    assert [c.status for c in lookups][:1] == [404]
+    assert len(lookups) >= 3
+    assert all(c.status == 200 for c in lookups[1:])
 
 
 async def test_an_output_dir_inside_an_output_mount_is_allowed(webhook: Webhook, emulator: Emulator) -> None:
     emulator.create("dgxdatamounts", with_changes(BASE_MOUNT, {"spec.direction": "Out"}))
     await webhook.allowed(JOB_PATH, "CREATE", stored(data_job("/data/out")))
-    assert [c.status for c in emulator.calls("get", "dgxdatamounts")] == [200]
+    statuses = [c.status for c in emulator.calls("get", "dgxdatamounts")]
+    assert statuses
+    assert set(statuses) == {200}
 
 
 async def test_delete_is_allowed_even_for_an_invalid_object(webhook: Webhook) -> None:

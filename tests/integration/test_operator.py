@@ -32,6 +32,7 @@ from dgx_operator.settings import OperatorConfig
 from tests.conftest import BASE_JOB, BASE_MOUNT, with_changes
 from tests.integration.conftest import OperatorRun, RunOperator
 from tests.integration.emulator import Emulator
+from tests.s3 import S3, secret
 
 pytestmark = pytest.mark.asyncio
 
@@ -1132,60 +1133,6 @@ async def test_a_foreign_pod_at_a_worker_name_fails_the_job(
 # --------------------------------------------------------------------------------------------
 
 
-def job_with_data() -> Body:
-    return job_with({"spec.dataMounts": [{"name": "data", "mountPath": "/data"}]})
-
-
-async def test_a_job_waits_for_its_data_mount_to_be_ready(emulator: Emulator, run_operator: RunOperator) -> None:
-    op = await start_operator(emulator, run_operator)
-    emulator.create(JOBS, job_with_data())
-    status = await wait_phase(emulator, "WaitingForData")
-    assert conditions(status)["Running"] == ("False", "DataNotReady")
-    assert condition(status, "DataReady")["message"] == "waiting for DGXDataMount data (not found)"
-    assert counts(status) == ("WaitingForData", 0, 0, "0/0", (0, 0, 0, 0))
-
-    emulator.create(MOUNTS, BASE_MOUNT)  # exists, but not listed yet
-    status = await wait_phase(
-        emulator, "WaitingForData", lambda s: condition(s, "DataReady")["message"].endswith("(Pending)")
-    )
-    assert condition(status, "DataReady")["message"] == "waiting for DGXDataMount data (Pending)"
-    await op.settle()
-    assert pod_set(emulator) == {}
-
-    emulator.patch_status(MOUNTS, NS, "data", {"phase": "Ready"})
-    await expect_pods(emulator, {worker(0): "0"})
-    pod = emulator.get("pods", NS, worker(0))
-    assert pod is not None
-    assert "/data" in [m["mountPath"] for m in pod["spec"]["containers"][0]["volumeMounts"]]
-    status = await wait_phase(emulator, "Pending")
-    assert conditions(status)["DataReady"] == ("True", "DataReady")
-    run_pod(emulator, worker(0))
-    status = await wait_phase(emulator, "Running")
-    assert counts(status) == ("Running", 0, 0, "1/1", (1, 1, 1, 0))
-    await final_pods(op, {worker(0): "0"})
-    await expect_events(
-        emulator, [("Normal", "DataNotReady"), ("Normal", "WorkersPending"), ("Normal", "AllWorkersRunning")]
-    )
-
-
-async def test_a_failed_data_mount_fails_the_job(emulator: Emulator, run_operator: RunOperator) -> None:
-    op = await start_operator(emulator, run_operator)
-    emulator.create(MOUNTS, BASE_MOUNT)
-    ready = {"type": "Ready", "status": "False", "reason": "AccessDenied", "message": "s3://bucket/prefix: 403"}
-    emulator.patch_status(
-        MOUNTS, NS, "data", {"phase": "Failed", "conditions": [{**ready, "lastTransitionTime": stamp(op.clock.now)}]}
-    )
-    emulator.create(JOBS, job_with_data())
-    status = await wait_phase(emulator, "Failed")
-    failed = condition(status, "Failed")
-    assert failed["reason"] == "DataMountFailed"
-    assert failed["message"] == "DGXDataMount data failed: s3://bucket/prefix: 403"
-    assert conditions(status)["DataReady"] == ("False", "DataMountFailed")
-    assert counts(status) == ("Failed", 0, 0, "0/0", (0, 0, 0, 0))
-    await final_pods(op, {})
-    await expect_events(emulator, [("Warning", "DataMountFailed")])
-
-
 async def test_a_worker_killed_by_its_active_deadline_fails_the_job(
     emulator: Emulator, run_operator: RunOperator
 ) -> None:
@@ -1219,14 +1166,16 @@ PENDING_AFTER = ["data became ready", "resumed", "lost workers"]
 
 @pytest.mark.parametrize("after", PENDING_AFTER)
 async def test_max_pending_counts_only_the_time_spent_waiting_for_nodes(
-    emulator: Emulator, run_operator: RunOperator, after: str
+    emulator: Emulator, run_operator: RunOperator, after: str, s3: S3
 ) -> None:
     """maxPending counts from the latest of: stopped running, data became ready, resumed."""
     op = await start_operator(emulator, run_operator)
     changes: dict[str, Any] = {"spec.maxPending": "10m"}
     if after == "data became ready":
+        # Listed only once its Secret exists (see test_datamounts.py): until then the job waits for data.
         changes["spec.dataMounts"] = [{"name": "data", "mountPath": "/data"}]
-        emulator.create(MOUNTS, BASE_MOUNT)
+        source = {"spec.source": f"s3://{s3.bucket()}/prefix", "spec.endpoint": s3.endpoint}
+        emulator.create(MOUNTS, with_changes(BASE_MOUNT, {**source, "spec.credentialsSecretRef": {"name": "s3"}}))
     elif after == "resumed":
         changes["spec.suspend"] = True
     emulator.create(JOBS, job_with(changes))
@@ -1239,7 +1188,7 @@ async def test_max_pending_counts_only_the_time_spent_waiting_for_nodes(
 
     op.clock.advance(timedelta(hours=1))  # an hour not waiting for nodes
     if after == "data became ready":
-        emulator.patch_status(MOUNTS, NS, "data", {"phase": "Ready"})
+        emulator.create("secrets", secret("s3"))
     elif after == "resumed":
         emulator.patch(JOBS, NS, JOB, {"spec": {"suspend": False}})
     else:
