@@ -87,6 +87,7 @@ def cmd_watch(args: argparse.Namespace) -> dict[str, Any]:
         archive_format=args.archive_format,
         once=args.once,
         workers=args.workers,
+        checkpoints=not args.no_checkpoints,
     )
 
 
@@ -151,6 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--archive", metavar="DEST2", help="upload the final model here once training succeeded")
     p.add_argument("--archive-format", choices=("files", "tar.gz"), default="files")
     p.add_argument("--once", action="store_true", help="one scan (and the archive if due), then exit")
+    p.add_argument("--no-checkpoints", action="store_true", help="upload no checkpoints, only the archive")
     p.set_defaults(func=cmd_watch)
 
     p = sub.add_parser("restore", parents=[common], help="bring back the newest complete remote checkpoint")

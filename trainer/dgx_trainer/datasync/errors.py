@@ -14,6 +14,7 @@ with its traceback, not as a guessed reason.
 from __future__ import annotations
 
 import asyncio
+import re
 import socket
 from typing import Final, Literal
 
@@ -148,7 +149,8 @@ def classify(exc: BaseException, uri: str, bucket: str, *, endpoint: str | None 
         if isinstance(item, SyncError):
             return item
         name = type(item).__name__
-        detail = " ".join(str(item).split())[:200]
+        # botocore quotes the whole request URL; the endpoint is named separately.
+        detail = re.sub(r':?\s*"https?://[^"]*"', "", " ".join(str(item).split()))[:200]
         found = _client_error(item)
         status = found[1] if found else _http_status(item)
         code = found[0] if found else str(status or "")

@@ -62,6 +62,8 @@ class Watcher:
     archive_format: ArchiveFormat = "files"
     once: bool = False
     workers: int = sync.DEFAULT_WORKERS
+    #: False: archive only (a mount with syncCheckpoints: false); DEST is then not written.
+    checkpoints: bool = True
     retry_base: float = 1.0
     retry_max: float = 60.0
 
@@ -95,11 +97,18 @@ class Watcher:
                 signal.signal(sig, handler)
 
     def _run(self) -> dict[str, Any]:
-        self._retrying(lambda: self.store.check_writable(self.dest), f"check {self.dest.uri}", interruptible=True)
+        if self.checkpoints:
+            check = partial(self.store.check_writable, self.dest)
+            self._retrying(check, f"check {self.dest.uri}", interruptible=True)
         if self.archive is not None and self.archive_store is not None:
             store, target = self.archive_store, self.archive
             self._retrying(lambda: store.check_writable(target), f"check {target.uri}", interruptible=True)
-        event(logging.INFO, f"watching {self.directory} for checkpoints", destination=self.dest.uri)
+        event(
+            logging.INFO,
+            f"watching {self.directory}",
+            checkpoints=self.dest.uri if self.checkpoints else None,
+            archive=self.archive.uri if self.archive else None,
+        )
         while True:
             self.scan()
             if self.archive is not None and succeeded(self.directory):
@@ -146,6 +155,8 @@ class Watcher:
 
     def scan(self) -> None:
         """Upload every complete checkpoint not uploaded yet, oldest first, until a stop request."""
+        if not self.checkpoints:
+            return
         for step, path in complete(self.directory):
             if self.stop.is_set():
                 return
@@ -266,6 +277,7 @@ def watch(
     archive_format: ArchiveFormat = "files",
     once: bool = False,
     workers: int = sync.DEFAULT_WORKERS,
+    checkpoints: bool = True,
 ) -> dict[str, Any]:
     return Watcher(
         directory,
@@ -276,4 +288,5 @@ def watch(
         archive_format=archive_format,
         once=once,
         workers=workers,
+        checkpoints=checkpoints,
     ).run()

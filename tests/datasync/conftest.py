@@ -1,0 +1,414 @@
+"""Fixtures for the data sync tests: moto's S3 server on loopback, in this process, behind a WSGI
+middleware that records every request, so tests can count GETs per key, see the order of PUTs, and
+hold chosen requests (a :class:`Gate`) to catch a transfer "in flight" without sleeping.
+
+Fixtures
+--------
+``s3`` (session)
+    A :class:`MotoS3`: ``endpoint``, ``client`` (boto3), ``bucket()`` (a new uniquely named bucket:
+    tests never reset the server, they never share a bucket), ``hits``/``mark()``/``since(mark)``
+    (the request log), ``object_gets(bucket, mark)``, ``gate(...)``, ``auth()`` (IAM authentication
+    switched on for the duration, with a good user and one without permissions).
+``run_cli``
+    Runs ``python -m dgx_trainer.datasync ARGS`` as a subprocess against the server with the test
+    credentials and a termination-log file of its own; returns a :class:`CliResult`.
+``spawn_cli``
+    The same as a ``Popen`` (for SIGKILL / SIGTERM tests), plus the termination-log path.
+
+Moto quirks these tests work around (see docs/datasync.md):
+- IAM authentication is process-wide (``/moto-api/reset-auth``), so ``auth()`` switches it on only
+  inside the tests that need it.
+- With authentication on, moto recomputes SigV4 over a URL whose query werkzeug has percent-decoded,
+  so any request whose query holds an encoded ``/`` (a listing with a prefix) fails with
+  SignatureDoesNotMatch even with good keys. Authenticated tests therefore use bucket-root URIs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+ACCESS_KEY = "AKIADATASYNCTEST0001"
+SECRET_KEY = "datasync-test-secret"
+REGION = "us-east-1"
+
+
+@dataclass(frozen=True)
+class Hit:
+    method: str
+    path: str
+    query: str
+
+    def key_in(self, bucket: str) -> str | None:
+        """The object key this request addresses in ``bucket`` (path-style), or None."""
+        head = f"/{bucket}/"
+        return self.path[len(head) :] if self.path.startswith(head) and len(self.path) > len(head) else None
+
+
+class Gate:
+    """Lets ``allow`` matching requests through, then holds the rest until :meth:`open`.
+
+    ``held`` is set when the first request is held; ``action`` (optional) runs once, in the server
+    thread, when the gate first holds, before anything is released."""
+
+    def __init__(self, match: Callable[[Hit], bool], allow: int = 0, action: Callable[[], None] | None = None):
+        self.match = match
+        self.allow = allow
+        self.action = action
+        self.passed = 0
+        self.held = threading.Event()
+        self._open = threading.Event()
+        self._lock = threading.Lock()
+
+    def check(self, hit: Hit) -> None:
+        if not self.match(hit) or self._open.is_set():
+            return
+        with self._lock:
+            if self.passed < self.allow:
+                self.passed += 1
+                return
+            first = not self.held.is_set()
+            self.held.set()
+        if first and self.action is not None:
+            self.action()
+            self._open.set()
+            return
+        self._open.wait(timeout=120)
+
+    def open(self) -> None:
+        self._open.set()
+
+
+class CountingMiddleware:
+    """Records (method, path, query) of every request, and applies the gates in force."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.hits: list[Hit] = []
+        self.gates: list[Gate] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, environ: dict[str, Any], start_response: Any) -> Any:
+        hit = Hit(environ["REQUEST_METHOD"], environ.get("PATH_INFO", ""), environ.get("QUERY_STRING", ""))
+        with self.lock:
+            self.hits.append(hit)
+            gates = list(self.gates)
+        for gate in gates:
+            gate.check(hit)
+        return self.app(environ, start_response)
+
+
+class MotoS3:
+    def __init__(self) -> None:
+        import boto3
+        from moto.server import DomainDispatcherApplication, create_backend_app
+        from werkzeug.serving import make_server
+
+        logging.getLogger("werkzeug").setLevel(logging.ERROR)
+        self.middleware = CountingMiddleware(DomainDispatcherApplication(create_backend_app))
+        self.server = make_server("127.0.0.1", 0, self.middleware, threaded=True)
+        self.thread = threading.Thread(target=self.server.serve_forever, name="moto", daemon=True)
+        self.thread.start()
+        self.endpoint = f"http://127.0.0.1:{self.server.server_port}"
+        self.client: Any = boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            aws_access_key_id=ACCESS_KEY,
+            aws_secret_access_key=SECRET_KEY,
+            region_name=REGION,
+        )
+        self._users: dict[str, dict[str, str]] | None = None
+
+    # -- buckets and objects -----------------------------------------------------------------------
+
+    def bucket(self, prefix: str = "ds") -> str:
+        name = f"{prefix}-{uuid.uuid4().hex[:12]}"
+        self.client.create_bucket(Bucket=name)
+        return name
+
+    def keys(self, bucket: str, prefix: str = "") -> list[str]:
+        pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+        return sorted(o["Key"] for page in pages for o in page.get("Contents", []))
+
+    def get(self, bucket: str, key: str) -> bytes:
+        data: bytes = self.client.get_object(Bucket=bucket, Key=key)["Body"].read()
+        return data
+
+    def etag(self, bucket: str, key: str) -> str:
+        return str(self.client.head_object(Bucket=bucket, Key=key)["ETag"]).strip('"')
+
+    # -- request log -------------------------------------------------------------------------------
+
+    @property
+    def hits(self) -> list[Hit]:
+        with self.middleware.lock:
+            return list(self.middleware.hits)
+
+    def mark(self) -> int:
+        with self.middleware.lock:
+            return len(self.middleware.hits)
+
+    def since(self, mark: int) -> list[Hit]:
+        return self.hits[mark:]
+
+    def object_gets(self, bucket: str, mark: int = 0) -> Counter[str]:
+        """GET requests for object bodies in ``bucket`` since ``mark``, per key (listings excluded)."""
+        found: Counter[str] = Counter()
+        for hit in self.since(mark):
+            key = hit.key_in(bucket)
+            if hit.method == "GET" and key is not None:
+                found[key] += 1
+        return found
+
+    def object_writes(self, bucket: str, mark: int = 0) -> list[str]:
+        """Keys written since ``mark``, in the order the object became visible: a single PUT, or the
+        POST that completes a multipart upload (its part PUTs are not listed)."""
+        out = []
+        for hit in self.since(mark):
+            key = hit.key_in(bucket)
+            if key is None:
+                continue
+            if (hit.method == "PUT" and "uploadId=" not in hit.query) or (
+                hit.method == "POST" and "uploadId=" in hit.query
+            ):
+                out.append(key)
+        return out
+
+    @contextlib.contextmanager
+    def gate(
+        self, match: Callable[[Hit], bool], allow: int = 0, action: Callable[[], None] | None = None
+    ) -> Iterator[Gate]:
+        g = Gate(match, allow, action)
+        with self.middleware.lock:
+            self.middleware.gates.append(g)
+        try:
+            yield g
+        finally:
+            g.open()
+            with self.middleware.lock:
+                self.middleware.gates.remove(g)
+
+    # -- authentication ----------------------------------------------------------------------------
+
+    def _create_users(self) -> dict[str, dict[str, str]]:
+        import boto3
+
+        iam = boto3.client(
+            "iam",
+            endpoint_url=self.endpoint,
+            aws_access_key_id=ACCESS_KEY,
+            aws_secret_access_key=SECRET_KEY,
+            region_name=REGION,
+        )
+        policy = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}
+        users = {}
+        for name, allowed in (("good", True), ("nobody", False)):
+            user = f"datasync-{name}-{uuid.uuid4().hex[:6]}"
+            iam.create_user(UserName=user)
+            if allowed:
+                iam.put_user_policy(UserName=user, PolicyName="s3", PolicyDocument=json.dumps(policy))
+            key = iam.create_access_key(UserName=user)["AccessKey"]
+            users[name] = {"AWS_ACCESS_KEY_ID": key["AccessKeyId"], "AWS_SECRET_ACCESS_KEY": key["SecretAccessKey"]}
+        return users
+
+    @contextlib.contextmanager
+    def auth(self) -> Iterator[dict[str, dict[str, str]]]:
+        """IAM authentication on (process-wide in moto); yields {"good": env, "nobody": env}."""
+        import urllib.request
+
+        if self._users is None:
+            self._users = self._create_users()
+
+        def set_count(value: str) -> None:
+            # text/plain: with urllib's default form type Flask parses the body away from request.data.
+            request = urllib.request.Request(
+                f"{self.endpoint}/moto-api/reset-auth",
+                data=value.encode(),
+                method="POST",
+                headers={"Content-Type": "text/plain"},
+            )
+            with urllib.request.urlopen(request, timeout=10) as response:
+                response.read()
+
+        set_count("0")
+        try:
+            yield self._users
+        finally:
+            set_count("inf")
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.thread.join(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def s3() -> Iterator[MotoS3]:
+    server = MotoS3()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def cli_env(extra: Mapping[str, str] | None = None, *, credentials: bool = True) -> dict[str, str]:
+    """A clean environment for a datasync subprocess: our test keys (or none), no ambient AWS/GCP
+    identity to stumble on, and the source tree importable."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "GOOGLE_"))}
+    env.update(
+        {
+            "AWS_EC2_METADATA_DISABLED": "true",
+            "AWS_CONFIG_FILE": "/nonexistent/aws-config",
+            "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent/aws-credentials",
+            "NO_GCE_CHECK": "true",
+            "PYTHONPATH": os.pathsep.join([str(ROOT / "trainer"), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    if credentials:
+        env.update({"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY})
+    env.update(extra or {})
+    return env
+
+
+@dataclass
+class CliResult:
+    rc: int
+    stdout: str
+    stderr: str
+    termination_path: Path
+    seconds: float
+    command: list[str] = field(default_factory=list)
+
+    @property
+    def termination(self) -> Any:
+        return json.loads(self.termination_path.read_text(encoding="utf-8"))
+
+    @property
+    def result(self) -> Any:
+        return json.loads(self.stdout.strip().splitlines()[-1])
+
+    @property
+    def stderr_lines(self) -> list[str]:
+        return [line for line in self.stderr.splitlines() if line.strip()]
+
+    def __str__(self) -> str:
+        return f"{' '.join(self.command)} -> rc {self.rc}\nstdout: {self.stdout}\nstderr: {self.stderr}"
+
+
+def _command(args: tuple[str, ...], endpoint: str | None) -> list[str]:
+    command = [sys.executable, "-m", "dgx_trainer.datasync", *args]
+    if endpoint:
+        command += ["--endpoint-url", endpoint, "--region", REGION]
+    return command
+
+
+@pytest.fixture
+def run_cli(s3: MotoS3, tmp_path: Path) -> Callable[..., CliResult]:
+    counter = iter(range(1_000_000))
+
+    def run(
+        *args: str,
+        env: Mapping[str, str] | None = None,
+        credentials: bool = True,
+        endpoint: str | None = "default",
+        timeout: float = 120,
+    ) -> CliResult:
+        termination = tmp_path / f"termination-{next(counter)}.json"
+        command = _command(args, s3.endpoint if endpoint == "default" else endpoint)
+        started = time.monotonic()
+        proc = subprocess.run(
+            command,
+            env={**cli_env(env, credentials=credentials), "KUBEDGX_TERMINATION_LOG": str(termination)},
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+        return CliResult(proc.returncode, proc.stdout, proc.stderr, termination, time.monotonic() - started, command)
+
+    return run
+
+
+@dataclass
+class Spawned:
+    proc: subprocess.Popen[str]
+    termination_path: Path
+    stderr_path: Path
+
+    def wait(self, timeout: float = 120) -> int:
+        return self.proc.wait(timeout=timeout)
+
+    def signal(self, sig: signal.Signals) -> None:
+        self.proc.send_signal(sig)
+
+    @property
+    def stderr(self) -> str:
+        return self.stderr_path.read_text(encoding="utf-8", errors="replace")
+
+    @property
+    def termination(self) -> Any:
+        return json.loads(self.termination_path.read_text(encoding="utf-8"))
+
+
+@pytest.fixture
+def spawn_cli(s3: MotoS3, tmp_path: Path) -> Iterator[Callable[..., Spawned]]:
+    started: list[Spawned] = []
+
+    def spawn(*args: str, env: Mapping[str, str] | None = None) -> Spawned:
+        n = len(started)
+        termination = tmp_path / f"spawn-termination-{n}.json"
+        stderr_path = tmp_path / f"spawn-stderr-{n}.log"
+        with stderr_path.open("w") as err:
+            proc = subprocess.Popen(
+                _command(args, s3.endpoint),
+                env={**cli_env(env), "KUBEDGX_TERMINATION_LOG": str(termination)},
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+                text=True,
+            )
+        spawned = Spawned(proc, termination, stderr_path)
+        started.append(spawned)
+        return spawned
+
+    yield spawn
+    for spawned in started:
+        if spawned.proc.poll() is None:
+            spawned.proc.kill()
+            spawned.proc.wait(timeout=30)
+
+
+def wait_until(condition: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
+    """Poll ``condition`` until it is truthy (returns it) or fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.01)
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on (bound, then released)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
