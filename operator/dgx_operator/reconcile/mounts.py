@@ -139,13 +139,14 @@ def users(mount_name: str, jobs: Sequence[Mapping[str, Any]]) -> list[str]:
 
 
 def mount_state(mount: DGXDataMount) -> tuple[str, str, str | None]:
-    """(phase, message, digest) of a mount as a job sees it: a Ready status that describes an older
-    generation of the spec is being re-listed, so it reads as Syncing."""
+    """(phase, message, digest) of a mount as a job sees it: a Ready or Failed status that describes an
+    older generation of the spec is being re-listed, so it reads as Syncing (a Failed verdict on the
+    spec the user just fixed must not fail a job that sees it before the operator lists again)."""
     status = mount.status
     if status is None or status.phase is None:
         return "Pending", "", None
     ready = next((c for c in status.conditions if c.type == READY), None)
     message = ready.message if ready is not None else ""
-    if status.phase == "Ready" and status.observed_generation != (mount.metadata.generation or 0):
+    if status.phase in ("Ready", "Failed") and status.observed_generation != (mount.metadata.generation or 0):
         return "Syncing", "the spec changed; listing again", None
     return status.phase, message, status.manifest_digest if status.phase == "Ready" else None
