@@ -336,9 +336,12 @@ class _Planner:
             return None
         if self.archiving_mounts():
             # Rank 0 (whose node holds the final model) may be any worker of an elastic job, and its
-            # sidecar archives after the trainer exits: wait for the workers of this attempt to end
-            # rather than delete one mid-upload. torchrun ends them all together.
-            busy = [p for p in self.pods if p.active and p.attempt >= self.status.attempt]
+            # sidecar archives after the trainer exits: wait for the workers that run to end rather
+            # than delete one mid-upload. torchrun ends them all together. That includes survivors
+            # of an earlier attempt (a restart replaces only the failed workers; the others keep
+            # their attempt label and stay in the group), and excludes workers that never started
+            # (phase Pending: an elastic job's spares may be unschedulable for ever and hold nothing).
+            busy = [p for p in self.pods if p.active and p.phase == "Running"]
             if busy:
                 names = ", ".join(p.name for p in busy)
                 self.cond(RUNNING, True, "Finishing", f"{worker0.name} completed; waiting for {names} to end")
