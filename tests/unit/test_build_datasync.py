@@ -250,6 +250,15 @@ def test_watched_dir(mount_path: str, changes: dict[str, Any], expected: str) ->
     assert watched_dir(plan_for(mount_path), job_spec(changes)) == expected
 
 
+def test_watched_dir_of_nested_out_mounts_is_the_deepest_holder() -> None:
+    """With Out mounts at /out and /out/run, the output dir /out/run/x is on the inner mount's volume:
+    only the inner mount's uploader watches it; the outer one watches its own path."""
+    outer, inner = plan_for("/out"), plan_for("/out/run")
+    spec = job_spec({"spec.trainer.output": {"dir": "/out/run/x"}})
+    assert watched_dir(outer, spec, [outer, inner]) == "/out"
+    assert watched_dir(inner, spec, [outer, inner]) == "/out/run/x"
+
+
 # --- pull init containers (direction In) ----------------------------------------------------------
 
 

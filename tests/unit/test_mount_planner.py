@@ -239,6 +239,18 @@ def test_a_permanent_error_fails_the_mount_once() -> None:
     assert ready(again)[3] == T1
 
 
+def test_a_different_permanent_error_is_announced_again() -> None:
+    m = mount(generation=2, status=READY_STATUS)
+    failed, events, _ = after(m, DENIED)
+    assert [reason for _, reason, _ in events] == ["AccessDenied"]
+    missing = Listed(
+        error="BucketNotFound", message="bucket 'b' does not exist (s3://b/p): create it or fix spec.source"
+    )
+    again, events, _ = after(failed, missing, T1 + timedelta(minutes=1))
+    assert events == [("Warning", "BucketNotFound", missing.message)]
+    assert ready(again)[:3] == ("False", "BucketNotFound", missing.message)
+
+
 def test_a_transient_error_keeps_syncing_and_retries_without_events() -> None:
     m = mount(generation=2, status=READY_STATUS)
     planned, events, retry = after(m, UNREACHABLE)

@@ -126,6 +126,18 @@ def test_success_waits_for_every_worker_then_lists_the_artifacts(ctx: BuildConte
         assert archived(sim.status) == ("True", "Archived", "2 artifact(s) archived to out")
 
 
+def test_finishing_from_restarting_moves_the_phase_to_running(ctx: BuildContext) -> None:
+    """Phase and Running condition agree while finishing, whatever the phase of the pass before."""
+    sim = sim_with(ctx, ("out", "/workspace/output"), spec__elastic={"minNodes": 2})
+    start_running(sim, 2)
+    sim.status.phase = "Restarting"
+    plan = sim.reconcile([sim.pod(0, "succeeded"), sim.pod(1, "sidecar")], at_s=3600)
+    assert sim.phase() == "Running"
+    running = next(c for c in sim.status.conditions if c.type == "Running")
+    assert (running.status, running.reason) == ("True", "Finishing")
+    assert events(plan) == [("Normal", "Finishing")]
+
+
 def test_every_busy_worker_is_named_while_finishing(ctx: BuildContext) -> None:
     sim = sim_with(ctx, ("out", "/workspace/output"), spec__elastic={"minNodes": 3})
     start_running(sim, 3)

@@ -332,6 +332,8 @@ def with_reports(*reports: tuple[str, Any]) -> PodView:
         ((("checkpoints-1", "not json"),), [], []),
         ((("checkpoints-1", ["a"]),), [], []),
         ((("checkpoints-1", {"artifacts": None}),), [], []),
+        ((("checkpoints-1", {"artifacts": 7}),), [], []),
+        ((("checkpoints-1", {"artifacts": {"uri": "s3://b/x"}}),), [], []),
         (
             (
                 (

@@ -119,13 +119,26 @@ def filter_args(spec: DGXDataMountSpec) -> list[str]:
     return args
 
 
-def watched_dir(plan: MountPlan, spec: DGXTrainingJobSpec) -> str:
+def _contains(mount_path: str, path: str) -> bool:
+    root = mount_path.rstrip("/") or "/"
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def watched_dir(plan: MountPlan, spec: DGXTrainingJobSpec, others: list[MountPlan] | None = None) -> str:
     """The directory the trainer writes checkpoint-<step>/ into: its output.dir when that lies in
-    this mount, else the mount itself (a command job writing there in the same layout)."""
+    this mount (and in no mount nested deeper inside it, whose own volume would hold it), else the
+    mount itself (a command job writing there in the same layout)."""
     mount_path = plan.ref.mount_path.rstrip("/") or "/"
     if spec.trainer is not None:
         out = spec.trainer.output.dir
-        if out == mount_path or out.startswith(mount_path + "/"):
+        deeper = [
+            o
+            for o in others or []
+            if o is not plan
+            and len(o.ref.mount_path.rstrip("/")) > len(mount_path)
+            and _contains(o.ref.mount_path, out)
+        ]
+        if _contains(mount_path, out) and not deeper:
             return out
     return mount_path
 
@@ -179,7 +192,7 @@ def sync_containers(
             pulls.append(container)
             volumes += extra
             continue
-        directory = watched_dir(p, spec)
+        directory = watched_dir(p, spec, plans)
         checkpoints = checkpoint_uri(job, p.spec)
         if syncs_checkpoints(p.spec):
             args = ["restore", checkpoints, directory, *store_args(p.spec), *common]

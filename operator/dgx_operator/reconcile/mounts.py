@@ -103,7 +103,10 @@ def plan_mount(mount: DGXDataMount, listed: Listed, now: datetime) -> MountPlan:
         status.observed_generation = generation
         status.objects = status.total_bytes = status.manifest_digest = None
         _set(status, False, listed.error, listed.message, generation, now)
-        if old_phase != "Failed":
+        old_reason = next(
+            (c.reason for c in (mount.status.conditions if mount.status else []) if c.type == READY), None
+        )
+        if old_phase != "Failed" or old_reason != listed.error:
             plan.events.append(("Warning", listed.error, listed.message))
         return plan
     status.phase = "Ready"

@@ -344,7 +344,9 @@ class _Planner:
             busy = [p for p in self.pods if p.active and p.phase == "Running"]
             if busy:
                 names = ", ".join(p.name for p in busy)
-                self.cond(RUNNING, True, "Finishing", f"{worker0.name} completed; waiting for {names} to end")
+                # Phase and condition agree (Running, reason Finishing) even if the last pass saw
+                # the job Pending or Restarting: the training is over, uploads are running.
+                self.set_phase("Running", "Finishing", f"{worker0.name} completed; waiting for {names} to end")
                 self.plan.requeue_after = 30.0
                 return self.done(desired=len(busy))
         self.finish("Succeeded", "Completed", f"{worker0.name} exited 0: training completed")

@@ -215,7 +215,8 @@ def artifacts_of(pod: PodView) -> tuple[list[tuple[int, str, str]], list[str]]:
             continue
         if data.get("error"):
             errors.append(f"{pod.name}/{container}: {data.get('message') or data['error']}")
-        for item in data.get("artifacts") or []:
+        items = data.get("artifacts")
+        for item in items if isinstance(items, list) else []:
             if isinstance(item, dict) and item.get("uri"):
                 found.append((index, str(item.get("name") or ""), str(item["uri"])))
     return found, errors
