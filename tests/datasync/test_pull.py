@@ -212,6 +212,16 @@ def test_reuse_skips_the_store_entirely(
     assert sum(s3.object_gets(dataset.bucket, mark).values()) == 1
     assert local_digests(dest) == {k: v for k, v in dataset.digests.items() if k.startswith("small/d3/")}
 
+    # A pull into it that did not finish (its journal is there): its files may not match the manifest.
+    journal = dest / ".kubedgx" / "journal.jsonl"
+    journal.write_text(json.dumps({"key": "small/d3/f0003.bin", "replacing": True}) + "\n")
+    unfinished = run_cli("pull", dataset.uri, str(dest), *args, "--expect-digest", digest, "--reuse")
+    assert unfinished.rc == 0, unfinished
+    assert unfinished.result["reused"] is False
+    assert "a pull into it did not finish" in unfinished.stderr
+    assert unfinished.result["transferred"] == 1  # the record withdrawn by "replacing" is fetched again
+    assert not journal.exists()
+
     # A different expected digest (the data changed since the mount was listed): warn, pull the current.
     other = run_cli("pull", dataset.uri, str(dest), *args, "--expect-digest", "sha256:" + "0" * 64, "--reuse")
     assert other.rc == 0, other
@@ -297,3 +307,30 @@ def test_empty_prefix_is_an_empty_mirror(s3: MotoS3, run_cli: Callable[..., CliR
     assert result.result["objects"] == 0
     assert result.result["digest"] == "sha256:" + hashlib.sha256(b"").hexdigest()
     assert (tmp_path / "d" / ".kubedgx" / "manifest.json").is_file()
+
+
+def test_concurrent_pulls_into_one_directory(s3: MotoS3, spawn_cli: Callable[..., Spawned], tmp_path: Path) -> None:
+    """Two pods on one node pulling the same mount into the same cache: the second waits for the
+    first's lock, then finds every file there; each object is read once."""
+    bucket = s3.bucket("shared")
+    for i in range(200):
+        s3.client.put_object(Bucket=bucket, Key=f"d/f{i:03d}", Body=b"%d" % i * (i + 1))
+    dest = tmp_path / "cache"
+    mark = s3.mark()
+
+    def get(hit: Hit) -> bool:
+        return hit.method == "GET" and hit.key_in(bucket) is not None
+
+    with s3.gate(get, allow=50) as gate:
+        first = spawn_cli("pull", f"s3://{bucket}/d", str(dest))
+        wait_until(gate.held.is_set, 60, "the first pull to be under way")
+        second = spawn_cli("pull", f"s3://{bucket}/d", str(dest))
+        wait_until(lambda: "is running; waiting for it" in second.stderr, 60, "the second pull to wait")
+    assert first.wait(60) == 0, first.stderr
+    assert second.wait(60) == 0, second.stderr
+    assert first.termination["transferred"] == 200
+    assert second.termination["transferred"] == 0
+    gets = s3.object_gets(bucket, mark)
+    assert len(gets) == 200
+    assert set(gets.values()) == {1}
+    assert (dest / "f150").read_bytes() == b"150" * 151

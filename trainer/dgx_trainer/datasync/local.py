@@ -6,26 +6,32 @@ Layout of a pulled directory::
     DEST/.kubedgx/journal.jsonl      one {"key","size","etag"} line per object completed by a pull
                                      that has not finished yet (emptied once the manifest is written)
     DEST/.kubedgx/manifest.json      written when a pull is complete and verified
+    DEST/.kubedgx/lock               flock'ed by the pull in progress
 
 Files are downloaded to ``.<name>.kubedgx-partial-<random>`` beside their final name and renamed
 into place, so a file at its final name is always whole; a journal line is appended only after the
-rename. A pull killed at any moment therefore leaves whole files (some not yet journalled, which are
-fetched again), partial files (removed by the next pull) and a journal that names only whole files.
+rename, and before a file that an earlier record vouched for is overwritten, a ``replacing`` line
+withdraws that record. A pull killed at any moment therefore leaves whole files (some not yet
+journalled, which are fetched again), partial files (removed by the next pull) and records that
+name only files whose content they describe.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
+import logging
 import os
 import re
 import secrets
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Final
 
 from dgx_trainer.datasync.errors import SyncError
+from dgx_trainer.datasync.logs import event
 from dgx_trainer.datasync.store import STATE_DIR, ObjectInfo, listing_digest
 from dgx_trainer.progress import now_iso, write_atomic
 
@@ -35,12 +41,35 @@ MANIFEST: Final = "manifest.json"
 MANIFEST_VERSION: Final = 1
 #: The checkpoint uploader's record, in the trainer's output directory.
 UPLOADED: Final = "uploaded.json"
+LOCK: Final = "lock"
 
 
 def local_error(exc: OSError, what: str) -> SyncError:
     reason = exc.strerror or type(exc).__name__
     where = exc.filename or what
     return SyncError("LocalError", f"cannot {what} ({where}: {reason}): check the local volume's space and permissions")
+
+
+@contextlib.contextmanager
+def exclusive(dest: Path) -> Iterator[None]:
+    """One pull at a time into ``dest``: two pods on one node may pull the same mount into the same
+    hostPath cache. The second waits, then finds the files there and skips them. (flock: local
+    file systems; a shared network volume may not honour it.)"""
+    state = dest / STATE_DIR
+    try:
+        state.mkdir(parents=True, exist_ok=True)
+        fd = os.open(state / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise local_error(exc, f"prepare {dest}") from exc
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            event(logging.INFO, f"another pull into {dest} is running; waiting for it")
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def partial_name(target: Path) -> Path:
@@ -95,7 +124,16 @@ class Journal:
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
 
     def record(self, obj: ObjectInfo) -> None:
-        line = json.dumps({"key": obj.key, "size": obj.size, "etag": obj.etag}, separators=(",", ":")) + "\n"
+        """``obj`` is at its final name, whole."""
+        self._write({"key": obj.key, "size": obj.size, "etag": obj.etag})
+
+    def replacing(self, key: str) -> None:
+        """``key``'s file is about to be overwritten: until its ``record`` line, nothing recorded
+        earlier (here or in a manifest) vouches for the file at that name."""
+        self._write({"key": key, "replacing": True})
+
+    def _write(self, item: dict[str, Any]) -> None:
+        line = json.dumps(item, separators=(",", ":")) + "\n"
         with self._lock:
             # One write() of one line with O_APPEND: a kill cannot leave half of it behind.
             os.write(self._fd, line.encode("utf-8"))
@@ -112,19 +150,31 @@ class Journal:
             os.ftruncate(self._fd, 0)
 
     @staticmethod
-    def read(path: Path) -> dict[str, tuple[int, str]]:
-        """key -> (size, etag) of the completed files; unreadable lines are ignored (a conservative
-        reading: the file is fetched again)."""
-        known: dict[str, tuple[int, str]] = {}
+    def read(path: Path, known: Mapping[str, tuple[int, str]] | None = None) -> dict[str, tuple[int, str]]:
+        """Apply the journal at ``path`` to ``known`` (key -> (size, etag), e.g. from a manifest) and
+        return it: completions add, ``replacing`` lines remove. Unreadable lines are ignored (a
+        conservative reading: the file is fetched again)."""
+        known = dict(known or {})
         try:
             text = path.read_text(encoding="utf-8", errors="replace")
         except FileNotFoundError:
             return known
         for line in text.splitlines():
-            with contextlib.suppress(ValueError, TypeError, KeyError):
+            with contextlib.suppress(ValueError, TypeError, KeyError, AttributeError):
                 item = json.loads(line)
-                known[str(item["key"])] = (int(item["size"]), str(item["etag"]))
+                if item.get("replacing"):
+                    known.pop(str(item["key"]), None)
+                else:
+                    known[str(item["key"])] = (int(item["size"]), str(item["etag"]))
         return known
+
+    @staticmethod
+    def pending(path: Path) -> bool:
+        """Whether a pull that did not finish left records (its files may differ from the manifest)."""
+        try:
+            return path.stat().st_size > 0
+        except FileNotFoundError:
+            return False
 
 
 def read_manifest(path: Path) -> dict[str, Any] | None:

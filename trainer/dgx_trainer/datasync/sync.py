@@ -148,6 +148,8 @@ def mirror(
         tmp = local.partial_name(target)
         try:
             store.download(base.child(obj.key), obj, tmp)
+            if obj.key in known:
+                journal.replacing(obj.key)
             os.replace(tmp, target)
         except OSError as exc:
             tmp.unlink(missing_ok=True)
@@ -166,12 +168,12 @@ def mirror(
 
 
 def _known(state: Path) -> dict[str, tuple[int, str]]:
+    """What the last complete pull (manifest) and the unfinished one since (journal) vouch for."""
     known: dict[str, tuple[int, str]] = {}
     manifest = local.read_manifest(state / local.MANIFEST)
     if manifest is not None:
         known.update({o.key: (o.size, o.etag) for o in local.manifest_objects(manifest)})
-    known.update(local.Journal.read(state / local.JOURNAL))
-    return known
+    return local.Journal.read(state / local.JOURNAL, known)
 
 
 def pull(
@@ -188,28 +190,53 @@ def pull(
     """Mirror ``source`` into ``dest``; see docs/datasync.md for the resume and reuse rules.
 
     Local files that are not in the source are left alone: a pull never deletes."""
+    with local.exclusive(dest):
+        if reuse and expect_digest:
+            reused = _reusable(dest, expect_digest)
+            if reused is not None:
+                return reused
+        return _pull(source, dest, options, include, exclude, expect_digest, workers)
+
+
+def _reusable(dest: Path, expect_digest: str) -> dict[str, Any] | None:
+    """The result of reusing ``dest`` as it is, or None (with a log line saying why not)."""
     state = dest / STATE_DIR
-    if reuse and expect_digest:
-        manifest = local.read_manifest(state / local.MANIFEST)
-        why = "there is no manifest" if manifest is None else None
-        if manifest is not None and manifest.get("digest") != expect_digest:
-            why = f"the local copy has digest {manifest.get('digest')}"
-        if manifest is not None and why is None:
-            why = local.verify(dest, manifest)
-        if manifest is not None and why is None:
-            event(logging.INFO, "reusing the local copy: its manifest has the expected digest", digest=expect_digest)
-            count = len(manifest.get("objects") or [])
-            return {
-                "objects": count,
-                "totalBytes": int(manifest.get("totalBytes") or 0),
-                "digest": expect_digest,
-                "transferred": 0,
-                "skipped": count,
-                "reused": True,
-            }
+    manifest = local.read_manifest(state / local.MANIFEST)
+    if manifest is None:
+        why: str | None = "there is no manifest"
+    elif manifest.get("digest") != expect_digest:
+        why = f"the local copy has digest {manifest.get('digest')}"
+    elif local.Journal.pending(state / local.JOURNAL):
+        why = "a pull into it did not finish"
+    else:
+        why = local.verify(dest, manifest)
+    if why is not None:
         event(logging.INFO, f"not reusing the local copy: {why}")
+        return None
+    assert manifest is not None
+    event(logging.INFO, "reusing the local copy: its manifest has the expected digest", digest=expect_digest)
+    count = len(manifest.get("objects") or [])
+    return {
+        "objects": count,
+        "totalBytes": int(manifest.get("totalBytes") or 0),
+        "digest": expect_digest,
+        "transferred": 0,
+        "skipped": count,
+        "reused": True,
+    }
+
+
+def _pull(
+    source: Location,
+    dest: Path,
+    options: StoreOptions,
+    include: Sequence[str],
+    exclude: Sequence[str],
+    expect_digest: str | None,
+    workers: int,
+) -> dict[str, Any]:
+    state = dest / STATE_DIR
     try:
-        dest.mkdir(parents=True, exist_ok=True)
         removed = local.remove_partials(dest)
     except OSError as exc:
         raise local.local_error(exc, f"prepare {dest}") from exc
@@ -251,7 +278,10 @@ def pull(
             journal.close()
         break
     assert listing is not None
-    manifest = local.write_manifest(dest, source.uri, listing.objects)
+    try:
+        manifest = local.write_manifest(dest, source.uri, listing.objects)
+    except OSError as exc:
+        raise local.local_error(exc, "write the manifest") from exc
     why = local.verify(dest, manifest)
     if why is not None:
         raise SyncError("LocalError", f"the pulled copy in {dest} does not verify: {why}")
