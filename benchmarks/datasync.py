@@ -51,7 +51,7 @@ def serve(port: int, latency_ms: float) -> None:
     milliseconds, and that latency is what parallel transfers hide."""
     import logging
 
-    from moto.server import DomainDispatcherApplication, create_backend_app
+    from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
     from werkzeug.serving import make_server
 
     logging.getLogger("werkzeug").setLevel(logging.ERROR)

@@ -117,7 +117,7 @@ class CountingMiddleware:
 class MotoS3:
     def __init__(self) -> None:
         import boto3
-        from moto.server import DomainDispatcherApplication, create_backend_app
+        from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
         from werkzeug.serving import make_server
 
         logging.getLogger("werkzeug").setLevel(logging.ERROR)

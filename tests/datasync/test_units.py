@@ -244,7 +244,8 @@ def test_classify_gcs_http_errors() -> None:
     from gcsfs.retry import HttpError
 
     def http_error(code: int, message: str) -> Exception:
-        return HttpError({"code": code, "message": message})
+        error: Exception = HttpError({"code": code, "message": message})
+        return error
 
     cases = {
         401: ("Invalid Credentials", "CredentialsInvalid"),

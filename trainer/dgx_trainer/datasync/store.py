@@ -368,8 +368,14 @@ class Store:
         A missing bucket is an error; a missing prefix is an empty list (an existing empty prefix
         and a prefix nobody wrote to yet look the same on an object store)."""
         with self.errors(loc):
-            found: dict[str, dict[str, Any]] = self.fs.find(loc.path, detail=True)
-            # gcsfs returns nothing for a missing bucket, where s3fs raises NoSuchBucket.
+            try:
+                found: dict[str, dict[str, Any]] = self.fs.find(loc.path, detail=True)
+            except FileNotFoundError:
+                # s3fs says NoSuchBucket (mapped by errors()); gcsfs only "not found".
+                if self.scheme == "gs":
+                    raise bucket_not_found(loc.uri, loc.bucket) from None
+                raise
+            # gcsfs may also return nothing for a missing bucket.
             if not found and self.scheme == "gs" and not self.fs.exists(loc.bucket):
                 raise bucket_not_found(loc.uri, loc.bucket)
         root = loc.path.rstrip("/") + "/"
@@ -496,14 +502,15 @@ class Store:
         """The bucket exists, the credentials are accepted and may list and write under ``loc``:
         a one-key listing, then a small probe object under ``<prefix>/.kubedgx/`` that is removed
         again (best effort: some buckets allow writes but not deletes)."""
-        with self.errors(loc):
-            if self.scheme == "s3":
+        if self.scheme == "s3":
+            with self.errors(loc):
                 prefix = f"{loc.prefix}/" if loc.prefix else ""
                 self.fs.call_s3("list_objects_v2", Bucket=loc.bucket, Prefix=prefix, MaxKeys=1)
-            elif not self.fs.exists(loc.bucket):
-                raise bucket_not_found(loc.uri, loc.bucket)
         probe = loc.child(STATE_DIR, "probe")
-        self.put_bytes(probe, b"")
+        try:
+            self.put_bytes(probe, b"")
+        except FileNotFoundError as exc:  # gcsfs: a 404 on an upload is the bucket
+            raise bucket_not_found(loc.uri, loc.bucket) from exc
         with contextlib.suppress(SyncError, OSError):
             self.delete([probe])
 
