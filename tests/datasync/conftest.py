@@ -7,7 +7,8 @@ Fixtures
 ``s3`` (session)
     A :class:`MotoS3`: ``endpoint``, ``client`` (boto3), ``bucket()`` (a new uniquely named bucket:
     tests never reset the server, they never share a bucket), ``hits``/``mark()``/``since(mark)``
-    (the request log), ``object_gets(bucket, mark)``, ``gate(...)``, ``auth()`` (IAM authentication
+    (the request log), ``object_gets(bucket, mark)``, ``gate(...)``, ``fail(match, times)`` (503s
+    instead of moto's answer), ``auth()`` (IAM authentication
     switched on for the duration, with a good user and one without permissions).
 ``run_cli``
     Runs ``python -m dgx_trainer.datasync ARGS`` as a subprocess against the server with the test
@@ -95,13 +96,29 @@ class Gate:
         self._open.set()
 
 
+@dataclass
+class Fault:
+    """Answers ``times`` matching requests with a 503 ServiceUnavailable instead of moto."""
+
+    match: Callable[[Hit], bool]
+    times: int
+    served: int = 0
+
+
+UNAVAILABLE = (
+    b'<?xml version="1.0" encoding="UTF-8"?>'
+    b"<Error><Code>ServiceUnavailable</Code><Message>injected by the test</Message></Error>"
+)
+
+
 class CountingMiddleware:
-    """Records (method, path, query) of every request, and applies the gates in force."""
+    """Records (method, path, query) of every request, and applies the gates and faults in force."""
 
     def __init__(self, app: Any) -> None:
         self.app = app
         self.hits: list[Hit] = []
         self.gates: list[Gate] = []
+        self.faults: list[Fault] = []
         self.lock = threading.Lock()
 
     def __call__(self, environ: dict[str, Any], start_response: Any) -> Any:
@@ -109,6 +126,13 @@ class CountingMiddleware:
         with self.lock:
             self.hits.append(hit)
             gates = list(self.gates)
+            fault = next((f for f in self.faults if f.served < f.times and f.match(hit)), None)
+            if fault is not None:
+                fault.served += 1
+        if fault is not None:
+            environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
+            start_response("503 Service Unavailable", [("Content-Type", "application/xml")])
+            return [UNAVAILABLE]
         for gate in gates:
             gate.check(hit)
         return self.app(environ, start_response)
@@ -203,6 +227,17 @@ class MotoS3:
             g.open()
             with self.middleware.lock:
                 self.middleware.gates.remove(g)
+
+    @contextlib.contextmanager
+    def fail(self, match: Callable[[Hit], bool], times: int) -> Iterator[Fault]:
+        fault = Fault(match, times)
+        with self.middleware.lock:
+            self.middleware.faults.append(fault)
+        try:
+            yield fault
+        finally:
+            with self.middleware.lock:
+                self.middleware.faults.remove(fault)
 
     # -- authentication ----------------------------------------------------------------------------
 

@@ -117,6 +117,25 @@ def test_only_complete_checkpoints_in_step_order(s3: MotoS3, tmp_path: Path) -> 
     assert checkpoint_writes(s3, bucket, mark) == []
 
 
+def test_transient_errors_are_retried(s3: MotoS3, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Three 503s on a checkpoint file use up botocore's three attempts, so the watcher's own
+    backoff retries the checkpoint, which then completes."""
+    caplog.set_level(logging.INFO, logger="dgx_trainer.datasync")
+    bucket = s3.bucket("flaky")
+    out = tmp_path / "out"
+    files = trainer_files(2)
+    checkpoint(out, 2, files)
+    target = f"/{bucket}/ckpt/checkpoint-2/optimizer.pt"
+    watcher = Watcher(out, parse_uri(f"s3://{bucket}/ckpt"), options(s3), once=True, retry_base=0.05)
+    with s3.fail(lambda h: h.method == "PUT" and h.path == target, times=3) as fault:
+        result = watcher.run()
+    assert fault.served == 3
+    assert result == {"checkpoints": [2]}
+    assert s3.get(bucket, "ckpt/checkpoint-2/optimizer.pt") == files["optimizer.pt"]
+    assert "upload checkpoint-2 failed, retrying" in caplog.text
+    assert "ServiceUnavailable" in caplog.text
+
+
 def test_checkpoint_deleted_while_uploading(s3: MotoS3, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """save_total_limit removed the checkpoint before it was uploaded: skipped with a log line, no
     marker remotely, what was sent of it removed again."""

@@ -72,12 +72,6 @@ class Location:
         pieces += [p.strip("/") for p in parts if p.strip("/")]
         return Location(self.scheme, self.bucket, "/".join(pieces))
 
-    def key_of(self, loc: Location) -> str:
-        """``loc``'s key relative to this location."""
-        if not self.prefix:
-            return loc.prefix
-        return loc.prefix[len(self.prefix) + 1 :] if loc.prefix.startswith(self.prefix + "/") else loc.prefix
-
 
 def parse_uri(uri: str) -> Location:
     """``s3://bucket/some/prefix`` -> ``Location("s3", "bucket", "some/prefix")``.
@@ -245,7 +239,8 @@ def filesystem_kwargs(loc: Location, options: StoreOptions) -> dict[str, Any]:
             "config_kwargs": {
                 "connect_timeout": 5,
                 "read_timeout": 60,
-                "retries": {"max_attempts": 3, "mode": "standard"},
+                # total_max_attempts counts the first try; botocore's max_attempts would not.
+                "retries": {"total_max_attempts": 3, "mode": "standard"},
             },
             "max_concurrency": 4,  # parts in flight per multipart upload
         }
@@ -519,11 +514,7 @@ def list_source(
     loc: Location, options: StoreOptions, include: Sequence[str] = (), exclude: Sequence[str] = ()
 ) -> Listing:
     """The objects under ``loc`` that include/exclude select, with their digest."""
-    return _filtered(Store(loc, options), loc, include, exclude)
-
-
-def _filtered(store: Store, loc: Location, include: Sequence[str], exclude: Sequence[str]) -> Listing:
-    objects = tuple(o.info() for o in store.list(loc) if selected(o.key, include, exclude))
+    objects = tuple(o.info() for o in Store(loc, options).list(loc) if selected(o.key, include, exclude))
     return Listing(loc.uri, objects)
 
 

@@ -54,6 +54,9 @@ def succeeded(directory: Path) -> bool:
 
 @dataclass
 class Watcher:
+    """Uploads DIR's complete checkpoints to ``dest`` and, once training succeeded, the model to
+    ``archive``; :meth:`run` until done, a stop request or ``once`` (see the module docstring)."""
+
     directory: Path
     dest: Location
     options: StoreOptions
