@@ -8,31 +8,36 @@ resetting, so tests sharing one server never see each other's objects.
 from __future__ import annotations
 
 import base64
-import itertools
-from collections.abc import Iterator, Mapping
+import logging
+import threading
+import uuid
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import pytest
-from moto.server import ThreadedMotoServer
 
 #: What the Secrets in tests carry; moto accepts any key unless IAM auth is switched on.
 ACCESS_KEY = "AKIAKUBEDGXTEST00001"
 SECRET_KEY = "kubedgx-test-secret-key"
 REGION = "us-east-1"
 
-_names = itertools.count(1)
-
 
 class S3:
-    """A started moto server: ``endpoint``, ``client`` (boto3), bucket helpers."""
+    """A started moto server: ``endpoint``, ``client`` (boto3), bucket helpers. ``wrap`` puts WSGI
+    middleware in front of moto (tests/datasync counts and gates requests with it)."""
 
-    def __init__(self) -> None:
-        self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-        self._server.start()
-        host, port = self._server.get_host_and_port()
-        self.endpoint = f"http://{host}:{port}"
+    def __init__(self, wrap: Callable[[Any], Any] | None = None) -> None:
         import boto3
+        from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
+        from werkzeug.serving import make_server
 
+        logging.getLogger("werkzeug").setLevel(logging.ERROR)  # a line per request otherwise
+        app = DomainDispatcherApplication(create_backend_app)
+        self.app: Any = wrap(app) if wrap is not None else app
+        self.server = make_server("127.0.0.1", 0, self.app, threaded=True)
+        self.thread = threading.Thread(target=self.server.serve_forever, name="moto", daemon=True)
+        self.thread.start()
+        self.endpoint = f"http://127.0.0.1:{self.server.server_port}"
         self.client: Any = boto3.client(
             "s3",
             endpoint_url=self.endpoint,
@@ -41,9 +46,9 @@ class S3:
             region_name=REGION,
         )
 
-    def bucket(self, objects: Mapping[str, bytes] | None = None, *, prefix: str = "kubedgx") -> str:
-        """A new bucket with a unique name, holding ``objects`` (key -> bytes)."""
-        name = f"{prefix}-{next(_names)}"
+    def bucket(self, prefix: str = "kubedgx", objects: Mapping[str, bytes] | None = None) -> str:
+        """A new bucket with a unique name starting with ``prefix``, holding ``objects`` (key -> bytes)."""
+        name = f"{prefix}-{uuid.uuid4().hex[:12]}"
         self.client.create_bucket(Bucket=name)
         for key, data in (objects or {}).items():
             self.client.put_object(Bucket=name, Key=key, Body=data)
@@ -54,7 +59,8 @@ class S3:
         return sorted(o["Key"] for page in pages for o in page.get("Contents", []))
 
     def stop(self) -> None:
-        self._server.stop()
+        self.server.shutdown()
+        self.thread.join(timeout=10)
 
 
 def secret(name: str, namespace: str = "ml", **extra: str) -> dict[str, Any]:

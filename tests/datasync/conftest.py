@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import os
 import signal
 import subprocess
@@ -44,10 +43,12 @@ from typing import Any
 
 import pytest
 
+from tests.s3 import ACCESS_KEY as ACCESS_KEY
+from tests.s3 import REGION as REGION
+from tests.s3 import S3
+from tests.s3 import SECRET_KEY as SECRET_KEY
+
 ROOT = Path(__file__).resolve().parents[2]
-ACCESS_KEY = "AKIADATASYNCTEST0001"
-SECRET_KEY = "datasync-test-secret"
-REGION = "us-east-1"
 
 
 @dataclass(frozen=True)
@@ -138,37 +139,13 @@ class CountingMiddleware:
         return self.app(environ, start_response)
 
 
-class MotoS3:
+class MotoS3(S3):
+    """tests/s3.py's server with the counting and gating middleware in front of moto."""
+
     def __init__(self) -> None:
-        import boto3
-        from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
-        from werkzeug.serving import make_server
-
-        logging.getLogger("werkzeug").setLevel(logging.ERROR)
-        self.middleware = CountingMiddleware(DomainDispatcherApplication(create_backend_app))
-        self.server = make_server("127.0.0.1", 0, self.middleware, threaded=True)
-        self.thread = threading.Thread(target=self.server.serve_forever, name="moto", daemon=True)
-        self.thread.start()
-        self.endpoint = f"http://127.0.0.1:{self.server.server_port}"
-        self.client: Any = boto3.client(
-            "s3",
-            endpoint_url=self.endpoint,
-            aws_access_key_id=ACCESS_KEY,
-            aws_secret_access_key=SECRET_KEY,
-            region_name=REGION,
-        )
+        super().__init__(wrap=CountingMiddleware)
+        self.middleware: CountingMiddleware = self.app
         self._users: dict[str, dict[str, str]] | None = None
-
-    # -- buckets and objects -----------------------------------------------------------------------
-
-    def bucket(self, prefix: str = "ds") -> str:
-        name = f"{prefix}-{uuid.uuid4().hex[:12]}"
-        self.client.create_bucket(Bucket=name)
-        return name
-
-    def keys(self, bucket: str, prefix: str = "") -> list[str]:
-        pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
-        return sorted(o["Key"] for page in pages for o in page.get("Contents", []))
 
     def get(self, bucket: str, key: str) -> bytes:
         data: bytes = self.client.get_object(Bucket=bucket, Key=key)["Body"].read()
@@ -286,10 +263,6 @@ class MotoS3:
             yield self._users
         finally:
             set_count("inf")
-
-    def stop(self) -> None:
-        self.server.shutdown()
-        self.thread.join(timeout=10)
 
 
 @pytest.fixture(scope="session")

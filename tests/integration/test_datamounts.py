@@ -155,7 +155,7 @@ async def test_an_input_mount_is_listed_and_its_job_pulls_with_the_digest(
     emulator: Emulator, run_operator: RunOperator, s3: S3
 ) -> None:
     await start_operator(emulator, run_operator)
-    bucket = s3.bucket(FILES)
+    bucket = s3.bucket(objects=FILES)
     emulator.create("secrets", secret(SECRET))
     emulator.create(MOUNTS, mount_of(s3, bucket, **{"spec.exclude": ["*.md"]}))
     status = await wait_mount(emulator, "Ready")
@@ -204,7 +204,7 @@ async def test_a_job_waits_while_its_mount_cannot_be_listed_yet(
     """The Secret is applied after the mount (kubectl apply -f dir/ in any order): the mount stays Syncing,
     retried with backoff, and the job waits in WaitingForData until the listing succeeds."""
     op = await start_operator(emulator, run_operator)
-    bucket = s3.bucket(FILES)
+    bucket = s3.bucket(objects=FILES)
     emulator.create(MOUNTS, mount_of(s3, bucket))
     emulator.create(JOBS, job_using(("data", "/data")))
     status = await wait_mount(emulator, "Syncing")
@@ -249,7 +249,7 @@ async def test_a_missing_bucket_fails_the_mount_and_its_job(
 
 async def test_a_changed_spec_is_listed_again(emulator: Emulator, run_operator: RunOperator, s3: S3) -> None:
     await start_operator(emulator, run_operator)
-    bucket = s3.bucket(FILES)
+    bucket = s3.bucket(objects=FILES)
     emulator.create("secrets", secret(SECRET))
     emulator.create(MOUNTS, mount_of(s3, bucket))
     first = await wait_mount(emulator, "Ready")
@@ -371,7 +371,7 @@ async def test_a_failed_pull_fails_the_job_naming_the_data_sync(
     """Exit 2 of the pull (bad credentials at pull time) is permanent under the ExitCode policy, and the
     failure is the program's, not a disruption: the trainer never started."""
     op = await start_operator(emulator, run_operator)
-    bucket = s3.bucket(FILES)
+    bucket = s3.bucket(objects=FILES)
     emulator.create("secrets", secret(SECRET))
     emulator.create(MOUNTS, mount_of(s3, bucket))
     await wait_mount(emulator, "Ready")
@@ -396,7 +396,7 @@ async def test_deleting_a_mount_in_use_waits_for_the_job_to_end(
     emulator: Emulator, run_operator: RunOperator, s3: S3
 ) -> None:
     await start_operator(emulator, run_operator)
-    bucket = s3.bucket(FILES)
+    bucket = s3.bucket(objects=FILES)
     emulator.create("secrets", secret(SECRET))
     emulator.create(MOUNTS, mount_of(s3, bucket))
     await wait_mount(emulator, "Ready")

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from dgx_operator.api.common import Condition
 from dgx_operator.api.datamount import DGXDataMount, DGXDataMountStatus
+from dgx_operator.reconcile.planner import set_condition
 
 READY = "Ready"
 #: Held on every DGXDataMount so that deleting one a running job uses waits for the job to end.
@@ -53,18 +53,7 @@ def needs_listing(mount: DGXDataMount) -> bool:
 
 
 def _set(status: DGXDataMountStatus, ok: bool, reason: str, message: str, generation: int, now: datetime) -> None:
-    old = next((c for c in status.conditions if c.type == READY), None)
-    value = "True" if ok else "False"
-    since = old.last_transition_time if old is not None and old.status == value else now
-    fresh = Condition(
-        type=READY,
-        status=value,
-        reason=reason,
-        message=message,
-        last_transition_time=since,
-        observed_generation=generation,
-    )
-    status.conditions = [c for c in status.conditions if c.type != READY] + [fresh]
+    status.conditions = set_condition(status.conditions, READY, ok, reason, message, now, generation)
 
 
 def syncing(mount: DGXDataMount, now: datetime) -> DGXDataMountStatus:
