@@ -1,0 +1,69 @@
+"""e2e fixtures: ``cluster`` (the gate and what the session found, see tests/e2e/cluster.py) and
+``ns`` (a fresh namespace per test, as a kubectl bound to it)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Generator, Iterator
+
+import pytest
+
+from tests.e2e.cluster import (
+    E2E_ENV,
+    KEEP_ENV,
+    Cluster,
+    delete_namespace,
+    find_cluster,
+    namespace_name,
+    verdict,
+    wanted,
+)
+from tests.e2e.jobs import describe
+from tests.e2e.kubectl import Kubectl
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Cluster:
+    """The gate (skip, or with KUBEDGX_E2E=1 stop the run), then what the cluster must have:
+    kubedgx installed and nodes faked as the e2e instance type."""
+    v = verdict()
+    if v.refuse:
+        pytest.exit(f"kubedgx e2e: {v.reason}", returncode=4)
+    if not v.run:
+        if wanted():
+            pytest.exit(f"kubedgx e2e: {E2E_ENV}=1 but {v.reason}", returncode=1)
+        pytest.skip(f"{v.reason} (see tests/e2e/README.md)")
+    assert v.context is not None
+    found = find_cluster(v.context)
+    if isinstance(found, str):
+        pytest.exit(f"kubedgx e2e: {found}", returncode=1)
+    return found
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Keep each phase's report on the item, so the namespace fixture knows whether the test failed."""
+    report = yield
+    setattr(item, f"rep_{report.when}", report)
+    return report
+
+
+@pytest.fixture
+def ns(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[Kubectl]:
+    """A fresh namespace for one test, as a kubectl bound to it; deleted afterwards (kept with
+    KUBEDGX_E2E_KEEP_NAMESPACES=1). A failed test prints the namespace's jobs, pods, events and
+    logs, and the operator's last log lines."""
+    name = namespace_name(request.node.name)
+    k = cluster.kubectl
+    k.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": {"kubedgx.io/e2e": "true"}}})
+    kn = k.in_namespace(name)
+    yield kn
+    report = getattr(request.node, "rep_call", None)
+    if report is not None and report.failed:
+        print(f"\n===== kubedgx e2e: state of namespace {name} after the failure =====\n{describe(kn)}")
+    if os.environ.get(KEEP_ENV) == "1":
+        print(f"kubedgx e2e: keeping namespace {name} ({KEEP_ENV}=1)")
+        return
+    delete_namespace(k, name)
