@@ -1,0 +1,89 @@
+{{- /*
+The operator's RBAC rules, by purpose. No wildcards: every verb is one the operator calls
+(tests/chart/test_rbac.py runs the operator against an in-memory API server and compares the
+requests it made with these rules; the few rules it cannot exercise there are listed in that test
+with the reason).
+
+"kubedgx.rbac.namespaced": what the operator does inside a watched namespace; a ClusterRole when it
+watches every namespace, a Role in each namespace of watchNamespaces otherwise.
+"kubedgx.rbac.cluster": cluster-scoped objects; always a ClusterRole.
+*/ -}}
+
+{{- define "kubedgx.rbac.namespaced" -}}
+# Application: DGXTrainingJobs are watched, read fresh before each reconcile, get the operator's
+# finalizer (patch), and are deleted ttlSecondsAfterFinished after they end.
+- apiGroups: ["kubedgx.io"]
+  resources: ["dgxtrainingjobs"]
+  verbs: ["get", "list", "watch", "patch", "delete"]
+# Application: DGXDataMounts are watched, read by jobs and the webhook, and get the in-use finalizer.
+- apiGroups: ["kubedgx.io"]
+  resources: ["dgxdatamounts"]
+  verbs: ["get", "list", "watch", "patch"]
+# Application: phase, conditions, progress and listings are written to the status subresources.
+- apiGroups: ["kubedgx.io"]
+  resources: ["dgxtrainingjobs/status", "dgxdatamounts/status"]
+  verbs: ["patch"]
+# Application: children carry ownerReferences with blockOwnerDeletion, which the
+# OwnerReferencesPermissionEnforcement admission plugin allows only to who may update the owner's finalizers.
+- apiGroups: ["kubedgx.io"]
+  resources: ["dgxtrainingjobs/finalizers"]
+  verbs: ["update"]
+# Application: worker pods are created, watched (kopf index by job), read when a create meets a
+# 409 (whose is it?), and deleted on restarts, scale-down, suspend, deadlines and job deletion.
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["get", "list", "watch", "create", "delete"]
+# Application: each job's headless Service and trainer ConfigMap; they go with the job (ownerReferences).
+- apiGroups: [""]
+  resources: ["services", "configmaps"]
+  verbs: ["get", "list", "watch", "create"]
+{{- if .Values.dataMounts.readSecrets }}
+# Application: a DGXDataMount's credentialsSecretRef is read to list its store (dataMounts.readSecrets).
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["get"]
+{{- end }}
+# kopf framework: Events on jobs and mounts (phase changes, restarts, failures).
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create"]
+{{- if and .Values.peering.enabled .Values.watchNamespaces }}
+# kopf framework (peering.enabled): the KopfPeering object of each watched namespace.
+- apiGroups: ["kopf.dev"]
+  resources: ["kopfpeerings"]
+  verbs: ["get", "list", "watch", "patch"]
+{{- end }}
+{{- end }}
+
+{{- define "kubedgx.rbac.cluster" -}}
+# kopf framework: resource discovery, watching CustomResourceDefinitions come and go.
+- apiGroups: ["apiextensions.k8s.io"]
+  resources: ["customresourcedefinitions"]
+  verbs: ["list", "watch"]
+{{- if .Values.watchNamespaces }}
+# kopf framework: which of the watched namespaces exist (kopf lists and watches namespaces
+# whenever it is not cluster-wide).
+- apiGroups: [""]
+  resources: ["namespaces"]
+  verbs: ["list", "watch"]
+{{- end }}
+{{- if include "kubedgx.selfSignedWebhook" . }}
+# Admission (self-signed webhook): at each start the operator creates its ValidatingWebhookConfiguration
+# with the new CA (create cannot be limited to a name: RBAC checks it before the object has one) ...
+- apiGroups: ["admissionregistration.k8s.io"]
+  resources: ["validatingwebhookconfigurations"]
+  verbs: ["create"]
+# Admission (self-signed webhook): ... or, when it exists (409), merge-patches its webhooks and caBundle;
+# only that one object.
+- apiGroups: ["admissionregistration.k8s.io"]
+  resources: ["validatingwebhookconfigurations"]
+  resourceNames: [{{ include "kubedgx.webhookConfigurationName" . | quote }}]
+  verbs: ["patch"]
+{{- end }}
+{{- if and .Values.peering.enabled (not .Values.watchNamespaces) }}
+# kopf framework (peering.enabled): the ClusterKopfPeering object shared with other kopf operators.
+- apiGroups: ["kopf.dev"]
+  resources: ["clusterkopfpeerings"]
+  verbs: ["get", "list", "watch", "patch"]
+{{- end }}
+{{- end }}
