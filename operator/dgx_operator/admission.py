@@ -1,14 +1,59 @@
 """The validating webhook's logic: the same checks as `kubedgx validate`, plus the ones that need
-the cluster (referenced DGXDataMounts) or the previous object (immutable fields of a running job)."""
+the cluster (referenced DGXDataMounts) or the previous object (immutable fields of a running job);
+and how its server is set up in each mode of :class:`~dgx_operator.settings.WebhookConfig`.
+
+Self-signed mode: at every start the operator makes a CA and a serving certificate for the
+Service's DNS names (``cryptography``; kopf's own generator needs ``certbuilder``, which is not
+installed), serves TLS with it through ``kopf.WebhookServer``, and, once the socket listens,
+creates or patches the ValidatingWebhookConfiguration with a Service clientConfig and that CA.
+kopf's ``settings.admission.managed`` is not used: it writes the URL its server reports (not a
+Service reference), names webhooks ``<handler id>.<name>`` (two DNS segments for "kubedgx", which
+the API server refuses: webhook names need three), takes failurePolicy from the decorators rather
+than from the configuration, admits every operation, and strips its webhooks from the
+configuration when the operator exits, so an old replica ending a rolling update would leave the
+cluster without validation. Ours stay; the next start replaces the caBundle.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import base64
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import aiohttp
 import kopf
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from dgx_operator.api import DGXDataMount, DGXTrainingJob
+from dgx_operator.api import GROUP, VERSION, DGXDataMount, DGXTrainingJob
+from dgx_operator.kube import Kube, TransientError
+from dgx_operator.settings import WebhookConfig
 from dgx_operator.validation import Validator, immutable_changes, reference_problems
+
+log = logging.getLogger("kubedgx")
+
+#: kopf serves each validating handler at ``/<its id>``: these ids are the webhook paths (stable:
+#: the chart's ValidatingWebhookConfiguration names them).
+JOB_WEBHOOK = "validate-dgxtrainingjob"
+MOUNT_WEBHOOK = "validate-dgxdatamount"
+#: (webhook name, resource, path) of each webhook in the configuration.
+WEBHOOKS = (
+    ("dgxtrainingjobs.kubedgx.io", "dgxtrainingjobs", f"/{JOB_WEBHOOK}"),
+    ("dgxdatamounts.kubedgx.io", "dgxdatamounts", f"/{MOUNT_WEBHOOK}"),
+)
+MANAGED_BY = {"app.kubernetes.io/managed-by": "kubedgx-operator"}
+#: A self-signed pair is made at every start and not rotated while the operator runs.
+CERTIFICATE_DAYS = 3650
+PUBLISH_ATTEMPTS = 5
 
 
 async def review(memo: kopf.Memo, body: dict[str, Any], old: dict[str, Any] | None, operation: str | None) -> None:
@@ -43,3 +88,179 @@ async def review(memo: kopf.Memo, body: dict[str, Any], old: dict[str, Any] | No
         problems += [p for key, p in reference_problems(validator.catalog, found) if key == 0]
     if problems:
         raise kopf.AdmissionError("\n".join(str(p) for p in problems), code=422)
+
+
+# -- serving -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SelfSigned:
+    """PEM: the CA that signed the serving certificate (the caBundle), the certificate and its key."""
+
+    ca: bytes
+    certificate: bytes
+    key: bytes
+
+
+def self_signed(dns_names: Sequence[str], now: datetime | None = None) -> SelfSigned:
+    """A new CA (whose key is dropped once it signed) and a serving certificate for ``dns_names``."""
+    now = now or datetime.now(UTC)
+    start, end = now - timedelta(minutes=5), now + timedelta(days=CERTIFICATE_DAYS)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kubedgx webhook CA")])
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(end)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(_key_usage(cert_sign=True), critical=True)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    key = ec.generate_private_key(ec.SECP256R1())
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, dns_names[0])]))
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(end)
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName(n) for n in dns_names]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(_key_usage(cert_sign=False), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    pem = serialization.Encoding.PEM
+    return SelfSigned(
+        ca=ca.public_bytes(pem),
+        certificate=certificate.public_bytes(pem),
+        key=key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()),
+    )
+
+
+def _key_usage(*, cert_sign: bool) -> x509.KeyUsage:
+    return x509.KeyUsage(
+        digital_signature=True,
+        content_commitment=False,
+        key_encipherment=False,
+        data_encipherment=False,
+        key_agreement=False,
+        key_cert_sign=cert_sign,
+        crl_sign=cert_sign,
+        encipher_only=False,
+        decipher_only=False,
+    )
+
+
+def webhook_configuration(hook: WebhookConfig, ca_bundle: bytes) -> dict[str, Any]:
+    """The ValidatingWebhookConfiguration of self-signed mode: each kind's CREATE and UPDATE to its
+    path on the Service, port 443 (the Service maps it to the webhook port)."""
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": hook.configuration, "labels": dict(MANAGED_BY)},
+        "webhooks": [
+            {
+                "name": name,
+                "clientConfig": {
+                    "service": {"name": hook.service, "namespace": hook.namespace, "port": 443, "path": path},
+                    "caBundle": base64.b64encode(ca_bundle).decode("ascii"),
+                },
+                "rules": [
+                    {
+                        "apiGroups": [GROUP],
+                        "apiVersions": [VERSION],
+                        "operations": ["CREATE", "UPDATE"],
+                        "resources": [resource],
+                        "scope": "Namespaced",
+                    }
+                ],
+                "failurePolicy": hook.failure_policy,
+                "matchPolicy": "Equivalent",
+                "sideEffects": "None",
+                "admissionReviewVersions": ["v1"],
+                "timeoutSeconds": 10,
+            }
+            for name, resource, path in WEBHOOKS
+        ],
+    }
+
+
+async def publish(kube: Kube, body: dict[str, Any], retry_base: float = 1.0) -> None:
+    """Create or patch the configuration; transient failures are retried a few times, then raised
+    (kopf then stops the operator: serving a CA the API server does not know is no use)."""
+    for attempt in range(PUBLISH_ATTEMPTS):
+        try:
+            outcome = await kube.apply_webhook_configuration(body)
+        except (TransientError, aiohttp.ClientError, TimeoutError) as exc:
+            if attempt + 1 == PUBLISH_ATTEMPTS:
+                raise
+            delay = retry_base * 2.0**attempt
+            log.warning(
+                "ValidatingWebhookConfiguration %s: %s; retrying in %.1fs", body["metadata"]["name"], exc, delay
+            )
+            await asyncio.sleep(delay)
+        else:
+            log.info("ValidatingWebhookConfiguration %s %s with this start's CA", body["metadata"]["name"], outcome)
+            return
+
+
+@dataclass
+class PublishingServer:
+    """kopf's server; each time it listens (again), the webhook configuration is published."""
+
+    server: kopf.WebhookServer
+    publish: Callable[[], Awaitable[None]]
+
+    async def __call__(self, fn: kopf.WebhookFn) -> AsyncIterator[kopf.WebhookClientConfig]:
+        async with self.server:
+            async for client_config in self.server(fn):
+                await self.publish()
+                yield client_config
+
+
+@dataclass
+class WebhookSetup:
+    """The server to put in ``settings.admission.server``, and what to remove when the operator stops."""
+
+    server: Callable[[kopf.WebhookFn], AsyncIterator[kopf.WebhookClientConfig]]
+    directory: str | None = None
+
+    def close(self) -> None:
+        if self.directory is not None:
+            shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def setup(hook: WebhookConfig, kube: Kube, retry_base: float = 1.0) -> WebhookSetup:
+    """The webhook server for the configured mode (kopf's, built when called: tests replace it)."""
+    if hook.mode != "self-signed":
+        insecure = hook.mode == "insecure"
+        return WebhookSetup(
+            kopf.WebhookServer(
+                addr=hook.host,
+                port=hook.port,
+                certfile=None if insecure else hook.certfile,
+                pkeyfile=None if insecure else hook.pkeyfile,
+                insecure=insecure,
+            )
+        )
+    pair = self_signed(hook.dns_names)
+    # kopf loads (and every minute re-reads) the pair from files: a private directory until cleanup.
+    directory = tempfile.mkdtemp(prefix="kubedgx-webhook-")
+    paths = os.path.join(directory, "tls.crt"), os.path.join(directory, "tls.key")
+    for path, data in zip(paths, (pair.certificate, pair.key), strict=True):
+        with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as handle:
+            handle.write(data)
+    server = kopf.WebhookServer(
+        addr=hook.host, port=hook.port, host=hook.dns_names[0], certfile=paths[0], pkeyfile=paths[1], cadata=pair.ca
+    )
+    body = webhook_configuration(hook, pair.ca)
+    return WebhookSetup(PublishingServer(server, lambda: publish(kube, body, retry_base)), directory)

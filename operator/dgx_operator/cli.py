@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -252,43 +252,82 @@ def cmd_run(args: argparse.Namespace, out: TextIO, err: TextIO, stdin: TextIO) -
         return 2
 
 
+#: `kubedgx operator` flags -> the variables they override (flags win over the environment).
+OPERATOR_FLAGS = {
+    "catalog": "KUBEDGX_CATALOG",
+    "trainer_image": "KUBEDGX_TRAINER_IMAGE",
+    "datasync_image": "KUBEDGX_DATASYNC_IMAGE",
+    "cache_root": "KUBEDGX_CACHE_ROOT",
+    "priority_classes": "KUBEDGX_PRIORITY_CLASSES",
+    "image_pull_policy": "KUBEDGX_IMAGE_PULL_POLICY",
+    "metrics_port": "KUBEDGX_METRICS_PORT",
+    "health_port": "KUBEDGX_HEALTH_PORT",
+    "webhook_port": "KUBEDGX_WEBHOOK_PORT",
+    "webhook_service": "KUBEDGX_WEBHOOK_SERVICE",
+    "webhook_namespace": "KUBEDGX_WEBHOOK_NAMESPACE",
+    "webhook_configuration": "KUBEDGX_WEBHOOK_CONFIGURATION",
+    "webhook_failure_policy": "KUBEDGX_WEBHOOK_FAILURE_POLICY",
+}
+WEBHOOK_MODE_VARIABLES = (
+    "KUBEDGX_WEBHOOK_CERT",
+    "KUBEDGX_WEBHOOK_KEY",
+    "KUBEDGX_WEBHOOK_SELF_SIGNED",
+    "KUBEDGX_WEBHOOK_INSECURE",
+)
+
+
+def operator_environment(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, str]:
+    """The environment with the flags given written over it: one parser checks both."""
+    env = dict(environ)
+    for flag, variable in OPERATOR_FLAGS.items():
+        value = getattr(args, flag, None)
+        if value is not None:
+            env[variable] = str(value)
+    if args.namespace:
+        env["KUBEDGX_WATCH_NAMESPACES"] = ",".join(args.namespace)
+    elif args.all_namespaces:
+        env["KUBEDGX_WATCH_NAMESPACES"] = ""
+    if args.webhook_cert or args.webhook_key or args.webhook_self_signed or args.webhook_insecure:
+        # A mode chosen by flags replaces the environment's, whichever it was.
+        for variable in WEBHOOK_MODE_VARIABLES:
+            env[variable] = ""
+        env["KUBEDGX_WEBHOOK_CERT"] = args.webhook_cert or ""
+        env["KUBEDGX_WEBHOOK_KEY"] = args.webhook_key or ""
+        env["KUBEDGX_WEBHOOK_SELF_SIGNED"] = "1" if args.webhook_self_signed else ""
+        env["KUBEDGX_WEBHOOK_INSECURE"] = "1" if args.webhook_insecure else ""
+    return env
+
+
 def cmd_operator(args: argparse.Namespace, out: TextIO, err: TextIO, stdin: TextIO) -> int:
     """Run the kopf operator. kopf is imported here only, so validate/render stay light."""
+    import os
+
     import kopf
 
     from dgx_operator import handlers  # noqa: F401  (registers the handlers with kopf)
-    from dgx_operator.settings import OperatorConfig, WebhookConfig
+    from dgx_operator.settings import ConfigError, OperatorConfig
 
-    env = OperatorConfig.from_env()
-    webhook = env.webhook
-    if args.webhook_port is not None:
-        webhook = WebhookConfig(
-            port=args.webhook_port,
-            certfile=args.webhook_cert,
-            pkeyfile=args.webhook_key,
-            insecure=args.webhook_cert is None,
-        )
-    if webhook is not None:
-        from dgx_operator import webhooks  # noqa: F401  (registers the validating webhook)
-    config = OperatorConfig(
-        catalog_path=args.catalog or env.catalog_path,
-        trainer_image=args.trainer_image or env.trainer_image,
-        webhook=webhook,
-    )
     try:
+        config = OperatorConfig.from_env(operator_environment(args, os.environ))
         config.catalog()
-    except (OSError, CatalogError) as exc:
+    except ConfigError as exc:
         print(f"kubedgx operator: {exc}", file=err)
         return 2
+    except (OSError, CatalogError) as exc:
+        print(f"kubedgx operator: KUBEDGX_CATALOG: {exc}", file=err)
+        return 2
+    if config.webhook is not None:
+        from dgx_operator import webhooks  # noqa: F401  (registers the validating webhook)
+    liveness = args.liveness or (f"http://0.0.0.0:{config.health_port}/healthz" if config.health_port else None)
     kopf.configure(
         verbose=args.verbose,
         log_format=kopf.LogFormat.JSON if args.log_format == "json" else kopf.LogFormat.PLAIN,
     )
     kopf.run(
         standalone=args.standalone,
-        clusterwide=not args.namespace,
-        namespaces=args.namespace or (),
-        liveness_endpoint=args.liveness,
+        clusterwide=not config.namespaces,
+        namespaces=config.namespaces,
+        liveness_endpoint=liveness,
         peering_name=args.peering,
         memo=kopf.Memo(config=config),
     )
@@ -364,23 +403,45 @@ def build_parser() -> argparse.ArgumentParser:
         "validating webhook. Settings also come from KUBEDGX_* variables (see the Helm chart).",
     )
     scope = o.add_mutually_exclusive_group()
-    scope.add_argument("-n", "--namespace", action="append", metavar="NS", help="watch this namespace (repeatable)")
-    scope.add_argument("-A", "--all-namespaces", action="store_true", help="watch every namespace (default)")
-    o.add_argument("--catalog", metavar="FILE", help="instance catalog YAML (default: $KUBEDGX_CATALOG or built-in)")
-    o.add_argument("--trainer-image", help="default trainer image (default: $KUBEDGX_TRAINER_IMAGE)")
-    o.add_argument(
-        "--liveness",
-        metavar="URL",
-        default="http://0.0.0.0:8080/healthz",
-        help="kopf's liveness endpoint (default %(default)s)",
+    scope.add_argument(
+        "-n",
+        "--namespace",
+        action="append",
+        metavar="NS",
+        help="watch this namespace (repeatable; default: $KUBEDGX_WATCH_NAMESPACES, comma-separated, else all)",
     )
+    scope.add_argument("-A", "--all-namespaces", action="store_true", help="watch every namespace")
+    o.add_argument("--catalog", metavar="FILE", help="instance catalog YAML (default: $KUBEDGX_CATALOG or built-in)")
+    o.add_argument("--trainer-image", help="default trainer image ($KUBEDGX_TRAINER_IMAGE)")
+    o.add_argument("--datasync-image", help="data sync containers' image ($KUBEDGX_DATASYNC_IMAGE; default: trainer's)")
+    o.add_argument("--cache-root", metavar="PATH", help="node-local data cache ($KUBEDGX_CACHE_ROOT; /raid/kubedgx)")
+    o.add_argument(
+        "--priority-classes",
+        metavar="MAP",
+        help="low=CLASS,normal=CLASS,high=CLASS; '' for none ($KUBEDGX_PRIORITY_CLASSES; kubedgx-low,...)",
+    )
+    o.add_argument(
+        "--image-pull-policy",
+        choices=("Always", "IfNotPresent", "Never"),
+        help="workers' imagePullPolicy ($KUBEDGX_IMAGE_PULL_POLICY; IfNotPresent)",
+    )
+    o.add_argument("--metrics-port", type=int, metavar="N", help="Prometheus /metrics port, 0: off (8080)")
+    o.add_argument("--health-port", type=int, metavar="N", help="liveness/readiness /healthz port, 0: off (8081)")
+    o.add_argument("--liveness", metavar="URL", help="kopf's liveness endpoint URL (overrides --health-port)")
     o.add_argument("--standalone", action="store_true", help="no peering: never pause for other operators")
     o.add_argument("--peering", metavar="NAME", default=None, help="kopf peering object to coordinate through")
     o.add_argument("--log-format", choices=("plain", "json"), default="plain", help="structured logs with json")
     o.add_argument("--verbose", action="store_true", help="debug logging")
-    o.add_argument("--webhook-port", type=int, help="serve the validating webhook on this port")
-    o.add_argument("--webhook-cert", metavar="FILE", help="TLS certificate for the webhook (else plain HTTP)")
-    o.add_argument("--webhook-key", metavar="FILE", help="TLS key for the webhook")
+    o.add_argument("--webhook-port", type=int, metavar="N", help="serve the validating webhook on this port")
+    mode = o.add_mutually_exclusive_group()
+    mode.add_argument("--webhook-self-signed", action="store_true", help="make a CA and certificate, register them")
+    mode.add_argument("--webhook-insecure", action="store_true", help="serve the webhook over plain HTTP")
+    mode.add_argument("--webhook-cert", metavar="FILE", help="the webhook's TLS certificate (with --webhook-key)")
+    o.add_argument("--webhook-key", metavar="FILE", help="the webhook's TLS key")
+    o.add_argument("--webhook-service", metavar="NAME", help="the webhook's Service (self-signed mode)")
+    o.add_argument("--webhook-namespace", metavar="NS", help="the Service's namespace (default: the operator's)")
+    o.add_argument("--webhook-configuration", metavar="NAME", help="ValidatingWebhookConfiguration to manage (kubedgx)")
+    o.add_argument("--webhook-failure-policy", choices=("Fail", "Ignore"), help="its failurePolicy (Fail)")
     o.set_defaults(func=cmd_operator)
 
     i = sub.add_parser("instances", help="list the instance types of the catalog")

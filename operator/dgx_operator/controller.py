@@ -17,7 +17,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, ClassVar
 
 from kubernetes_asyncio.client.exceptions import ApiException
 
@@ -30,6 +30,7 @@ from dgx_operator.build.resolved import Defaults
 from dgx_operator.catalog import Catalog
 from dgx_operator.kube import ForeignObjectError, Kube, TransientError
 from dgx_operator.loop import RESYNC, Key, ReconcileLoop
+from dgx_operator.metrics import JOB_KIND, RESTART_REASONS, Metrics
 from dgx_operator.reconcile.mounts import mount_state
 from dgx_operator.reconcile.planner import Event, MountState, Observed, Plan, plan
 from dgx_operator.reconcile.pods import PodView, slim
@@ -93,6 +94,7 @@ EventSink = Callable[[Mapping[str, Any], str, str, str], None]
 class Controller(ReconcileLoop):
     """The reconcile loop of DGXTrainingJobs; see the module docstring."""
 
+    kind: ClassVar[str] = JOB_KIND
     kube: Kube
     catalog: Catalog
     defaults: Defaults
@@ -109,6 +111,7 @@ class Controller(ReconcileLoop):
     failures: dict[Key, int] = field(default_factory=dict)
     on_reconciled: Callable[[Key, Plan | None], Awaitable[None]] | None = None
     retry_base: float = 1.0
+    metrics: Metrics | None = None
 
     async def step(self, key: Key) -> float | None:
         result = await self.reconcile(*key)
@@ -124,6 +127,8 @@ class Controller(ReconcileLoop):
         self.expectations.pop(key, None)
         self.failures.pop(key, None)
         self.locks.pop(key, None)
+        if self.metrics is not None:
+            self.metrics.forget(self.kind, key)
 
     # -- one pass ------------------------------------------------------------------------------
 
@@ -159,6 +164,9 @@ class Controller(ReconcileLoop):
             if result.release_finalizer and FINALIZER in (body["metadata"].get("finalizers") or []):
                 remaining = [f for f in body["metadata"]["finalizers"] if f != FINALIZER]
                 await self.kube.set_finalizers(namespace, name, body["metadata"].get("resourceVersion"), remaining)
+            if self.metrics is not None and self.locks.get(key) is lock:  # not forgotten meanwhile
+                released = result.release_finalizer and body["metadata"].get("deletionTimestamp")
+                self.metrics.phase(self.kind, key, None if released else result.status.phase)
             if self.on_reconciled is not None:
                 await self.on_reconciled(key, result)
             return result
@@ -256,3 +264,5 @@ class Controller(ReconcileLoop):
 
     def emit(self, body: Mapping[str, Any], event: Event) -> None:
         self.post_event(body, event.type, event.reason, event.message)
+        if self.metrics is not None and event.reason in RESTART_REASONS:
+            self.metrics.restarted(event.reason)

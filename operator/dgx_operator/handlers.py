@@ -15,9 +15,11 @@ from typing import Any, cast
 
 import kopf
 
+from dgx_operator import admission, metrics
 from dgx_operator.build.names import JOB_LABEL
 from dgx_operator.controller import Controller
 from dgx_operator.kube import Kube
+from dgx_operator.metrics import Metrics
 from dgx_operator.mounts import MountController
 from dgx_operator.reconcile.pods import slim
 from dgx_operator.settings import OperatorConfig, configure
@@ -26,6 +28,10 @@ from dgx_operator.validation import Validator
 JOB = ("kubedgx.io", "v1alpha1", "dgxtrainingjobs")
 MOUNT = ("kubedgx.io", "v1alpha1", "dgxdatamounts")
 OURS = {JOB_LABEL: kopf.PRESENT}
+
+
+def post_event(body: Any, type_: str, reason: str, message: str) -> None:
+    kopf.event(cast(kopf.Body, body), type=type_, reason=reason, message=message)
 
 
 @kopf.on.startup()
@@ -40,8 +46,13 @@ async def startup(
     config: OperatorConfig = memo.get("config") or OperatorConfig.from_env()
     memo.config = config
     configure(settings, config)
+    memo.metrics = Metrics()
     kube = await Kube.connect()
+    kube.on_error = memo.metrics.api_error
     memo.kube = kube
+    if config.webhook is not None:
+        memo.webhook = admission.setup(config.webhook, kube, config.retry_base)
+        settings.admission.server = memo.webhook.server
     catalog = config.catalog()
     memo.validator = Validator(catalog)
     memo.controller = Controller(
@@ -51,22 +62,29 @@ async def startup(
         pods_of=lambda ns, name: list(pods_by_job.get((ns, name), [])),
         has_service=lambda ns, name: (ns, name) in services,
         has_config_map=lambda ns, name: (ns, name) in config_maps,
-        post_event=lambda body, type_, reason, message: kopf.event(
-            cast(kopf.Body, body), type=type_, reason=reason, message=message
-        ),
+        post_event=post_event,
         retry_base=config.retry_base,
+        metrics=memo.metrics,
     )
     memo.mounts = MountController(
         kube=kube,
-        post_event=lambda body, type_, reason, message: kopf.event(
-            cast(kopf.Body, body), type=type_, reason=reason, message=message
-        ),
+        post_event=post_event,
         retry_base=config.retry_base,
+        metrics=memo.metrics,
     )
+    if config.metrics_port:
+        try:
+            memo.metrics_server = await metrics.serve(memo.metrics, config.metrics_port)
+        except OSError as exc:
+            raise kopf.PermanentError(f"cannot serve metrics on port {config.metrics_port}: {exc}") from exc
 
 
 @kopf.on.cleanup()
 async def cleanup(memo: Any, **_: Any) -> None:
+    if "metrics_server" in memo:
+        await memo.metrics_server.cleanup()
+    if "webhook" in memo:
+        memo.webhook.close()
     if "controller" in memo:
         await memo.controller.stop()
     if "mounts" in memo:

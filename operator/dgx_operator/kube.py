@@ -12,9 +12,9 @@ from __future__ import annotations
 import base64
 import logging
 import os
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
@@ -23,6 +23,7 @@ from dgx_operator.api import GROUP, VERSION
 
 JOBS = "dgxtrainingjobs"
 MOUNTS = "dgxdatamounts"
+MERGE_PATCH = "application/merge-patch+json"
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +81,17 @@ class Kube:
     """A thin async facade over the Kubernetes API for the operator's few calls."""
 
     api: client.ApiClient
+    #: Told (verb, HTTP code) of every call that failed; not of the answers a call expects
+    #: (404 on reads and deletes, 409 on creating a child): the operator's API error metric.
+    on_error: Callable[[str, int], None] | None = None
+
+    def _raise(self, verb: str, exc: ApiException, what: str) -> NoReturn:
+        """Record a failed call; raise it as TransientError when retrying may help, else as is."""
+        if self.on_error is not None:
+            self.on_error(verb, exc.status)
+        if _retryable(exc):
+            raise _transient(exc, what) from exc
+        raise exc
 
     @classmethod
     async def connect(cls) -> Kube:
@@ -118,9 +130,7 @@ class Kube:
         try:
             found: dict[str, Any] = await self.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, JOBS)
         except ApiException as exc:
-            if _retryable(exc):
-                raise _transient(exc, f"list {JOBS} in {namespace}") from exc
-            raise
+            self._raise("list", exc, f"list {JOBS} in {namespace}")
         return list(found.get("items") or [])
 
     async def get_secret_data(self, namespace: str, name: str) -> dict[str, bytes] | None:
@@ -130,9 +140,7 @@ class Kube:
         except ApiException as exc:
             if exc.status == 404:
                 return None
-            if _retryable(exc):
-                raise _transient(exc, f"get secret {namespace}/{name}") from exc
-            raise
+            self._raise("get", exc, f"get secret {namespace}/{name}")
         return {k: base64.b64decode(v) for k, v in (secret.data or {}).items()}
 
     async def _get(self, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
@@ -144,9 +152,7 @@ class Kube:
         except ApiException as exc:
             if exc.status == 404:
                 return None
-            if _retryable(exc):
-                raise _transient(exc, f"get {plural} {namespace}/{name}") from exc
-            raise
+            self._raise("get", exc, f"get {plural} {namespace}/{name}")
         return obj
 
     # -- writes --------------------------------------------------------------------------------
@@ -168,15 +174,13 @@ class Kube:
             return "created"
         except ApiException as exc:
             if exc.status != 409:
-                if _retryable(exc):
-                    raise _transient(exc, f"create {kind} {namespace}/{name}") from exc
-                raise
+                self._raise("create", exc, f"create {kind} {namespace}/{name}")
         try:
             existing = self.api.sanitize_for_serialization(await read(name, namespace))
         except ApiException as exc:
             if exc.status == 404:  # deleted in between: try again on the next pass
                 raise TransientError(f"create {kind} {namespace}/{name}: existed, then vanished") from exc
-            raise
+            self._raise("get", exc, f"get {kind} {namespace}/{name}")
         owners = existing.get("metadata", {}).get("ownerReferences") or []
         controller = next((o for o in owners if o.get("controller")), None)
         if controller is not None and controller.get("uid") == owner_uid:
@@ -197,9 +201,7 @@ class Kube:
         except ApiException as exc:
             if exc.status == 404:
                 return False
-            if _retryable(exc):
-                raise _transient(exc, f"delete Pod {namespace}/{name}") from exc
-            raise
+            self._raise("delete", exc, f"delete Pod {namespace}/{name}")
         return True
 
     async def delete_job(self, namespace: str, name: str) -> None:
@@ -210,9 +212,7 @@ class Kube:
         except ApiException as exc:
             if exc.status == 404:
                 return
-            if _retryable(exc):
-                raise _transient(exc, f"delete {JOBS} {namespace}/{name}") from exc
-            raise
+            self._raise("delete", exc, f"delete {JOBS} {namespace}/{name}")
 
     async def set_finalizers(
         self, namespace: str, name: str, resource_version: str | None, finalizers: list[str], plural: str = JOBS
@@ -229,15 +229,35 @@ class Kube:
                 plural,
                 name,
                 {"metadata": meta},
-                _content_type="application/merge-patch+json",  # type: ignore[call-arg]
+                _content_type=MERGE_PATCH,  # type: ignore[call-arg]
             )
         except ApiException as exc:
             if exc.status == 404:
                 return {}
-            if _retryable(exc):
-                raise _transient(exc, f"patch finalizers of {plural} {namespace}/{name}") from exc
-            raise
+            self._raise("patch", exc, f"patch finalizers of {plural} {namespace}/{name}")
         return patched
+
+    async def apply_webhook_configuration(self, body: Mapping[str, Any]) -> Literal["created", "patched"]:
+        """Create the (cluster-scoped) ValidatingWebhookConfiguration, or merge-patch the existing one
+        with this body's labels and webhooks (a merge patch replaces the webhooks list whole)."""
+        api: Any = client.AdmissionregistrationV1Api(self.api)  # dict bodies, unparsed answers
+        name = body["metadata"]["name"]
+        try:
+            await _unparsed(api.create_validating_webhook_configuration(dict(body), _preload_content=False))
+            return "created"
+        except ApiException as exc:
+            if exc.status != 409:
+                self._raise("create", exc, f"create validatingwebhookconfiguration {name}")
+        patch = {"metadata": {"labels": dict(body["metadata"].get("labels") or {})}, "webhooks": body["webhooks"]}
+        try:
+            await _unparsed(
+                api.patch_validating_webhook_configuration(
+                    name, patch, _preload_content=False, _content_type=MERGE_PATCH
+                )
+            )
+        except ApiException as exc:
+            self._raise("patch", exc, f"patch validatingwebhookconfiguration {name}")
+        return "patched"
 
     async def patch_mount_status(
         self, namespace: str, name: str, resource_version: str | None, status: Mapping[str, Any]
@@ -266,10 +286,8 @@ class Kube:
                 plural,
                 name,
                 body,
-                _content_type="application/merge-patch+json",  # type: ignore[call-arg]
+                _content_type=MERGE_PATCH,  # type: ignore[call-arg]
             )
         except ApiException as exc:
-            if _retryable(exc):
-                raise _transient(exc, f"patch status of {plural} {namespace}/{name}") from exc
-            raise
+            self._raise("patch", exc, f"patch status of {plural} {namespace}/{name}")
         return patched

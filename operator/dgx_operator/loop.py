@@ -6,10 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from typing import TYPE_CHECKING, ClassVar
 
 import aiohttp
 
 from dgx_operator.kube import TransientError
+
+if TYPE_CHECKING:
+    from dgx_operator.metrics import Metrics
 
 log = logging.getLogger("kubedgx")
 
@@ -24,6 +29,9 @@ RESYNC = 60.0
 class ReconcileLoop:
     """Subclasses (dataclasses) declare these attributes and implement :meth:`step`."""
 
+    #: The kind reconciled, as the metrics name it.
+    kind: ClassVar[str]
+    metrics: Metrics | None
     dirty: set[Key]
     workers: dict[Key, asyncio.Task[None]]
     timers: dict[Key, asyncio.TimerHandle]
@@ -46,18 +54,21 @@ class ReconcileLoop:
         while key in self.dirty:
             self.dirty.discard(key)
             delay: float | None
+            started, outcome = time.perf_counter(), "ok"
             try:
                 delay = await self.step(key)
                 self.failures.pop(key, None)
             except TransientError as exc:
-                delay = self._backoff(key, exc.retry_after)
+                delay, outcome = self._backoff(key, exc.retry_after), "retry"
                 log.info("reconcile %s/%s: %s; retrying in %.1fs", *key, exc, delay)
             except (aiohttp.ClientError, TimeoutError) as exc:  # the connection, not the answer
-                delay = self._backoff(key, None)
+                delay, outcome = self._backoff(key, None), "retry"
                 log.warning("reconcile %s/%s: %r; retrying in %.1fs", *key, exc, delay)
             except Exception:  # a bug or an unexpected answer: log it, back off, never stop the loop
-                delay = self._backoff(key, None)
+                delay, outcome = self._backoff(key, None), "error"
                 log.exception("reconcile %s/%s failed; retrying in %.1fs", *key, delay)
+            if self.metrics is not None:
+                self.metrics.reconciled(self.kind, outcome, time.perf_counter() - started)
             self._schedule(key, delay)
 
     def _backoff(self, key: Key, hint: float | None) -> float:

@@ -17,13 +17,14 @@ import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, ClassVar
 
 from dgx_operator.api.datamount import DGXDataMount, DGXDataMountSpec, DGXDataMountStatus
 from dgx_operator.build.datasync import GCS_KEY_DEFAULT
 from dgx_operator.controller import EventSink, merge_patch, utcnow
 from dgx_operator.kube import MOUNTS, Kube, TransientError
 from dgx_operator.loop import Key, ReconcileLoop
+from dgx_operator.metrics import MOUNT_KIND, Metrics
 from dgx_operator.reconcile.mounts import (
     MOUNT_FINALIZER,
     Listed,
@@ -60,6 +61,7 @@ def list_store(spec: DGXDataMountSpec, env: Mapping[str, str]) -> Listed:
 class MountController(ReconcileLoop):
     """See the module docstring. One pass per mount at a time, as for jobs."""
 
+    kind: ClassVar[str] = MOUNT_KIND
     kube: Kube
     post_event: EventSink
     lister: Lister = list_store
@@ -69,6 +71,7 @@ class MountController(ReconcileLoop):
     #: How often a mount whose deletion waits for its jobs is looked at again (job ends also trigger it).
     in_use_recheck: float = 30.0
     retry_base: float = 1.0
+    metrics: Metrics | None = None
     dirty: set[Key] = field(default_factory=set)
     workers: dict[Key, asyncio.Task[None]] = field(default_factory=dict)
     timers: dict[Key, asyncio.TimerHandle] = field(default_factory=dict)
@@ -81,6 +84,8 @@ class MountController(ReconcileLoop):
         self.cancel_timer(key)
         self.failures.pop(key, None)
         self.warned.discard(key)
+        if self.metrics is not None:
+            self.metrics.forget(self.kind, key)
 
     async def step(self, key: Key) -> float | None:
         namespace, name = key
@@ -100,6 +105,7 @@ class MountController(ReconcileLoop):
                 return None
         mount = DGXDataMount.model_validate(body)
         if not needs_listing(mount):
+            self.observed(key, mount.status)
             return None
         await self.write_status(mount, syncing(mount, self.now()))
         listed = await self.list_mount(mount)
@@ -168,6 +174,11 @@ class MountController(ReconcileLoop):
             namespace = mount.metadata.namespace or "default"
             await self.kube.patch_mount_status(namespace, mount.metadata.name, None, patch)
             mount.status = status
+        self.observed((mount.metadata.namespace or "default", mount.metadata.name), status)
+
+    def observed(self, key: Key, status: DGXDataMountStatus | None) -> None:
+        if self.metrics is not None:
+            self.metrics.phase(self.kind, key, status.phase if status is not None else None)
 
     async def deleting(self, key: Key, body: Mapping[str, Any], finalizers: list[str]) -> float | None:
         """Let the deletion through once no job that has not ended references the mount."""

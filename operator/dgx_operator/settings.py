@@ -1,11 +1,20 @@
 """The operator's own settings: what the Helm chart passes (flags or KUBEDGX_* variables), and
-how they become kopf settings. Kept apart from handlers.py so that file stays wiring only."""
+how they become kopf settings. Kept apart from handlers.py so that file stays wiring only.
+
+Every setting is an environment variable (what the chart sets) and a flag of `kubedgx operator`
+(flags win: `kubedgx operator` writes the flags given over the environment it parses). One
+parser, :meth:`OperatorConfig.from_env`, checks them all and raises :class:`ConfigError` naming
+the variable of the first bad value. docs/operator.md ("Running the operator") lists them.
+"""
 
 from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal, cast
 
 import kopf
 
@@ -14,23 +23,93 @@ from dgx_operator.catalog import Catalog
 
 PREFIX = "kubedgx.io"
 
+DEFAULT_METRICS_PORT = 8080
+DEFAULT_HEALTH_PORT = 8081
+DEFAULT_WEBHOOK_CONFIGURATION = "kubedgx"
+#: The PriorityClasses the chart creates; KUBEDGX_PRIORITY_CLASSES replaces them ("" = none).
+DEFAULT_PRIORITY_CLASSES: Mapping[str, str] = {"low": "kubedgx-low", "normal": "kubedgx-normal", "high": "kubedgx-high"}
+PRIORITIES = ("low", "normal", "high")
+PULL_POLICIES = ("Always", "IfNotPresent", "Never")
+FAILURE_POLICIES = ("Fail", "Ignore")
+#: Where a pod finds its own namespace (the self-signed webhook's default KUBEDGX_WEBHOOK_NAMESPACE).
+SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("", "0", "false", "no", "off")
+
+WebhookMode = Literal["certificate", "self-signed", "insecure"]
+FailurePolicy = Literal["Fail", "Ignore"]
+PullPolicy = Literal["Always", "IfNotPresent", "Never"]
+
+
+class ConfigError(ValueError):
+    """A bad setting. The message starts with the variable's name; `kubedgx operator` prints it and exits 2."""
+
+    def __init__(self, variable: str, problem: str) -> None:
+        super().__init__(f"{variable}: {problem}")
+        self.variable = variable
+
 
 @dataclass(frozen=True)
 class WebhookConfig:
-    """Where the validating webhook listens. TLS material comes from the chart (cert-manager or
-    a self-signed pair); ``insecure`` serves plain HTTP, for tests and a TLS-terminating proxy."""
+    """Where the validating webhook listens and how it gets TLS:
+
+    * ``certificate``: ``certfile``/``pkeyfile`` mounted from a Secret (cert-manager's); the chart
+      creates the ValidatingWebhookConfiguration and cert-manager injects its caBundle;
+    * ``self-signed``: the operator makes a CA and a serving certificate for the Service's DNS names
+      at startup, and creates or patches the ValidatingWebhookConfiguration ``configuration`` itself
+      (:mod:`dgx_operator.admission`);
+    * ``insecure``: plain HTTP, for tests and a TLS-terminating proxy.
+
+    The default mode follows the arguments: files given -> certificate, else insecure (tests)."""
 
     port: int = 9443
     host: str = "0.0.0.0"
     certfile: str | None = None
     pkeyfile: str | None = None
     insecure: bool = False
+    self_signed: bool = False
+    service: str | None = None
+    namespace: str | None = None
+    configuration: str = DEFAULT_WEBHOOK_CONFIGURATION
+    failure_policy: FailurePolicy = "Fail"
+
+    @property
+    def mode(self) -> WebhookMode:
+        if self.self_signed:
+            return "self-signed"
+        if self.certfile and self.pkeyfile and not self.insecure:
+            return "certificate"
+        return "insecure"
+
+    @property
+    def dns_names(self) -> tuple[str, ...]:
+        """The names the API server uses for the Service (what a serving certificate must cover)."""
+        if not self.service or not self.namespace:
+            return ()
+        base = f"{self.service}.{self.namespace}.svc"
+        return base, f"{base}.cluster.local"
 
 
 @dataclass(frozen=True)
 class OperatorConfig:
+    """Everything `kubedgx operator` is configured with. Built from the environment (and flags) by
+    :meth:`from_env`; tests build it directly, where the servers default to off (no fixed ports)."""
+
     catalog_path: str | None = None
     trainer_image: str = DEFAULT_TRAINER_IMAGE
+    datasync_image: str | None = None
+    cache_root: str = Defaults.cache_root
+    priority_classes: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_PRIORITY_CLASSES))
+    image_pull_policy: PullPolicy = "IfNotPresent"
+    #: Namespaces to watch; empty: every namespace (clusterwide).
+    namespaces: tuple[str, ...] = ()
+    #: Prometheus /metrics on 0.0.0.0:<port>; 0: no metrics server (the metrics are still kept).
+    metrics_port: int = 0
+    #: kopf's liveness endpoint on 0.0.0.0:<port>/healthz (used by the CLI); 0: none.
+    health_port: int = 0
     #: Seconds; an integer, since the API server rejects timeoutSeconds=300.0 with 400.
     watch_timeout: int = 300
     request_timeout: float = 30.0
@@ -42,33 +121,183 @@ class OperatorConfig:
     retry_base: float = 1.0
 
     @classmethod
-    def from_env(cls) -> OperatorConfig:
-        webhook_port = os.environ.get("KUBEDGX_WEBHOOK_PORT")
-        webhook = (
-            WebhookConfig(
-                port=int(webhook_port),
-                certfile=os.environ.get("KUBEDGX_WEBHOOK_CERT") or None,
-                pkeyfile=os.environ.get("KUBEDGX_WEBHOOK_KEY") or None,
-                insecure=os.environ.get("KUBEDGX_WEBHOOK_INSECURE", "") == "1",
-            )
-            if webhook_port
-            else None
-        )
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> OperatorConfig:
+        """The configuration the KUBEDGX_* variables describe (unset or empty: the default).
+        Raises :class:`ConfigError` for the first bad value."""
+        env = _Env(os.environ if environ is None else environ)
         return cls(
-            catalog_path=os.environ.get("KUBEDGX_CATALOG") or None,
-            trainer_image=os.environ.get("KUBEDGX_TRAINER_IMAGE") or DEFAULT_TRAINER_IMAGE,
-            webhook=webhook,
+            catalog_path=env.text("KUBEDGX_CATALOG"),
+            trainer_image=env.image("KUBEDGX_TRAINER_IMAGE") or DEFAULT_TRAINER_IMAGE,
+            datasync_image=env.image("KUBEDGX_DATASYNC_IMAGE"),
+            cache_root=env.absolute_path("KUBEDGX_CACHE_ROOT") or Defaults.cache_root,
+            priority_classes=env.priority_classes("KUBEDGX_PRIORITY_CLASSES"),
+            image_pull_policy=cast(PullPolicy, env.choice("KUBEDGX_IMAGE_PULL_POLICY", PULL_POLICIES, "IfNotPresent")),
+            namespaces=env.namespaces("KUBEDGX_WATCH_NAMESPACES"),
+            metrics_port=env.port("KUBEDGX_METRICS_PORT", DEFAULT_METRICS_PORT),
+            health_port=env.port("KUBEDGX_HEALTH_PORT", DEFAULT_HEALTH_PORT),
+            webhook=env.webhook(),
         )
 
     def catalog(self) -> Catalog:
         return Catalog.load(self.catalog_path)
 
     def defaults(self) -> Defaults:
-        return Defaults(trainer_image=self.trainer_image)
+        return Defaults(
+            trainer_image=self.trainer_image,
+            datasync_image=self.datasync_image,
+            cache_root=self.cache_root,
+            priority_classes=dict(self.priority_classes),
+            image_pull_policy=self.image_pull_policy,
+        )
+
+
+class _Env:
+    """Typed reads of the environment; each raises ConfigError naming its variable."""
+
+    def __init__(self, environ: Mapping[str, str]) -> None:
+        self.environ = environ
+
+    def text(self, name: str) -> str | None:
+        value = (self.environ.get(name) or "").strip()
+        return value or None
+
+    def image(self, name: str) -> str | None:
+        value = self.text(name)
+        if value is not None and any(c.isspace() for c in value):
+            raise ConfigError(name, f"an image reference has no spaces, got {value!r}")
+        return value
+
+    def absolute_path(self, name: str) -> str | None:
+        value = self.text(name)
+        if value is not None and not value.startswith("/"):
+            raise ConfigError(name, f"must be an absolute path, got {value!r}")
+        return value
+
+    def flag(self, name: str) -> bool:
+        value = (self.environ.get(name) or "").strip().lower()
+        if value in _TRUE:
+            return True
+        if value in _FALSE:
+            return False
+        raise ConfigError(name, f"must be 1 or 0 (true/false), got {self.environ[name]!r}")
+
+    def port(self, name: str, default: int, *, allow_zero: bool = True) -> int:
+        value = self.text(name)
+        if value is None:
+            return default
+        low = 0 if allow_zero else 1
+        if not value.isdigit() or not low <= int(value) <= 65535:
+            raise ConfigError(name, f"must be a port number {low}-65535, got {value!r}")
+        return int(value)
+
+    def choice(self, name: str, choices: tuple[str, ...], default: str) -> str:
+        value = self.text(name)
+        if value is None:
+            return default
+        if value not in choices:
+            raise ConfigError(name, f"must be one of {', '.join(choices)}, got {value!r}")
+        return value
+
+    def name(self, name: str, pattern: re.Pattern[str], limit: int, what: str) -> str | None:
+        value = self.text(name)
+        if value is not None and (len(value) > limit or not pattern.fullmatch(value)):
+            raise ConfigError(name, f"{value!r} is not a {what}")
+        return value
+
+    def namespaces(self, name: str) -> tuple[str, ...]:
+        items = [item.strip() for item in (self.environ.get(name) or "").split(",")]
+        found: list[str] = []
+        for item in filter(None, items):
+            if len(item) > 63 or not _DNS_LABEL.fullmatch(item):
+                raise ConfigError(name, f"{item!r} is not a namespace name (comma-separated names, empty for all)")
+            if item not in found:
+                found.append(item)
+        return tuple(found)
+
+    def priority_classes(self, name: str) -> dict[str, str]:
+        """``low=a,normal=b,high=c``; a priority left out gets no priorityClassName; "" for none at all."""
+        value = self.environ.get(name)
+        if value is None:
+            return dict(DEFAULT_PRIORITY_CLASSES)
+        mapping: dict[str, str] = {}
+        for item in filter(None, (part.strip() for part in value.split(","))):
+            key, sep, class_name = (s.strip() for s in item.partition("="))
+            if not sep or key not in PRIORITIES:
+                raise ConfigError(
+                    name, f"{item!r}: expected PRIORITY=CLASS with PRIORITY one of {', '.join(PRIORITIES)}"
+                )
+            if key in mapping:
+                raise ConfigError(name, f"priority {key!r} is given twice")
+            if len(class_name) > 253 or not _DNS_SUBDOMAIN.fullmatch(class_name):
+                raise ConfigError(name, f"{class_name!r} (for {key}) is not a PriorityClass name")
+            mapping[key] = class_name
+        return mapping
+
+    def webhook(self) -> WebhookConfig | None:
+        port = self.port("KUBEDGX_WEBHOOK_PORT", 0, allow_zero=False)
+        certfile, pkeyfile = self.text("KUBEDGX_WEBHOOK_CERT"), self.text("KUBEDGX_WEBHOOK_KEY")
+        self_signed, insecure = self.flag("KUBEDGX_WEBHOOK_SELF_SIGNED"), self.flag("KUBEDGX_WEBHOOK_INSECURE")
+        policy = self.choice("KUBEDGX_WEBHOOK_FAILURE_POLICY", FAILURE_POLICIES, "Fail")
+        configuration = self.name(
+            "KUBEDGX_WEBHOOK_CONFIGURATION", _DNS_SUBDOMAIN, 253, "ValidatingWebhookConfiguration name"
+        )
+        service = self.name("KUBEDGX_WEBHOOK_SERVICE", _DNS_LABEL, 63, "Service name")
+        namespace = self.name("KUBEDGX_WEBHOOK_NAMESPACE", _DNS_LABEL, 63, "namespace name")
+        if not port:
+            return None
+        if bool(certfile) != bool(pkeyfile):
+            missing = "KUBEDGX_WEBHOOK_KEY" if certfile else "KUBEDGX_WEBHOOK_CERT"
+            raise ConfigError(missing, "must be set too: the certificate and its key go together")
+        modes = [
+            mode
+            for mode, chosen in (
+                ("KUBEDGX_WEBHOOK_CERT/KEY", certfile is not None),
+                ("KUBEDGX_WEBHOOK_SELF_SIGNED=1", self_signed),
+                ("KUBEDGX_WEBHOOK_INSECURE=1", insecure),
+            )
+            if chosen
+        ]
+        if len(modes) != 1:
+            problem = "choose one of" if modes else "is set, so choose how to serve it:"
+            raise ConfigError(
+                "KUBEDGX_WEBHOOK_PORT",
+                f"{problem} KUBEDGX_WEBHOOK_CERT and KUBEDGX_WEBHOOK_KEY (files), KUBEDGX_WEBHOOK_SELF_SIGNED=1"
+                + " or KUBEDGX_WEBHOOK_INSECURE=1"
+                + (f" (got {' and '.join(modes)})" if modes else ""),
+            )
+        if self_signed:
+            if service is None:
+                raise ConfigError("KUBEDGX_WEBHOOK_SERVICE", "required with KUBEDGX_WEBHOOK_SELF_SIGNED=1")
+            namespace = namespace or _own_namespace()
+            if namespace is None:
+                raise ConfigError(
+                    "KUBEDGX_WEBHOOK_NAMESPACE",
+                    f"required with KUBEDGX_WEBHOOK_SELF_SIGNED=1 (no {SERVICE_ACCOUNT_NAMESPACE}: not in a pod)",
+                )
+        return WebhookConfig(
+            port=port,
+            certfile=certfile,
+            pkeyfile=pkeyfile,
+            insecure=insecure,
+            self_signed=self_signed,
+            service=service,
+            namespace=namespace,
+            configuration=configuration or DEFAULT_WEBHOOK_CONFIGURATION,
+            failure_policy=cast(FailurePolicy, policy),
+        )
+
+
+def _own_namespace() -> str | None:
+    try:
+        with open(SERVICE_ACCOUNT_NAMESPACE, encoding="utf-8") as handle:
+            return handle.read().strip() or None
+    except OSError:
+        return None
 
 
 def configure(settings: kopf.OperatorSettings, config: OperatorConfig) -> None:
-    """Our finalizer and annotation prefix, bounded watches and requests, quick error backoffs."""
+    """Our finalizer and annotation prefix, bounded watches and requests, quick error backoffs.
+    The webhook server is set up by the startup handler (it needs the API client in self-signed mode)."""
     # The controller adds and removes our finalizer itself (one write, no diff-base annotation);
     # kopf's own, should any handler ever need one, gets our prefix too.
     settings.persistence.finalizer = f"{PREFIX}/kopf-finalizer"
@@ -86,8 +315,3 @@ def configure(settings: kopf.OperatorSettings, config: OperatorConfig) -> None:
     settings.networking.connect_timeout = 10
     settings.networking.error_backoffs = config.error_backoffs
     settings.queueing.error_delays = (*config.error_backoffs, 60)
-    if config.webhook is not None:
-        hook = config.webhook
-        settings.admission.server = kopf.WebhookServer(
-            addr=hook.host, port=hook.port, certfile=hook.certfile, pkeyfile=hook.pkeyfile, insecure=hook.insecure
-        )

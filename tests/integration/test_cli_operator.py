@@ -60,7 +60,7 @@ async def operator_process(emulator: Emulator, kubeconfig: Path) -> AsyncIterato
         sys.executable, "-m", "dgx_operator.cli", "operator",
         "--standalone", "-n", "ml", "--log-format", "json",
         "--liveness", f"http://127.0.0.1:{liveness}/healthz",
-        "--webhook-port", str(webhook),
+        "--webhook-port", str(webhook), "--webhook-insecure", "--metrics-port", "0",
         env={**os.environ, "KUBECONFIG": str(kubeconfig)},
         stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.PIPE,
