@@ -194,12 +194,26 @@ def webhook_configuration(hook: WebhookConfig, ca_bundle: bytes) -> dict[str, An
     }
 
 
-async def publish(kube: Kube, body: dict[str, Any], retry_base: float = 1.0) -> None:
+async def owned(kube: Kube, body: dict[str, Any], cluster_role: str | None) -> dict[str, Any]:
+    """``body`` owned by the ClusterRole, when one is named and exists: deleting the release deletes
+    the ClusterRole, and the garbage collector the configuration with it. (A cluster-scoped object
+    can only be owned by a cluster-scoped one, hence not the Deployment.)"""
+    if cluster_role is None:
+        return body
+    uid = await kube.cluster_role_uid(cluster_role)
+    if uid is None:
+        log.warning("ClusterRole %s not found: the webhook configuration gets no owner", cluster_role)
+        return body
+    owner = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "name": cluster_role, "uid": uid}
+    return {**body, "metadata": {**body["metadata"], "ownerReferences": [owner]}}
+
+
+async def publish(kube: Kube, body: dict[str, Any], retry_base: float = 1.0, owner: str | None = None) -> None:
     """Create or patch the configuration; transient failures are retried a few times, then raised
     (kopf then stops the operator: serving a CA the API server does not know is no use)."""
     for attempt in range(PUBLISH_ATTEMPTS):
         try:
-            outcome = await kube.apply_webhook_configuration(body)
+            outcome = await kube.apply_webhook_configuration(await owned(kube, body, owner))
         except (TransientError, aiohttp.ClientError, TimeoutError) as exc:
             if attempt + 1 == PUBLISH_ATTEMPTS:
                 raise
@@ -263,4 +277,5 @@ def setup(hook: WebhookConfig, kube: Kube, retry_base: float = 1.0) -> WebhookSe
         addr=hook.host, port=hook.port, host=hook.dns_names[0], certfile=paths[0], pkeyfile=paths[1], cadata=pair.ca
     )
     body = webhook_configuration(hook, pair.ca)
-    return WebhookSetup(PublishingServer(server, lambda: publish(kube, body, retry_base)), directory)
+    owner = hook.owner_cluster_role
+    return WebhookSetup(PublishingServer(server, lambda: publish(kube, body, retry_base, owner)), directory)

@@ -267,6 +267,7 @@ OPERATOR_FLAGS = {
     "webhook_namespace": "KUBEDGX_WEBHOOK_NAMESPACE",
     "webhook_configuration": "KUBEDGX_WEBHOOK_CONFIGURATION",
     "webhook_failure_policy": "KUBEDGX_WEBHOOK_FAILURE_POLICY",
+    "webhook_owner_clusterrole": "KUBEDGX_WEBHOOK_OWNER_CLUSTERROLE",
 }
 WEBHOOK_MODE_VARIABLES = (
     "KUBEDGX_WEBHOOK_CERT",
@@ -442,6 +443,11 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--webhook-namespace", metavar="NS", help="the Service's namespace (default: the operator's)")
     o.add_argument("--webhook-configuration", metavar="NAME", help="ValidatingWebhookConfiguration to manage (kubedgx)")
     o.add_argument("--webhook-failure-policy", choices=("Fail", "Ignore"), help="its failurePolicy (Fail)")
+    o.add_argument(
+        "--webhook-owner-clusterrole",
+        metavar="NAME",
+        help="self-signed: a ClusterRole that owns the configuration (removed with it)",
+    )
     o.set_defaults(func=cmd_operator)
 
     i = sub.add_parser("instances", help="list the instance types of the catalog")

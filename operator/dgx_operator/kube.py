@@ -237,6 +237,17 @@ class Kube:
             self._raise("patch", exc, f"patch finalizers of {plural} {namespace}/{name}")
         return patched
 
+    async def cluster_role_uid(self, name: str) -> str | None:
+        """The UID of a ClusterRole (the owner of the self-signed webhook's configuration), or None."""
+        api: Any = client.RbacAuthorizationV1Api(self.api)
+        try:
+            role = await api.read_cluster_role(name)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            self._raise("get", exc, f"get clusterrole {name}")
+        return str(role.metadata.uid) if role.metadata and role.metadata.uid else None
+
     async def apply_webhook_configuration(self, body: Mapping[str, Any]) -> Literal["created", "patched"]:
         """Create the (cluster-scoped) ValidatingWebhookConfiguration, or merge-patch the existing one
         with this body's labels and webhooks (a merge patch replaces the webhooks list whole)."""
@@ -248,7 +259,10 @@ class Kube:
         except ApiException as exc:
             if exc.status != 409:
                 self._raise("create", exc, f"create validatingwebhookconfiguration {name}")
-        patch = {"metadata": {"labels": dict(body["metadata"].get("labels") or {})}, "webhooks": body["webhooks"]}
+        meta: dict[str, Any] = {"labels": dict(body["metadata"].get("labels") or {})}
+        if body["metadata"].get("ownerReferences"):
+            meta["ownerReferences"] = list(body["metadata"]["ownerReferences"])
+        patch = {"metadata": meta, "webhooks": body["webhooks"]}
         try:
             await _unparsed(
                 api.patch_validating_webhook_configuration(

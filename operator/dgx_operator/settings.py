@@ -75,6 +75,10 @@ class WebhookConfig:
     namespace: str | None = None
     configuration: str = DEFAULT_WEBHOOK_CONFIGURATION
     failure_policy: FailurePolicy = "Fail"
+    #: A ClusterRole that owns the configuration (self-signed mode): the chart's, so that Kubernetes'
+    #: garbage collector removes the configuration with the release instead of leaving a webhook
+    #: that refuses every write (finalizer removals included) once no operator serves it.
+    owner_cluster_role: str | None = None
 
     @property
     def mode(self) -> WebhookMode:
@@ -243,6 +247,7 @@ class _Env:
         )
         service = self.name("KUBEDGX_WEBHOOK_SERVICE", _DNS_LABEL, 63, "Service name")
         namespace = self.name("KUBEDGX_WEBHOOK_NAMESPACE", _DNS_LABEL, 63, "namespace name")
+        owner = self.name("KUBEDGX_WEBHOOK_OWNER_CLUSTERROLE", _DNS_SUBDOMAIN, 253, "ClusterRole name")
         if not port:
             return None
         if bool(certfile) != bool(pkeyfile):
@@ -284,6 +289,7 @@ class _Env:
             namespace=namespace,
             configuration=configuration or DEFAULT_WEBHOOK_CONFIGURATION,
             failure_policy=cast(FailurePolicy, policy),
+            owner_cluster_role=owner if self_signed else None,
         )
 
 

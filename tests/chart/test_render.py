@@ -257,6 +257,7 @@ def test_the_operator_runs_once_with_recreate_and_the_documented_interface() -> 
         "KUBEDGX_WEBHOOK_NAMESPACE": NAMESPACE,
         "KUBEDGX_WEBHOOK_CONFIGURATION": "kubedgx-webhook",
         "KUBEDGX_WEBHOOK_FAILURE_POLICY": "Fail",
+        "KUBEDGX_WEBHOOK_OWNER_CLUSTERROLE": "kubedgx-operator",
     }
     # The catalog ConfigMap is mounted where KUBEDGX_CATALOG points; /tmp is writable.
     mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
@@ -508,7 +509,12 @@ def test_namespaced_mode_puts_a_role_in_each_namespace() -> None:
     assert {b["metadata"]["namespace"] for b in find(objects, "RoleBinding")} == {"ml", "research"}
     # The cluster-scoped part only: no pods, jobs or secrets anywhere but in the two namespaces.
     cluster_resources = {res for rule in one(objects, "ClusterRole")["rules"] for res in rule["resources"]}
-    assert cluster_resources == {"customresourcedefinitions", "namespaces", "validatingwebhookconfigurations"}
+    assert cluster_resources == {
+        "customresourcedefinitions",
+        "namespaces",
+        "validatingwebhookconfigurations",
+        "clusterroles",
+    }
     assert "watches the namespaces ml, research" in notes({"watchNamespaces": ["ml", "research"]})
 
 
@@ -713,7 +719,13 @@ def test_notes_tell_how_to_submit_a_first_job() -> None:
     text = notes()
     assert "kubectl -n default apply -f examples/quickstart.yaml" in text
     assert "kubectl -n default get dgxtrainingjobs -w" in text
-    assert "kubectl delete validatingwebhookconfiguration kubedgx-webhook" in text
+    # The self-signed configuration is owned by the chart's ClusterRole (garbage-collected on uninstall);
+    # without that ClusterRole the user is told to delete it.
+    assert "It is owned by ClusterRole kubedgx-operator: `helm uninstall` removes both." in text
+    assert "kubectl delete validatingwebhookconfiguration kubedgx-webhook" not in text
+    unowned = notes({"rbac": {"create": False}})
+    assert "kubectl delete validatingwebhookconfiguration kubedgx-webhook --ignore-not-found" in unowned
+    assert "KUBEDGX_WEBHOOK_OWNER_CLUSTERROLE" not in env(render({"rbac": {"create": False}}))
     assert (ROOT / "examples/quickstart.yaml").is_file()
     namespaced = notes({"watchNamespaces": ["ml", "research"]})
     assert "kubectl -n ml apply -f examples/quickstart.yaml" in namespaced

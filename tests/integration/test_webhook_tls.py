@@ -214,6 +214,55 @@ async def test_a_second_start_patches_the_configuration_with_its_new_ca(
         await served_certificate(port, ca_bundle(created), HOSTNAME)
 
 
+CLUSTER_ROLES = "clusterroles"
+CLUSTER_ROLE_KIND = Kind("rbac.authorization.k8s.io", "v1", CLUSTER_ROLES, "ClusterRole", namespaced=False)
+
+
+async def test_the_configuration_is_owned_by_the_chart_s_cluster_role(
+    vwc_served: Emulator, run_operator: RunOperator
+) -> None:
+    """Uninstalling the release deletes the ClusterRole, and with it (garbage collection) the configuration: no
+    webhook is left that refuses every write to the kept CRDs once no operator serves it. Re-owned on a patch."""
+    emulator, port = vwc_served, free_port()
+    emulator._register(CLUSTER_ROLE_KIND)  # the emulator serves no RBAC kinds of its own
+    role = emulator.create(
+        CLUSTER_ROLES,
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": "kubedgx"}},
+    )
+    env = self_signed_env(port, KUBEDGX_WEBHOOK_OWNER_CLUSTERROLE="kubedgx")
+    config = quick(OperatorConfig.from_env(env))
+    assert config.webhook is not None
+    assert config.webhook.owner_cluster_role == "kubedgx"
+    first = await start(run_operator, config)
+    vwc = await emulator.wait_for_object(VWCS, None, "kubedgx", timeout=10)
+    owner = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRole",
+        "name": "kubedgx",
+        "uid": role["metadata"]["uid"],
+    }
+    assert vwc["metadata"]["ownerReferences"] == [owner]
+    await first.stop()
+
+    emulator.patch(VWCS, None, "kubedgx", {"metadata": {"ownerReferences": None}})  # lost, say by a manual edit
+    await start(run_operator, config)
+    patched = await emulator.wait_for_object(
+        VWCS, None, "kubedgx", lambda v: v["metadata"].get("ownerReferences"), timeout=10
+    )
+    assert patched["metadata"]["ownerReferences"] == [owner]
+
+
+async def test_a_missing_owner_leaves_the_configuration_unowned(
+    vwc_served: Emulator, run_operator: RunOperator
+) -> None:
+    emulator, port = vwc_served, free_port()
+    emulator._register(CLUSTER_ROLE_KIND)
+    config = quick(OperatorConfig.from_env(self_signed_env(port, KUBEDGX_WEBHOOK_OWNER_CLUSTERROLE="absent")))
+    await start(run_operator, config)
+    vwc = await emulator.wait_for_object(VWCS, None, "kubedgx", timeout=10)
+    assert "ownerReferences" not in vwc["metadata"]
+
+
 async def test_a_failed_registration_is_retried_and_counted(vwc_served: Emulator, run_operator: RunOperator) -> None:
     emulator, port = vwc_served, free_port()
     emulator.fail("create", VWCS, code=503, times=2)

@@ -79,6 +79,12 @@ watches every namespace, a Role in each namespace of watchNamespaces otherwise.
   resources: ["validatingwebhookconfigurations"]
   resourceNames: [{{ include "kubedgx.webhookConfigurationName" . | quote }}]
   verbs: ["patch"]
+# Admission (self-signed webhook): the UID of this ClusterRole, made the configuration's owner so that
+# uninstalling the release garbage-collects the configuration with it.
+- apiGroups: ["rbac.authorization.k8s.io"]
+  resources: ["clusterroles"]
+  resourceNames: [{{ include "kubedgx.operatorName" . | quote }}]
+  verbs: ["get"]
 {{- end }}
 {{- if and .Values.peering.enabled (not .Values.watchNamespaces) }}
 # kopf framework (peering.enabled): the ClusterKopfPeering object shared with other kopf operators.
