@@ -10,7 +10,6 @@ package must stay without it, so torch is only ever in the child process.
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import subprocess
 import sys
@@ -25,6 +24,7 @@ import yaml
 from dgx_operator.api import DGXTrainingJob
 from dgx_operator.build.resolved import resolve
 from dgx_operator.catalog import Catalog
+from dgx_trainer.progress import parse_event
 
 
 class LocalRunError(Exception):
@@ -149,7 +149,7 @@ def execute(p: LocalPlan, out: TextIO, err: TextIO) -> int:
     proc = subprocess.Popen(p.command, env=p.env, stdout=subprocess.PIPE, text=True, bufsize=1)
     assert proc.stdout is not None
     for line in proc.stdout:
-        record = _json(line)
+        record = parse_event(line)
         if record is None:
             out.write(line)
             continue
@@ -178,17 +178,6 @@ def execute(p: LocalPlan, out: TextIO, err: TextIO) -> int:
         print(f"adapter: {summary.get('adapter')}", file=out)
         print(f"summary: {p.output_dir / 'summary.json'}", file=out)
     return 0
-
-
-def _json(line: str) -> dict[str, Any] | None:
-    text = line.strip()
-    if not (text.startswith("{") and text.endswith("}")):
-        return None
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return None
-    return value if isinstance(value, dict) and "event" in value else None
 
 
 def pick_job(jobs: Sequence[DGXTrainingJob], name: str | None) -> DGXTrainingJob:

@@ -18,11 +18,11 @@ from tests.integration.conftest import RunOperator
 from tests.integration.emulator import Emulator, parse_route
 from tests.integration.test_datamounts import (
     FILES,
-    OUT_JOB,
     SECRET,
-    end_with_sync_report,
     job_using,
     mount_of,
+    out_mount_ready,
+    succeed_with_a_failed_archive,
     wait_mount,
 )
 from tests.integration.test_operator import (
@@ -269,10 +269,7 @@ async def test_a_failed_mount_and_the_job_it_fails(emulator: Emulator, run_opera
 
 async def test_an_output_mount_is_healthy_once_writable(emulator: Emulator, run_operator: RunOperator, s3: S3) -> None:
     await start_operator(emulator, run_operator)
-    bucket = s3.bucket()
-    emulator.create("secrets", secret(SECRET))
-    emulator.create(MOUNTS, mount_of(s3, bucket, "ckpt", **{"spec.direction": "Out"}))
-    await wait_mount(emulator, "Ready", "ckpt")
+    bucket, _ = await out_mount_ready(emulator, s3)
     assert mount_health(emulator, "ckpt") == Health("Healthy", f"s3://{bucket}/prefix is writable")
 
 
@@ -282,16 +279,7 @@ async def test_a_success_whose_archive_failed_is_healthy_and_says_so(
     """The training succeeded (Healthy: a sync wave waiting on it may go on), but the final model the job was asked
     to archive is not in the bucket: the message says so rather than hide it."""
     await start_operator(emulator, run_operator)
-    bucket = s3.bucket()
-    emulator.create("secrets", secret(SECRET))
-    emulator.create(MOUNTS, mount_of(s3, bucket, "ckpt", **{"spec.direction": "Out"}))
-    await wait_mount(emulator, "Ready", "ckpt")
-    emulator.create(JOBS, job_using(("ckpt", "/out"), **OUT_JOB))
-    await expect_pods(emulator, {worker(0): "0"})
-    run_pod(emulator, worker(0))
-    error = {"error": "AccessDenied", "message": f"access denied to s3://{bucket}/prefix/final: check the policy"}
-    end_with_sync_report(emulator, worker(0), trainer_exit=0, init=[("checkpoints-0", 2, error)])
-    status = await wait_phase(emulator, "Succeeded")
+    status, error = await succeed_with_a_failed_archive(emulator, s3)
     assert condition(status, "Archived")["reason"] == "ArchiveFailed"
     assert job_health(emulator) == Health(
         "Healthy",

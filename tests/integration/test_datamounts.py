@@ -267,10 +267,7 @@ async def test_a_changed_spec_is_listed_again(emulator: Emulator, run_operator: 
 
 async def test_an_output_mount_is_checked_for_writing(emulator: Emulator, run_operator: RunOperator, s3: S3) -> None:
     await start_operator(emulator, run_operator)
-    bucket = s3.bucket()
-    emulator.create("secrets", secret(SECRET))
-    emulator.create(MOUNTS, mount_of(s3, bucket, "ckpt", **{"spec.direction": "Out"}))
-    status = await wait_mount(emulator, "Ready", "ckpt")
+    bucket, status = await out_mount_ready(emulator, s3)
     assert condition(status, "Ready")["reason"] == "Writable"
     assert "objects" not in status
     assert not [k for k in s3.keys(bucket) if not k.startswith("prefix/.kubedgx/")], "the check left objects"
@@ -282,6 +279,26 @@ async def test_an_output_mount_is_checked_for_writing(emulator: Emulator, run_op
 
 
 OUT_JOB = {"spec.trainer.output": {"dir": "/out/run"}}
+
+
+async def out_mount_ready(emulator: Emulator, s3: S3) -> tuple[str, Body]:
+    """A direction: Out mount ``ckpt`` on a new bucket, with its Secret: (bucket, its Ready status)."""
+    bucket = s3.bucket()
+    emulator.create("secrets", secret(SECRET))
+    emulator.create(MOUNTS, mount_of(s3, bucket, "ckpt", **{"spec.direction": "Out"}))
+    return bucket, await wait_mount(emulator, "Ready", "ckpt")
+
+
+async def succeed_with_a_failed_archive(emulator: Emulator, s3: S3) -> tuple[Body, dict[str, str]]:
+    """A job writing to an Out mount whose trainer succeeds while its uploader fails to archive:
+    (the job's Succeeded status, the uploader's error report)."""
+    bucket, _ = await out_mount_ready(emulator, s3)
+    emulator.create(JOBS, job_using(("ckpt", "/out"), **OUT_JOB))
+    await expect_pods(emulator, {worker(0): "0"})
+    run_pod(emulator, worker(0))
+    error = {"error": "AccessDenied", "message": f"access denied to s3://{bucket}/prefix/final: check the policy"}
+    end_with_sync_report(emulator, worker(0), trainer_exit=0, init=[("checkpoints-0", 2, error)])
+    return await wait_phase(emulator, "Succeeded"), error
 
 
 def artifact_report(bucket: str, run: str) -> dict[str, Any]:
@@ -299,10 +316,7 @@ async def test_artifacts_are_listed_when_the_job_succeeds(
     emulator: Emulator, run_operator: RunOperator, s3: S3
 ) -> None:
     op = await start_operator(emulator, run_operator)
-    bucket = s3.bucket()
-    emulator.create("secrets", secret(SECRET))
-    emulator.create(MOUNTS, mount_of(s3, bucket, "ckpt", **{"spec.direction": "Out"}))
-    await wait_mount(emulator, "Ready", "ckpt")
+    bucket, _ = await out_mount_ready(emulator, s3)
     emulator.create(JOBS, job_using(("ckpt", "/out"), **OUT_JOB))
     await expect_pods(emulator, {worker(0): "0"})
     pod = emulator.get("pods", NS, worker(0))
@@ -347,16 +361,7 @@ async def test_artifacts_are_listed_when_the_job_succeeds(
 
 async def test_a_failed_archive_is_reported_not_hidden(emulator: Emulator, run_operator: RunOperator, s3: S3) -> None:
     await start_operator(emulator, run_operator)
-    bucket = s3.bucket()
-    emulator.create("secrets", secret(SECRET))
-    emulator.create(MOUNTS, mount_of(s3, bucket, "ckpt", **{"spec.direction": "Out"}))
-    await wait_mount(emulator, "Ready", "ckpt")
-    emulator.create(JOBS, job_using(("ckpt", "/out"), **OUT_JOB))
-    await expect_pods(emulator, {worker(0): "0"})
-    run_pod(emulator, worker(0))
-    error = {"error": "AccessDenied", "message": f"access denied to s3://{bucket}/prefix/final: check the policy"}
-    end_with_sync_report(emulator, worker(0), trainer_exit=0, init=[("checkpoints-0", 2, error)])
-    status = await wait_phase(emulator, "Succeeded")  # the training itself succeeded
+    status, error = await succeed_with_a_failed_archive(emulator, s3)  # the training itself succeeded
     assert status.get("artifacts", []) == []
     archived = condition(status, "Archived")
     assert (archived["status"], archived["reason"]) == ("False", "ArchiveFailed")

@@ -31,7 +31,6 @@ Fixtures
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import subprocess
@@ -44,6 +43,7 @@ from typing import IO, Any
 import pytest
 import yaml
 
+from dgx_trainer.progress import parse_event
 from tests.conftest import with_changes
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -103,18 +103,6 @@ def write_config(directory: Path, data: Mapping[str, Any], name: str = "trainer.
     path = directory / name
     path.write_text(yaml.safe_dump(dict(data), sort_keys=False), encoding="utf-8")
     return path
-
-
-def parse_event(line: str) -> dict[str, Any] | None:
-    """A progress-contract line (``{"event": ...}``), or None for anything else."""
-    text = line.strip()
-    if not text.startswith("{"):
-        return None
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return None
-    return value if isinstance(value, dict) and "event" in value else None
 
 
 @dataclass

@@ -20,9 +20,10 @@ from typing import Any
 import pytest
 import torch
 
-from dgx_trainer import model, train
+from dgx_trainer import builtin, model, train
 from dgx_trainer.config import ConfigError, Lora, Quantization, TrainerConfig, parse_config
-from tests.trainer.conftest import ROOT, config_data, parse_event
+from dgx_trainer.progress import parse_event
+from tests.trainer.conftest import ROOT, config_data
 
 STEPS = 3
 PROMPTS = [
@@ -269,12 +270,7 @@ def tiny_mixtral(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> 
         pad_token_id=tokenizer.pad_token_id,
         tie_word_embeddings=False,
     )
-    state = torch.random.get_rng_state()
-    torch.manual_seed(0)
-    try:
-        MixtralForCausalLM(config).save_pretrained(path)
-    finally:
-        torch.random.set_rng_state(state)
+    builtin.save_random(MixtralForCausalLM, config, path)
     return path
 
 

@@ -17,6 +17,7 @@ import shutil
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 PREFIX = "builtin:"
 
@@ -85,7 +86,6 @@ def ensure(model: str, texts: Sequence[str], root: Path | None = None) -> Path:
 
 
 def _build(name: str, texts: Sequence[str], out: Path) -> None:
-    import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
@@ -125,9 +125,17 @@ def _build(name: str, texts: Sequence[str], out: Path) -> None:
         pad_token_id=fast.pad_token_id,
         tie_word_embeddings=False,
     )
+    save_random(LlamaForCausalLM, config, out)
+
+
+def save_random(model_class: Any, config: Any, out: Path, seed: int = 0) -> None:
+    """A model with seeded random weights saved to ``out``: the same bytes on every machine, without
+    disturbing the caller's random state (a training seeded before may be running in this process)."""
+    import torch
+
     generator_state = torch.random.get_rng_state()
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     try:
-        LlamaForCausalLM(config).save_pretrained(out)
+        model_class(config).save_pretrained(out)
     finally:
         torch.random.set_rng_state(generator_state)

@@ -38,6 +38,19 @@ def write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def parse_event(line: str) -> dict[str, Any] | None:
+    """A progress-contract line (``{"event": ...}``) read back, or None for any other output (the
+    libraries underneath print their own lines, some of them dicts)."""
+    text = line.strip()
+    if not (text.startswith("{") and text.endswith("}")):
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) and "event" in value else None
+
+
 def clip_utf8(text: str, limit: int = TERMINATION_LIMIT) -> str:
     """At most ``limit`` bytes of UTF-8: the kubelet's limit is in bytes, and a cut in the middle
     of a character would leave bytes the operator cannot decode."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import re
 import socket
-from typing import Final, Literal
+from typing import Final, Literal, get_args
 
 Reason = Literal[
     "InvalidURI",
@@ -29,16 +29,7 @@ Reason = Literal[
     "LocalError",
 ]
 
-REASONS: Final[tuple[str, ...]] = (
-    "InvalidURI",
-    "CredentialsMissing",
-    "CredentialsInvalid",
-    "AccessDenied",
-    "BucketNotFound",
-    "Unreachable",
-    "SourceChanged",
-    "LocalError",
-)
+REASONS: Final[tuple[str, ...]] = get_args(Reason)
 
 
 class SyncError(Exception):
