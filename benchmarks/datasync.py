@@ -31,10 +31,10 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "trainer"))
+sys.path[:0] = [str(ROOT / "datasync"), str(ROOT / "api")]
 
-from dgx_trainer.datasync import StoreOptions, parse_uri  # noqa: E402
-from dgx_trainer.datasync.sync import pull  # noqa: E402
+from dgx_datasync import StoreOptions, parse_uri  # noqa: E402
+from dgx_datasync.sync import pull  # noqa: E402
 
 KEY, SECRET, REGION = "AKIABENCHMARK0000000", "benchmark-secret", "us-east-1"
 

@@ -37,8 +37,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from dgx_operator.api import DGXTrainingJob  # noqa: E402
-from dgx_operator.build import BuildContext, build_children  # noqa: E402
 from dgx_operator.catalog import Catalog  # noqa: E402
+from dgx_operator.render import BuildContext, build_children  # noqa: E402
 from tests.integration.emulator import Emulator  # noqa: E402
 
 NAMESPACE = "bench"

@@ -178,11 +178,12 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp)
+        sources = os.pathsep.join(str(ROOT / f) for f in ("trainer", "api"))
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "KUBEDGX_CACHE": str(base / "cache"),
-               "KUBEDGX_TERMINATION_LOG": "", "PYTHONPATH": str(ROOT / "trainer")}  # fmt: skip
+               "KUBEDGX_TERMINATION_LOG": "", "PYTHONPATH": sources}  # fmt: skip
         # Build the model once (through the trainer), then point the plain script at it.
+        from dgx_api.trainer_config import parse_config
         from dgx_trainer import builtin, data
-        from dgx_trainer.config import parse_config
 
         cfg = parse_config(config(base / "warmup"))
         texts = data.sample_texts(data.render(data.load_records(cfg.dataset, ROOT), cfg.dataset, "</s>"))

@@ -15,15 +15,15 @@ from typing import Any, TextIO
 
 import yaml
 
+from dgx_api.schema import Problem
 from dgx_operator import __version__
 from dgx_operator.api import API_VERSION, DGXDataMount, DGXDataMountSpec, DGXTrainingJob
-from dgx_operator.build import BuildContext, BuildError, Defaults, build_children
-from dgx_operator.build.resolved import DEFAULT_TRAINER_IMAGE
 from dgx_operator.catalog import Catalog, CatalogError
 from dgx_operator.crdgen import KINDS
 from dgx_operator.crdgen import render as render_crd
+from dgx_operator.render import BuildContext, BuildError, Defaults, build_children
+from dgx_operator.render.resolved import DEFAULT_TRAINER_IMAGE
 from dgx_operator.validation import DEFAULT_KUBE_VERSION, Validator, object_label, reference_problems
-from dgx_trainer.schema import Problem
 
 
 class _NoAliasDumper(yaml.SafeDumper):

@@ -24,9 +24,6 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from dgx_operator.api import DGXTrainingJob
 from dgx_operator.api.datamount import DGXDataMount
 from dgx_operator.api.trainingjob import DGXTrainingJobStatus
-from dgx_operator.build import BuildContext
-from dgx_operator.build.names import FINALIZER, config_map_name, service_name
-from dgx_operator.build.resolved import Defaults
 from dgx_operator.catalog import Catalog
 from dgx_operator.kube import ForeignObjectError, Kube, TransientError
 from dgx_operator.loop import RESYNC, Key, ReconcileLoop
@@ -34,6 +31,9 @@ from dgx_operator.metrics import JOB_KIND, RESTART_REASONS, Metrics
 from dgx_operator.reconcile.mounts import mount_state
 from dgx_operator.reconcile.planner import Event, MountState, Observed, Plan, plan
 from dgx_operator.reconcile.pods import PodView, slim
+from dgx_operator.render import BuildContext
+from dgx_operator.render.names import FINALIZER, config_map_name, service_name
+from dgx_operator.render.resolved import Defaults
 
 log = logging.getLogger("kubedgx")
 

@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
+from dgx_api.schema import structural_schema
 from dgx_operator import apidoc
 from dgx_operator.api import GROUP, VERSION
 from dgx_operator.api.datamount import DGXDataMountSpec, DGXDataMountStatus
@@ -24,7 +25,6 @@ from dgx_operator.api.trainingjob import (
     DGXTrainingJobSpec,
     DGXTrainingJobStatus,
 )
-from dgx_trainer.schema import structural_schema
 
 
 @dataclass(frozen=True)

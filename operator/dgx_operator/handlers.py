@@ -16,12 +16,12 @@ from typing import Any, cast
 import kopf
 
 from dgx_operator import admission, metrics
-from dgx_operator.build.names import JOB_LABEL
 from dgx_operator.controller import Controller
 from dgx_operator.kube import Kube
 from dgx_operator.metrics import Metrics
 from dgx_operator.mounts import MountController
 from dgx_operator.reconcile.pods import slim
+from dgx_operator.render.names import JOB_LABEL
 from dgx_operator.settings import OperatorConfig, configure
 from dgx_operator.validation import Validator
 

@@ -21,10 +21,10 @@ from typing import Any, TextIO
 
 import yaml
 
+from dgx_api.progress import parse_event
 from dgx_operator.api import DGXTrainingJob
-from dgx_operator.build.resolved import resolve
 from dgx_operator.catalog import Catalog
-from dgx_trainer.progress import parse_event
+from dgx_operator.render.resolved import resolve
 
 
 class LocalRunError(Exception):
@@ -130,10 +130,10 @@ def _bar(report: dict[str, Any], width: int = 30) -> str:
 
 def execute(p: LocalPlan, out: TextIO, err: TextIO) -> int:
     """Start torchrun, draw the trainer's progress lines as a bar, print the summary."""
-    if importlib.util.find_spec("torch") is None or importlib.util.find_spec("trl") is None:
+    if any(importlib.util.find_spec(m) is None for m in ("torch", "trl", "dgx_trainer")):
         raise LocalRunError(
-            'the trainer is not installed: pip install torch==2.13.0 && pip install -e ".[trainer]" (CPU), '
-            "or the trainer extra on top of your CUDA torch"
+            "the trainer is not installed: pip install torch==2.13.0 && pip install -e ./api -e ./trainer "
+            "(CPU, from a checkout), or kubedgx[trainer] on top of your CUDA torch"
         )
     p.output_dir.mkdir(parents=True, exist_ok=True)
     trainer = p.job.spec.trainer

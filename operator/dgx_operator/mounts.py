@@ -3,7 +3,7 @@ result into its status, and holds deletion of a mount while a job that uses it h
 
 The operator lists the store itself rather than through a Job: listing is cheap (keys, sizes and
 ETags, no data), the result must land in the mount's status anyway, and the same code
-(`dgx_trainer.datasync`) computes the digest the pull containers later compare their node copies
+(`dgx_datasync`) computes the digest the pull containers later compare their node copies
 with. The cost: the operator needs network access to the stores and read access to the Secrets
 that mounts name (the chart grants it only when asked). Data itself never passes through it.
 """
@@ -20,7 +20,6 @@ from datetime import datetime
 from typing import Any, ClassVar
 
 from dgx_operator.api.datamount import DGXDataMount, DGXDataMountSpec, DGXDataMountStatus
-from dgx_operator.build.datasync import GCS_KEY_DEFAULT
 from dgx_operator.controller import EventSink, merge_patch, utcnow
 from dgx_operator.kube import MOUNTS, Kube, TransientError
 from dgx_operator.loop import Key, ReconcileLoop
@@ -33,6 +32,7 @@ from dgx_operator.reconcile.mounts import (
     syncing,
     users,
 )
+from dgx_operator.render.datasync import GCS_KEY_DEFAULT
 
 log = logging.getLogger("kubedgx")
 
@@ -43,7 +43,7 @@ AWS_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
 
 def list_store(spec: DGXDataMountSpec, env: Mapping[str, str]) -> Listed:
     """List an input mount's source (or check that an output mount's destination is writable)."""
-    from dgx_trainer.datasync import StoreOptions, SyncError, check_writable, list_source, parse_uri
+    from dgx_datasync import StoreOptions, SyncError, check_writable, list_source, parse_uri
 
     try:
         location = parse_uri(spec.source)

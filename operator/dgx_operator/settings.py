@@ -18,8 +18,8 @@ from typing import Literal, cast
 
 import kopf
 
-from dgx_operator.build.resolved import DEFAULT_TRAINER_IMAGE, Defaults
 from dgx_operator.catalog import Catalog
+from dgx_operator.render.resolved import DEFAULT_TRAINER_IMAGE, Defaults
 
 PREFIX = "kubedgx.io"
 

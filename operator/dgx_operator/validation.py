@@ -3,7 +3,7 @@ admission webhook all call :class:`Validator`.
 
 Three layers, in the order the API server would apply them:
 
-1. the generated CRD schema and its CEL rules (:func:`dgx_trainer.schema.validate`), i.e. what a
+1. the generated CRD schema and its CEL rules (:func:`dgx_api.schema.validate`), i.e. what a
    cluster with our CRDs installed rejects by itself;
 2. semantic rules that need data a CRD cannot hold: the instance catalog (which the chart lets
    admins change) and cross-document references;
@@ -24,12 +24,12 @@ import kubernetes_validate.utils
 import referencing
 from pydantic import ValidationError
 
+from dgx_api.schema import Problem, explain, join_path, validate
 from dgx_operator.api import API_VERSION, GROUP, DGXDataMount, DGXDataMountSpec, DGXTrainingJob
-from dgx_operator.build import BuildContext, BuildError, build_children
-from dgx_operator.build.resolved import resolve
 from dgx_operator.catalog import Catalog, UnknownInstanceError
 from dgx_operator.crdgen import KINDS, kind_by_name, openapi_schema
-from dgx_trainer.schema import Problem, explain, join_path, validate
+from dgx_operator.render import BuildContext, BuildError, build_children
+from dgx_operator.render.resolved import resolve
 
 DEFAULT_KUBE_VERSION = "1.34"
 OUR_KINDS = tuple(k.kind for k in KINDS)

@@ -11,7 +11,7 @@ Fixtures
     instead of moto's answer), ``auth()`` (IAM authentication
     switched on for the duration, with a good user and one without permissions).
 ``run_cli``
-    Runs ``python -m dgx_trainer.datasync ARGS`` as a subprocess against the server with the test
+    Runs ``python -m dgx_datasync ARGS`` as a subprocess against the server with the test
     credentials and a termination-log file of its own; returns a :class:`CliResult`.
 ``spawn_cli``
     The same as a ``Popen`` (for SIGKILL / SIGTERM tests), plus the termination-log path.
@@ -284,7 +284,9 @@ def cli_env(extra: Mapping[str, str] | None = None, *, credentials: bool = True)
             "AWS_CONFIG_FILE": "/nonexistent/aws-config",
             "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent/aws-credentials",
             "NO_GCE_CHECK": "true",
-            "PYTHONPATH": os.pathsep.join([str(ROOT / "trainer"), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+            "PYTHONPATH": os.pathsep.join(
+                [str(ROOT / "datasync"), str(ROOT / "api"), env.get("PYTHONPATH", "")]
+            ).rstrip(os.pathsep),
             "PYTHONUNBUFFERED": "1",
         }
     )
@@ -320,7 +322,7 @@ class CliResult:
 
 
 def _command(args: tuple[str, ...], endpoint: str | None) -> list[str]:
-    command = [sys.executable, "-m", "dgx_trainer.datasync", *args]
+    command = [sys.executable, "-m", "dgx_datasync", *args]
     if endpoint:
         command += ["--endpoint-url", endpoint, "--region", REGION]
     return command

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from dgx_trainer.datasync import StoreOptions, SyncError, check_writable, list_source, parse_uri
+from dgx_datasync import StoreOptions, SyncError, check_writable, list_source, parse_uri
 from tests.datasync.conftest import REGION, CliResult, MotoS3, free_port
 
 

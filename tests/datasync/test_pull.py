@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from dgx_trainer.datasync import StoreOptions, list_source, parse_uri
-from dgx_trainer.datasync.sync import pull
+from dgx_datasync import StoreOptions, list_source, parse_uri
+from dgx_datasync.sync import pull
 from tests.datasync.conftest import (
     ACCESS_KEY,
     REGION,

@@ -6,7 +6,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from dgx_trainer.datasync.store import PART_SIZE, s3_etag
+from dgx_datasync.store import PART_SIZE, s3_etag
 from tests.datasync.conftest import CliResult, MotoS3
 
 

@@ -1,4 +1,4 @@
-"""Pure parts of dgx_trainer.datasync: URIs, globs, digests, ETags, error mapping, gs credentials."""
+"""Pure parts of dgx_datasync: URIs, globs, digests, ETags, error mapping, gs credentials."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from dgx_trainer.datasync import Listing, Location, ObjectInfo, StoreOptions, SyncError, listing_digest, parse_uri
-from dgx_trainer.datasync.cli import fit_termination
-from dgx_trainer.datasync.errors import classify
-from dgx_trainer.datasync.local import check_collisions, local_path
-from dgx_trainer.datasync.store import (
+from dgx_datasync import Listing, Location, ObjectInfo, StoreOptions, SyncError, listing_digest, parse_uri
+from dgx_datasync.cli import fit_termination
+from dgx_datasync.errors import classify
+from dgx_datasync.local import check_collisions, local_path
+from dgx_datasync.store import (
     MAX_PARTS,
     PART_SIZE,
     filesystem_kwargs,
@@ -159,7 +159,7 @@ def test_local_paths_refuse_escapes(tmp_path: Path) -> None:
 def test_journal_records_and_withdrawals(tmp_path: Path) -> None:
     """A completion vouches for a file; a "replacing" line withdraws what an earlier record (or the
     manifest) said, until the new completion; a torn last line is ignored."""
-    from dgx_trainer.datasync.local import Journal
+    from dgx_datasync.local import Journal
 
     path = tmp_path / "journal.jsonl"
     manifest = {"a": (1, "e1"), "b": (2, "e2")}

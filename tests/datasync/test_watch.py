@@ -17,11 +17,11 @@ from typing import Any
 
 import pytest
 
-from dgx_trainer.checkpoints import complete, mark_complete
-from dgx_trainer.datasync import StoreOptions, parse_uri
-from dgx_trainer.datasync.store import PART_SIZE
-from dgx_trainer.datasync.watch import Watcher
-from dgx_trainer.progress import COMPLETE_MARKER, write_atomic
+from dgx_api.checkpoints import complete, mark_complete
+from dgx_api.progress import COMPLETE_MARKER, write_atomic
+from dgx_datasync import StoreOptions, parse_uri
+from dgx_datasync.store import PART_SIZE
+from dgx_datasync.watch import Watcher
 from tests.datasync.conftest import ACCESS_KEY, REGION, SECRET_KEY, CliResult, Hit, MotoS3, Spawned, wait_until
 
 
@@ -120,7 +120,7 @@ def test_only_complete_checkpoints_in_step_order(s3: MotoS3, tmp_path: Path) -> 
 def test_transient_errors_are_retried(s3: MotoS3, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """Three 503s on a checkpoint file use up botocore's three attempts, so the watcher's own
     backoff retries the checkpoint, which then completes."""
-    caplog.set_level(logging.INFO, logger="dgx_trainer.datasync")
+    caplog.set_level(logging.INFO, logger="dgx_datasync")
     bucket = s3.bucket("flaky")
     out = tmp_path / "out"
     files = trainer_files(2)
@@ -139,7 +139,7 @@ def test_transient_errors_are_retried(s3: MotoS3, tmp_path: Path, caplog: pytest
 def test_checkpoint_deleted_while_uploading(s3: MotoS3, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """save_total_limit removed the checkpoint before it was uploaded: skipped with a log line, no
     marker remotely, what was sent of it removed again."""
-    caplog.set_level(logging.INFO, logger="dgx_trainer.datasync")
+    caplog.set_level(logging.INFO, logger="dgx_datasync")
     bucket = s3.bucket("watch")
     dest = parse_uri(f"s3://{bucket}/ckpt")
     out = tmp_path / "out"

@@ -148,7 +148,7 @@ done
 ((${#missing[@]} == 0)) || die "not on PATH: ${missing[*]} (tests/e2e/README.md lists the prerequisites)"
 docker info >/dev/null 2>&1 || die "docker cannot reach its daemon (docker info failed)"
 "$PYTHON" -c 'import dgx_operator, pytest, yaml' ||
-	die "$PYTHON cannot import kubedgx and pytest: pip install -e '.[test]' (or set PYTHON)"
+	die "$PYTHON cannot import kubedgx and pytest: pip install -e ./api -e ./datasync -e ./trainer -e '.[test]' (or set PYTHON)"
 [[ -f $CHART/Chart.yaml ]] || die "no Helm chart at $CHART"
 say "$(kind version)"
 say "$(kubectl version --client 2>/dev/null | head -n 1)"

@@ -23,11 +23,11 @@ import jsonschema
 import pytest
 import yaml
 
+from dgx_api.schema import validate as schema_validate
 from dgx_operator.api import DGXTrainingJob
-from dgx_operator.build import BuildContext, build_children
 from dgx_operator.catalog import Catalog
+from dgx_operator.render import BuildContext, build_children
 from dgx_operator.validation import Validator, crd_schema
-from dgx_trainer.schema import validate as schema_validate
 from tests.e2e import cluster as gate
 from tests.e2e import fakegpu
 from tests.e2e.jobs import (

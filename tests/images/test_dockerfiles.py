@@ -253,7 +253,7 @@ def test_every_copy_source_exists_and_is_in_the_context(dockerfile: str, line: i
         assert in_context(path), f"{where}: {path} is excluded by .dockerignore"
         if match.is_dir():
             # Every file git tracks under it reaches the builder (what a .dockerignore rule for caches could
-            # wrongly catch: operator/dgx_operator/build/ is a package, not a build output).
+            # wrongly catch: operator/dgx_operator/render/ is a package, not a build output).
             tracked = [p for p in tracked_files() if p.startswith(f"{path}/")]
             assert tracked, f"{where}: git tracks nothing under {path}"
             missing = [p for p in tracked if not in_context(p)]
@@ -276,6 +276,8 @@ def test_every_copy_source_exists_and_is_in_the_context(dockerfile: str, line: i
         "operator/dgx_operator/__pycache__/cli.cpython-311.pyc",
         "trainer/dgx_trainer/__pycache__/config.cpython-311.pyc",
         "kubedgx.egg-info/PKG-INFO",
+        "api/kubedgx_api.egg-info/PKG-INFO",
+        "datasync/build/lib/dgx_datasync/cli.py",
         "examples/kubedgx-runs/quickstart/summary.json",
         "Dockerfile.operator",
     ],
@@ -287,7 +289,7 @@ def test_dockerignore_leaves_out(path: str) -> None:
 def test_the_build_context_is_small() -> None:
     files = list(context_files())
     top = {f.relative_to(ROOT).parts[0] for f in files}
-    assert top <= {"pyproject.toml", "README.md", "operator", "trainer", "examples"}, top
+    assert top <= {"pyproject.toml", "README.md", "api", "datasync", "operator", "trainer", "examples"}, top
     size = sum(f.stat().st_size for f in files)
     assert size < 5 * 1024 * 1024, f"the build context is {size / 1e6:.1f} MB"
 
@@ -364,8 +366,9 @@ def test_the_operator_builder_installs_no_extras() -> None:
     (builder, *_rest) = stages(OPERATOR)
     installs = [r.args for r in builder.all("RUN") if "pip install" in r.args]
     assert len(installs) == 1
-    assert re.search(r"pip install (?:--\S+ )*\.(?:\s|$)", installs[0]), installs[0]
+    assert re.search(r"pip install (?:--\S+ )*(?:\./\S+ )*\.(?:\s|$)", installs[0]), installs[0]
     assert "[" not in installs[0].split("&&")[0], "no extras: the operator image has no torch"
+    # Which distributions it installs, and why those: tests/images/test_distributions.py.
 
 
 # --------------------------------------------------------------------------------------------
@@ -385,7 +388,8 @@ def cmd(dockerfile: str) -> list[str]:
 
 
 def run(argv: list[str]) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "operator"), str(ROOT / "trainer")])}
+    folders = ("api", "datasync", "operator", "trainer")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(ROOT / f) for f in folders)}
     return subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=ROOT, env=env, check=False)
 
 
@@ -417,8 +421,8 @@ def test_the_operator_command_runs_without_torch() -> None:
 
 
 def test_the_trainer_entrypoint_is_torchrun_on_the_trainer_module() -> None:
-    from dgx_operator.build.names import CONFIG_FILE
-    from dgx_operator.build.resolved import Defaults
+    from dgx_operator.render.names import CONFIG_FILE
+    from dgx_operator.render.resolved import Defaults
 
     command = entrypoint(TRAINER)
     assert command[0] == "torchrun"

@@ -19,7 +19,7 @@ handling, which cannot be extended in place, with the API server's semantics:
   a stale metadata.resourceVersion -> 409 Conflict; PUT of a custom resource without one -> 422; a write that
   changes nothing is not written (no new resourceVersion, no watch event); status-subresource isolation.
 * Custom resources are pruned of unknown fields (Warning header; ``fieldValidation=Strict`` -> 400) and
-  validated with ``dgx_trainer.schema.validate`` (OpenAPI + CEL, ``old=`` on updates): 422 Invalid + causes.
+  validated with ``dgx_api.schema.validate`` (OpenAPI + CEL, ``old=`` on updates): 422 Invalid + causes.
 * DELETE: finalizers (deletionTimestamp, removal when the last one goes, none added while terminating),
   preconditions, propagationPolicy
   Background/Foreground/Orphan, ownerReference garbage collection, namespaces and CRDs that take their
@@ -75,7 +75,7 @@ import attrs
 import kmock
 import yaml
 
-from dgx_trainer.schema import Problem, join_path, validate
+from dgx_api.schema import Problem, join_path, validate
 
 Body = dict[str, Any]
 T = TypeVar("T")

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from dgx_trainer.datasync import StoreOptions, list_source, parse_uri
+from dgx_datasync import StoreOptions, list_source, parse_uri
 from tests.conftest import BASE_MOUNT, with_changes
 from tests.integration.conftest import RunOperator
 from tests.integration.emulator import Emulator
@@ -183,7 +183,7 @@ async def test_an_input_mount_is_listed_and_its_job_pulls_with_the_digest(
     emulator.create(JOBS, job_using(("data", "/data"), **{"spec.dataCache": "preload"}))
     await expect_pods(emulator, {worker(0): "0"})
     pull = init_containers(emulator, worker(0))["data-in-0"]
-    assert pull["command"] == ["python", "-m", "dgx_trainer.datasync"]
+    assert pull["command"] == ["python", "-m", "dgx_datasync"]
     assert pull["args"][:3] == ["pull", f"s3://{bucket}/prefix", "/data"]
     assert pull["args"][pull["args"].index("--expect-digest") + 1] == expected.digest
     assert "--reuse" in pull["args"]

@@ -43,7 +43,7 @@ from typing import IO, Any
 import pytest
 import yaml
 
-from dgx_trainer.progress import parse_event
+from dgx_api.progress import parse_event
 from tests.conftest import with_changes
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -274,8 +274,8 @@ def kubedgx_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 @pytest.fixture(scope="session")
 def tiny_llama(kubedgx_cache: Path) -> Path:
     """builtin:tiny-llama as every run of this session sees it (built from the example data)."""
+    from dgx_api.trainer_config import parse_config
     from dgx_trainer import builtin, data
-    from dgx_trainer.config import parse_config
 
     cfg = parse_config(config_data(Path("/unused")))
     records = data.load_records(cfg.dataset, ROOT)

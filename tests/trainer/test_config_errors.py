@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from dgx_trainer.config import ConfigError, parse_config
+from dgx_api.trainer_config import ConfigError, parse_config
 from tests.conftest import DELETE
 from tests.trainer.conftest import OFFLINE, config_data, write_config
 
@@ -205,8 +205,8 @@ def test_dotted_module_suffixes_are_known_targets(tiny_llama: Path) -> None:
     from peft import get_peft_model
     from transformers import AutoModelForCausalLM
 
+    from dgx_api.trainer_config import Lora
     from dgx_trainer import model
-    from dgx_trainer.config import Lora
 
     lora = Lora.model_validate({"r": 4, "targetModules": ["self_attn.q_proj", "mlp.down_proj"]})
     peft_model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_llama), model.lora_config(lora))

@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 import torch
 
+from dgx_api.progress import parse_event
+from dgx_api.trainer_config import ConfigError, Lora, Quantization, TrainerConfig, parse_config
 from dgx_trainer import builtin, model, train
-from dgx_trainer.config import ConfigError, Lora, Quantization, TrainerConfig, parse_config
-from dgx_trainer.progress import parse_event
 from tests.trainer.conftest import ROOT, config_data
 
 STEPS = 3

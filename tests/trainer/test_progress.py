@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from dgx_trainer import progress
-from dgx_trainer.progress import TERMINATION_LIMIT, Reporter, termination_message, write_atomic
+from dgx_api import progress
+from dgx_api.progress import TERMINATION_LIMIT, Reporter, termination_message, write_atomic
 from tests.trainer.conftest import RESUME_CHANGES, Baseline
 
 ISO_Z = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
@@ -212,7 +212,7 @@ def test_even_a_huge_progress_fits(tmp_path: Path) -> None:
 
 
 def test_clip_utf8_never_splits_a_character() -> None:
-    from dgx_trainer.progress import clip_utf8
+    from dgx_api.progress import clip_utf8
 
     assert clip_utf8("abc", 3) == "abc"
     assert clip_utf8("ééé", 5) == "éé"  # 6 bytes; the third é would be cut in half

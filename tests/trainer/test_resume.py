@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from dgx_trainer import checkpoints
-from dgx_trainer.progress import COMPLETE_MARKER
+from dgx_api import checkpoints
+from dgx_api.progress import COMPLETE_MARKER
 from tests.trainer.conftest import RESUME_CHANGES, Baseline, TrainerProcess, config_data, run_trainer, write_config
 
 KILL_AFTER = 8  # a complete checkpoint-8 must exist and the run must have gone past it

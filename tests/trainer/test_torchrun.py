@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dgx_trainer import checkpoints
+from dgx_api import checkpoints
 from tests.trainer.conftest import config_data, run_trainer, write_config
 
 FAULT_STEP = 6

@@ -17,8 +17,8 @@ import pytest
 import yaml
 
 from dgx_operator import admission
-from dgx_operator.build.names import FINALIZER
 from dgx_operator.catalog import Catalog
+from dgx_operator.render.names import FINALIZER
 from dgx_operator.settings import OperatorConfig
 from dgx_operator.validation import immutable_changes
 from tests.conftest import BASE_JOB, BASE_MOUNT, DELETE, with_changes

@@ -24,11 +24,11 @@ import pydantic
 import pytest
 import yaml
 
+from dgx_api.schema import validate
 from dgx_operator.api import DGXDataMount, DGXTrainingJob
 from dgx_operator.catalog import Catalog
 from dgx_operator.cli import main
 from dgx_operator.validation import Validator
-from dgx_trainer.schema import validate
 from tests.conftest import BASE_JOB, BASE_MOUNT, CRDS, DELETE, load_yaml_docs, with_changes
 
 Base = Literal["job", "mount"]

@@ -12,9 +12,9 @@ import celpy
 import pytest
 import yaml
 
+from dgx_api.schema import to_cel, validate
+from dgx_api.trainer_config import trainer_schema
 from dgx_operator.crdgen import KINDS, Kind, crd, file_name, outputs
-from dgx_trainer.config import trainer_schema
-from dgx_trainer.schema import to_cel, validate
 from tests.conftest import BASE_JOB, BASE_MOUNT, CRDS, example_files, load_yaml_docs
 
 Node = Mapping[str, Any]

@@ -1,4 +1,7 @@
-"""The import contract: build/ and reconcile/ stay pure and the operator never imports torch.
+"""The import contracts: the operator and the trainer stand side by side on the data plane and the
+shared contract and never import each other; render/ and reconcile/ stay pure; the operator never
+imports torch, and the trainer, the data plane and the contract never import what only the operator
+image has.
 
 import-linter checks the static import graph (pyproject.toml [tool.importlinter]); a subprocess
 checks what actually gets imported at run time.
@@ -12,34 +15,81 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import ROOT
 
 LINT_IMPORTS = shutil.which("lint-imports") or "lint-imports"
 
 
+#: The source folders, one per distribution (their packages: dgx_api, dgx_datasync, ...).
+FOLDERS = ("api", "datasync", "operator", "trainer")
+
+
 def run_lint_imports(cwd: Path, pythonpath: Path | None = None) -> subprocess.CompletedProcess[str]:
     env = None
     if pythonpath is not None:
-        env = {**os.environ, "PYTHONPATH": f"{pythonpath / 'operator'}:{pythonpath / 'trainer'}"}
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(pythonpath / f) for f in FOLDERS)}
     return subprocess.run([LINT_IMPORTS, "--no-cache"], cwd=cwd, capture_output=True, text=True, check=False, env=env)
 
 
 def test_contracts_are_kept() -> None:
     result = run_lint_imports(ROOT)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "4 kept, 0 broken" in result.stdout
+    assert "7 kept, 0 broken" in result.stdout
+
+
+def broken_copy(tmp_path: Path, module: str, line: str) -> subprocess.CompletedProcess[str]:
+    """lint-imports on a copy of the tree where ``module`` (a path under a source folder) gains ``line``."""
+    for folder in FOLDERS:
+        shutil.copytree(ROOT / folder, tmp_path / folder, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    path = tmp_path / module
+    path.write_text(path.read_text(encoding="utf-8") + f"\n{line}  # noqa\n", encoding="utf-8")
+    result = run_lint_imports(tmp_path, pythonpath=tmp_path)
+    assert result.returncode != 0, result.stdout
+    return result
 
 
 def test_contracts_catch_a_violation(tmp_path: Path) -> None:
-    """A copy of the tree where build/ imports the kubernetes client must break the contract."""
-    for folder in ("operator", "trainer"):
-        shutil.copytree(ROOT / folder, tmp_path / folder, ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
-    names = tmp_path / "operator" / "dgx_operator" / "build" / "names.py"
-    names.write_text(names.read_text(encoding="utf-8") + "\nimport kubernetes  # noqa\n", encoding="utf-8")
-    result = run_lint_imports(tmp_path, pythonpath=tmp_path)
-    assert result.returncode != 0
-    assert "build/ and reconcile/ are pure: no kopf, kubernetes clients or torch BROKEN" in result.stdout
+    """A copy of the tree where render/ imports the kubernetes client must break the contract."""
+    result = broken_copy(tmp_path, "operator/dgx_operator/render/names.py", "import kubernetes")
+    assert "render/ and reconcile/ are pure: no kopf, kubernetes clients or torch BROKEN" in result.stdout
+
+
+LAYERS = "layers: the operator and the trainer side by side on the data plane and the"
+
+
+@pytest.mark.parametrize(
+    ("module", "line"),
+    [
+        # The operator standing on the trainer, and the reverse: neither may import the other.
+        ("operator/dgx_operator/local.py", "import dgx_trainer.model"),
+        ("trainer/dgx_trainer/data.py", "from dgx_operator.render import names"),
+        # The layers below never reach up.
+        ("datasync/dgx_datasync/store.py", "import dgx_operator.kube"),
+        ("api/dgx_api/progress.py", "import dgx_datasync"),
+    ],
+)
+def test_the_layers_contract_catches_an_import_across_or_upwards(tmp_path: Path, module: str, line: str) -> None:
+    result = broken_copy(tmp_path, module, line)
+    assert LAYERS in result.stdout
+    assert "BROKEN" in result.stdout.split(LAYERS, 1)[1].split("\n", 2)[1], result.stdout
+
+
+@pytest.mark.parametrize(
+    ("module", "line", "contract"),
+    [
+        ("trainer/dgx_trainer/train.py", "import kopf", "never use what only the operator image has BROKEN"),
+        ("datasync/dgx_datasync/sync.py", "import torch", "the data plane and the contract stay free of torch BROKEN"),
+        ("api/dgx_api/schema.py", "import s3fs", "the shared contract needs no object-storage client BROKEN"),
+    ],
+)
+def test_each_image_layer_contract_catches_a_foreign_import(
+    tmp_path: Path, module: str, line: str, contract: str
+) -> None:
+    result = broken_copy(tmp_path, module, line)
+    assert contract in " ".join(result.stdout.split()), result.stdout
 
 
 RUNTIME = (
@@ -57,7 +107,7 @@ RUNTIME = (
 def imported_after(modules: str, watched: tuple[str, ...]) -> list[str]:
     """Which of ``watched`` a fresh interpreter has loaded after importing ``modules``."""
     code = (
-        "import sys, pkgutil, importlib, dgx_operator\n"
+        "import sys, pkgutil, importlib\n"
         f"for name in {modules}:\n"
         "    importlib.import_module(name)\n"
         f"print(','.join(m for m in {watched!r} if m in sys.modules))\n"
@@ -67,11 +117,29 @@ def imported_after(modules: str, watched: tuple[str, ...]) -> list[str]:
     return [m for m in result.stdout.strip().split(",") if m]
 
 
-ALL = "[m.name for m in pkgutil.walk_packages(dgx_operator.__path__, 'dgx_operator.')]"
+def walk(package: str) -> str:
+    """Code for the names of every module of ``package`` (``__main__`` left out: importing it runs it)."""
+    return (
+        f"[m.name for m in pkgutil.walk_packages(importlib.import_module({package!r}).__path__, '{package}.')"
+        " if not m.name.endswith('.__main__')]"
+    )
+
+
+ALL = walk("dgx_operator")
 
 
 def test_no_operator_module_imports_torch_at_run_time() -> None:
     assert imported_after(ALL, ("torch", "transformers", "peft", "trl", "bitsandbytes")) == []
+
+
+def test_no_operator_module_imports_the_trainer_at_run_time() -> None:
+    assert imported_after(ALL, ("dgx_trainer",)) == []
+
+
+@pytest.mark.parametrize("package", ["dgx_api", "dgx_datasync", "dgx_trainer"])
+def test_the_trainer_image_layers_import_nothing_of_the_operator_image_at_run_time(package: str) -> None:
+    watched = ("dgx_operator", "kopf", "kubernetes", "kubernetes_asyncio", "prometheus_client", "cryptography")
+    assert imported_after(walk(package), watched) == []
 
 
 def test_the_cli_path_imports_no_kopf_or_cluster_client_at_run_time() -> None:

@@ -17,11 +17,11 @@ import pytest
 
 from dgx_operator.api import DGXDataMountSpec, DGXTrainingJob
 from dgx_operator.api.trainingjob import DGXTrainingJobStatus, WorkerCounts
-from dgx_operator.build import BuildContext, JobIdentity, resolve, worker_pod
-from dgx_operator.build.pod import IDLE_COMMAND
 from dgx_operator.catalog import Catalog
 from dgx_operator.reconcile.planner import MountState, Observed, Plan, plan
 from dgx_operator.reconcile.pods import PodView, read_progress
+from dgx_operator.render import BuildContext, JobIdentity, resolve, worker_pod
+from dgx_operator.render.pod import IDLE_COMMAND
 from tests.conftest import BASE_JOB, BASE_MOUNT, DELETE, with_changes
 
 UID = "8a1f3c52-6b0e-4d7a-9c21-5e4f3a2b1c0d"
@@ -1781,10 +1781,10 @@ def test_observing_the_workers_just_created_changes_nothing() -> None:
     from datetime import UTC, datetime
 
     from dgx_operator.api import DGXTrainingJob
-    from dgx_operator.build import BuildContext
     from dgx_operator.catalog import Catalog
     from dgx_operator.reconcile.planner import Observed, plan
     from dgx_operator.reconcile.pods import PodView
+    from dgx_operator.render import BuildContext
 
     job = DGXTrainingJob.model_validate(
         with_changes(

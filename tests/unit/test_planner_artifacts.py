@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 
 from dgx_operator.api.trainingjob import Artifact, DGXTrainingJobStatus
-from dgx_operator.build import BuildContext
 from dgx_operator.catalog import Catalog
 from dgx_operator.reconcile.planner import MountState, Plan
-from tests.unit.test_build import mount_specs
+from dgx_operator.render import BuildContext
 from tests.unit.test_planner import Sim, at, cond, event_reasons, make_job, start_running
+from tests.unit.test_render import mount_specs
 
 RUN = "job-8a1f3c52"  # test_planner's job name and UID
 OUT_FINAL = f"s3://bucket/out/final/{RUN}"

@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 
 from dgx_operator.api import DGXTrainingJob
-from dgx_operator.build import BuildContext, build_children
 from dgx_operator.catalog import Catalog
 from dgx_operator.reconcile.pods import PodView, read_progress, slim
+from dgx_operator.render import BuildContext, build_children
 from tests.conftest import BASE_JOB
 
 TRAINER = "trainer"

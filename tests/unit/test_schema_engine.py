@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 import pytest
 from pydantic import Field
 
-from dgx_trainer.schema import (
+from dgx_api.schema import (
     KubeModel,
     Problem,
     SchemaError,

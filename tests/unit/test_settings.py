@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from dgx_operator import settings
-from dgx_operator.build.resolved import DEFAULT_TRAINER_IMAGE, Defaults
 from dgx_operator.cli import build_parser, main, operator_environment
+from dgx_operator.render.resolved import DEFAULT_TRAINER_IMAGE, Defaults
 from dgx_operator.settings import ConfigError, OperatorConfig, WebhookConfig
 
 CHART_DEFAULTS = {"low": "kubedgx-low", "normal": "kubedgx-normal", "high": "kubedgx-high"}

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dgx_trainer.config import ConfigError, TrainerConfig, load_config, parse_config
+from dgx_api.trainer_config import ConfigError, TrainerConfig, load_config, parse_config
 
 MINIMAL = {"model": {"name": "builtin:tiny-llama"}, "dataset": {"path": "data/train.jsonl"}}
 
@@ -77,7 +77,7 @@ def test_round_trip_through_the_manifest_form() -> None:
 
 def test_the_contract_imports_no_torch() -> None:
     code = (
-        "import sys, dgx_trainer.config, dgx_trainer.schema; "
+        "import sys, dgx_api.trainer_config, dgx_api.schema; "
         "bad = [m for m in ('torch', 'transformers', 'peft', 'trl', 'dgx_operator') if m in sys.modules]; "
         "print(bad); sys.exit(1 if bad else 0)"
     )

@@ -14,8 +14,8 @@ import sys
 import warnings
 from pathlib import Path
 
-from dgx_trainer.config import ConfigError, load_config
-from dgx_trainer.progress import write_termination
+from dgx_api.progress import write_termination
+from dgx_api.trainer_config import ConfigError, load_config
 
 
 def _setup_logging() -> None:

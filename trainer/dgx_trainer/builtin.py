@@ -62,8 +62,8 @@ def ensure(model: str, texts: Sequence[str], root: Path | None = None) -> Path:
     name = model[len(PREFIX) :]
     if name not in RECIPES:
         known = ", ".join(PREFIX + n for n in RECIPES)
-        from dgx_trainer.config import ConfigError
-        from dgx_trainer.schema import Problem
+        from dgx_api.schema import Problem
+        from dgx_api.trainer_config import ConfigError
 
         raise ConfigError(
             "trainer config", [Problem("model.name", f"unknown built-in model {model!r} (known: {known})")]

@@ -9,8 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from dgx_trainer.config import ConfigError, DatasetSource
-from dgx_trainer.schema import Problem
+from dgx_api.schema import Problem
+from dgx_api.trainer_config import ConfigError, DatasetSource
 
 DATA_SUFFIXES = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 

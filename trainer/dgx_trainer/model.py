@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from dgx_trainer.config import ConfigError, Lora, Quantization, TrainerConfig
-from dgx_trainer.schema import Problem
+from dgx_api.schema import Problem
+from dgx_api.trainer_config import ConfigError, Lora, Quantization, TrainerConfig
 
 log = logging.getLogger("dgx_trainer.model")
 

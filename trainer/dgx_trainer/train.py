@@ -19,9 +19,10 @@ from typing import Any
 import torch
 from transformers import PrinterCallback, TrainerCallback, set_seed
 
-from dgx_trainer import builtin, checkpoints, data, model, preflight
-from dgx_trainer.config import TrainerConfig
-from dgx_trainer.progress import Reporter, now_iso, termination_message, write_atomic
+from dgx_api import checkpoints
+from dgx_api.progress import Reporter, now_iso, termination_message, write_atomic
+from dgx_api.trainer_config import TrainerConfig
+from dgx_trainer import builtin, data, model, preflight
 
 log = logging.getLogger("dgx_trainer")
 

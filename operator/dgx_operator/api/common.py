@@ -10,7 +10,7 @@ from typing import Annotated, Any, Final, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-from dgx_trainer.schema import KubeModel, cel, pattern
+from dgx_api.schema import KubeModel, cel, pattern
 
 GROUP: Final = "kubedgx.io"
 VERSION: Final = "v1alpha1"

@@ -11,6 +11,8 @@ from typing import Annotated, Final, Literal
 
 from pydantic import Field
 
+from dgx_api.schema import KubeModel, cel, pattern
+from dgx_api.trainer_config import AbsolutePath
 from dgx_operator.api.common import (
     API_VERSION,
     Condition,
@@ -19,8 +21,6 @@ from dgx_operator.api.common import (
     Quantity,
     condition_list_field,
 )
-from dgx_trainer.config import AbsolutePath
-from dgx_trainer.schema import KubeModel, cel, pattern
 
 KIND: Final = "DGXDataMount"
 

@@ -13,6 +13,8 @@ from typing import Annotated, Final, Literal
 
 from pydantic import Field, field_validator
 
+from dgx_api.schema import KubeModel, cel, pattern
+from dgx_api.trainer_config import AbsolutePath, TrainerConfig
 from dgx_operator.api.common import (
     API_VERSION,
     Condition,
@@ -25,8 +27,6 @@ from dgx_operator.api.common import (
     Toleration,
     condition_list_field,
 )
-from dgx_trainer.config import AbsolutePath, TrainerConfig
-from dgx_trainer.schema import KubeModel, cel, pattern
 
 KIND: Final = "DGXTrainingJob"
 

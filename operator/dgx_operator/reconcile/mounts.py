@@ -31,7 +31,7 @@ class Listed:
     objects: int | None = None
     total_bytes: int | None = None
     digest: str | None = None
-    error: str | None = None  # dgx_trainer.datasync.SyncError.reason
+    error: str | None = None  # dgx_datasync.SyncError.reason
     message: str = ""
     transient: bool = False
 

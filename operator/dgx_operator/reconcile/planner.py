@@ -29,11 +29,11 @@ from dgx_operator.api.trainingjob import (
     Progress,
     WorkerCounts,
 )
-from dgx_operator.build import BuildContext, BuildError, JobIdentity, headless_service, trainer_config_map, worker_pod
-from dgx_operator.build.datasync import archives
-from dgx_operator.build.resolved import Resolved, resolve
 from dgx_operator.catalog import UnknownInstanceError
 from dgx_operator.reconcile.pods import PodView, artifacts_of, read_progress
+from dgx_operator.render import BuildContext, BuildError, JobIdentity, headless_service, trainer_config_map, worker_pod
+from dgx_operator.render.datasync import archives
+from dgx_operator.render.resolved import Resolved, resolve
 
 EventType = Literal["Normal", "Warning"]
 

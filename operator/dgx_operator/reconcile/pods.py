@@ -10,8 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from dgx_operator.build.datasync import SIDECAR_PREFIX
-from dgx_operator.build.names import ATTEMPT_LABEL, CONTAINER_NAME, INDEX_LABEL
+from dgx_operator.render.datasync import SIDECAR_PREFIX
+from dgx_operator.render.names import ATTEMPT_LABEL, CONTAINER_NAME, INDEX_LABEL
 
 #: Pod-level reasons for a failure the program did not cause.
 DISRUPTION_REASONS = frozenset(

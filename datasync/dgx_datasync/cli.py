@@ -1,4 +1,4 @@
-"""``python -m dgx_trainer.datasync``: the sync containers' entry point (docs/datasync.md).
+"""``python -m dgx_datasync``: the sync containers' entry point (docs/datasync.md).
 
 Exit codes: 0 done; 2 a SyncError that retrying cannot fix (bad URI, credentials, bucket, access),
 printed as exactly one ``datasync: <message>`` line; 1 anything else (transient errors once the
@@ -17,11 +17,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from dgx_trainer.datasync import logs, sync
-from dgx_trainer.datasync.errors import SyncError
-from dgx_trainer.datasync.store import StoreOptions, list_source, parse_uri
-from dgx_trainer.datasync.watch import watch
-from dgx_trainer.progress import TERMINATION_LIMIT, write_termination
+from dgx_api.progress import TERMINATION_LIMIT, write_termination
+from dgx_datasync import logs, sync
+from dgx_datasync.errors import SyncError
+from dgx_datasync.store import StoreOptions, list_source, parse_uri
+from dgx_datasync.watch import watch
 
 TERMINATION_ENV = "KUBEDGX_TERMINATION_LOG"
 DEFAULT_TERMINATION = "/dev/termination-log"
@@ -127,7 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
     filters.add_argument("--exclude", action="append", default=[], metavar="GLOB", help="leave out matching keys")
 
     parser = argparse.ArgumentParser(
-        prog="python -m dgx_trainer.datasync",
+        prog="python -m dgx_datasync",
         description="Object storage (s3://, gs://) <-> local directories for kubedgx: data pulls, "
         "checkpoint upload and restore, final-model archive.",
     )

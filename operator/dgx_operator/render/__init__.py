@@ -10,15 +10,15 @@ from typing import Any
 import yaml
 
 from dgx_operator.api.trainingjob import DGXTrainingJob, DGXTrainingJobSpec
-from dgx_operator.build.names import (
+from dgx_operator.render.names import (
     CONFIG_FILE,
     common_labels,
     config_map_name,
     job_selector,
     service_name,
 )
-from dgx_operator.build.pod import BuildError, owner_reference, worker_pod
-from dgx_operator.build.resolved import BuildContext, Defaults, JobIdentity, Resolved, resolve
+from dgx_operator.render.pod import BuildError, owner_reference, worker_pod
+from dgx_operator.render.resolved import BuildContext, Defaults, JobIdentity, Resolved, resolve
 
 __all__ = [
     "BuildContext",

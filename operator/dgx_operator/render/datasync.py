@@ -2,7 +2,7 @@
 step that brings back the newest uploaded checkpoint, and the native sidecar that streams
 checkpoints to an output mount and archives the final model.
 
-All of them run ``python -m dgx_trainer.datasync`` (the trainer image carries it; admins can point
+All of them run ``python -m dgx_datasync`` (the trainer image carries it; admins can point
 ``Defaults.datasync_image`` elsewhere) and mount the data volume at the same path as the training
 container, so every path in their arguments is the path the trainer sees.
 
@@ -21,9 +21,9 @@ from typing import Any
 
 from dgx_operator.api.datamount import DGXDataMountSpec
 from dgx_operator.api.trainingjob import DataMountRef, DGXTrainingJobSpec
-from dgx_operator.build.resolved import BuildContext, JobIdentity
+from dgx_operator.render.resolved import BuildContext, JobIdentity
 
-DATASYNC = ["python", "-m", "dgx_trainer.datasync"]
+DATASYNC = ["python", "-m", "dgx_datasync"]
 #: Where a gs:// service-account key is mounted in the sync containers.
 CREDENTIALS_DIR = "/var/run/kubedgx/credentials"
 GCS_KEY_DEFAULT = "service-account.json"

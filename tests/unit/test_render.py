@@ -15,8 +15,10 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from dgx_api.trainer_config import parse_config
 from dgx_operator.api import DGXDataMountSpec, DGXTrainingJob
-from dgx_operator.build import (
+from dgx_operator.catalog import Catalog, Instance
+from dgx_operator.render import (
     BuildContext,
     BuildError,
     Defaults,
@@ -26,8 +28,6 @@ from dgx_operator.build import (
     resolve,
     worker_pod,
 )
-from dgx_operator.catalog import Catalog, Instance
-from dgx_trainer.config import parse_config
 from tests.conftest import BASE_JOB, BASE_MOUNT, DELETE, with_changes
 
 CATALOG = Catalog.load()
@@ -1125,7 +1125,7 @@ def test_no_retryable_exit_codes_outside_exit_code_policy(policy: str) -> None:
 
 PURITY_CHECK = """
 import sys
-import dgx_operator.build, dgx_operator.reconcile, dgx_operator.validation, dgx_operator.cli
+import dgx_operator.render, dgx_operator.reconcile, dgx_operator.validation, dgx_operator.cli
 banned = ("torch", "kopf", "kubernetes", "kubernetes_asyncio")
 loaded = sorted(m for m in sys.modules if any(m == b or m.startswith(b + ".") for b in banned))
 print("LOADED:" + ",".join(loaded))

@@ -30,10 +30,10 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Final
 
-from dgx_trainer.datasync.errors import SyncError
-from dgx_trainer.datasync.logs import event
-from dgx_trainer.datasync.store import STATE_DIR, ObjectInfo, listing_digest
-from dgx_trainer.progress import now_iso, write_atomic
+from dgx_api.progress import now_iso, write_atomic
+from dgx_datasync.errors import SyncError
+from dgx_datasync.logs import event
+from dgx_datasync.store import STATE_DIR, ObjectInfo, listing_digest
 
 PARTIAL = re.compile(r"^\..+\.kubedgx-partial-[0-9a-f]{12}$")
 JOURNAL: Final = "journal.jsonl"

@@ -8,8 +8,8 @@ from typing import Any
 from dgx_operator.api.common import API_VERSION
 from dgx_operator.api.datamount import DGXDataMountSpec
 from dgx_operator.api.trainingjob import KIND, DGXTrainingJobSpec
-from dgx_operator.build.datasync import MountPlan, archives, out_local_dir, sync_containers
-from dgx_operator.build.names import (
+from dgx_operator.render.datasync import MountPlan, archives, out_local_dir, sync_containers
+from dgx_operator.render.names import (
     CONFIG_FILE,
     CONTAINER_NAME,
     config_map_name,
@@ -18,7 +18,7 @@ from dgx_operator.build.names import (
     worker_labels,
     worker_name,
 )
-from dgx_operator.build.resolved import BuildContext, JobIdentity, Resolved
+from dgx_operator.render.resolved import BuildContext, JobIdentity, Resolved
 
 GPU_RESOURCE = "nvidia.com/gpu"
 HOSTNAME_KEY = "kubernetes.io/hostname"

@@ -36,7 +36,7 @@ class Defaults:
     master_port: int = 23456
     config_dir: str = "/etc/kubedgx"
     cache_root: str = "/raid/kubedgx"
-    #: Image of the data sync containers; the trainer image (which carries dgx_trainer.datasync) when unset.
+    #: Image of the data sync containers; the trainer image (which carries dgx_datasync) when unset.
     datasync_image: str | None = None
     #: Parallel transfers of each sync container.
     sync_workers: int = 8

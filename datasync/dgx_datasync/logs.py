@@ -13,7 +13,7 @@ import sys
 import time
 from typing import Any, Final, TextIO
 
-LOGGER: Final = logging.getLogger("dgx_trainer.datasync")
+LOGGER: Final = logging.getLogger("dgx_datasync")
 
 
 def event(level: int, message: str, **fields: Any) -> None:

@@ -31,12 +31,12 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Final, Literal, TypeVar
 
-from dgx_trainer.checkpoints import complete
-from dgx_trainer.datasync import local, sync
-from dgx_trainer.datasync.errors import SyncError
-from dgx_trainer.datasync.logs import event
-from dgx_trainer.datasync.store import STATE_DIR, Location, Store, StoreOptions
-from dgx_trainer.progress import COMPLETE_MARKER
+from dgx_api.checkpoints import complete
+from dgx_api.progress import COMPLETE_MARKER
+from dgx_datasync import local, sync
+from dgx_datasync.errors import SyncError
+from dgx_datasync.logs import event
+from dgx_datasync.store import STATE_DIR, Location, Store, StoreOptions
 
 T = TypeVar("T")
 

@@ -10,8 +10,8 @@ import pytest
 
 from dgx_operator.api import DGXDataMountSpec, DGXTrainingJob
 from dgx_operator.api.trainingjob import DataMountRef
-from dgx_operator.build import BuildContext, Defaults, JobIdentity, build_children
-from dgx_operator.build.datasync import (
+from dgx_operator.render import BuildContext, Defaults, JobIdentity, build_children
+from dgx_operator.render.datasync import (
     MountPlan,
     archive_uri,
     archives,
@@ -24,8 +24,8 @@ from dgx_operator.build.datasync import (
     syncs_checkpoints,
     watched_dir,
 )
-from dgx_operator.build.resolved import DEFAULT_TRAINER_IMAGE
-from tests.unit.test_build import (
+from dgx_operator.render.resolved import DEFAULT_TRAINER_IMAGE
+from tests.unit.test_render import (
     CATALOG,
     COMMAND_MODE,
     UID,
@@ -40,7 +40,7 @@ from tests.unit.test_build import (
 
 RUN = "job-5f0c2a4e"  # the job's name and the first 8 hex digits of UID
 IDENT = JobIdentity("job", "ml", UID)
-DATASYNC = ["python", "-m", "dgx_trainer.datasync"]
+DATASYNC = ["python", "-m", "dgx_datasync"]
 COMMON = ["--workers", "8", "--log-format", "json"]
 SYNC_RESOURCES = {"requests": {"cpu": "4", "memory": "4Gi"}, "limits": {"cpu": "4", "memory": "4Gi"}}
 SIDECAR_RESOURCES = {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"cpu": "1", "memory": "1Gi"}}
@@ -77,7 +77,7 @@ def children(
     defaults: Defaults | None = None,
     uid: str = UID,
 ) -> list[dict[str, Any]]:
-    """test_build's build(), plus the mounts' manifest digests the operator passes to the builders."""
+    """test_render's build(), plus the mounts' manifest digests the operator passes to the builders."""
     job = DGXTrainingJob.model_validate(job_obj(changes))
     ctx = BuildContext(
         CATALOG, defaults or Defaults(), data_mounts=mount_specs(mounts), data_digests=dict(digests or {})
@@ -709,7 +709,7 @@ def test_valid_scenarios_cover_every_kind_of_mount() -> None:
 
 
 def test_one_pod_helper_agrees() -> None:
-    """test_build's one_pod() (no digests) builds the same pod as this module's helper."""
+    """test_render's one_pod() (no digests) builds the same pod as this module's helper."""
     changes = {**refs(("data", "/data"), ("ckpt", "/out")), **OUT_RUN}
     mounts = {"data": {}, "ckpt": OUT}
     assert one_pod(changes, mounts=mounts) == pod_of(changes, mounts=mounts)

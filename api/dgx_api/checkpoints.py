@@ -12,7 +12,7 @@ import json
 import re
 from pathlib import Path
 
-from dgx_trainer.progress import COMPLETE_MARKER, now_iso, write_atomic
+from dgx_api.progress import COMPLETE_MARKER, now_iso, write_atomic
 
 PATTERN = re.compile(r"^checkpoint-(\d+)$")
 

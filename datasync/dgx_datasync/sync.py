@@ -15,12 +15,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
-from dgx_trainer.checkpoints import PATTERN as CHECKPOINT_PATTERN
-from dgx_trainer.checkpoints import complete
-from dgx_trainer.datasync import local
-from dgx_trainer.datasync.errors import SyncError
-from dgx_trainer.datasync.logs import event
-from dgx_trainer.datasync.store import (
+from dgx_api.checkpoints import PATTERN as CHECKPOINT_PATTERN
+from dgx_api.checkpoints import complete
+from dgx_api.progress import COMPLETE_MARKER
+from dgx_datasync import local
+from dgx_datasync.errors import SyncError
+from dgx_datasync.logs import event
+from dgx_datasync.store import (
     STATE_DIR,
     Listing,
     Location,
@@ -30,7 +31,6 @@ from dgx_trainer.datasync.store import (
     is_state_key,
     selected,
 )
-from dgx_trainer.progress import COMPLETE_MARKER
 
 T = TypeVar("T")
 R = TypeVar("R")

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from dgx_trainer.datasync.errors import SyncError, bucket_not_found, classify
+from dgx_datasync.errors import SyncError, bucket_not_found, classify
 
 SCHEMES: Final = ("s3", "gs")
 #: The same bucket rule as the DGXDataMount CRD's ``spec.source`` pattern.

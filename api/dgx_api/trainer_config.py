@@ -2,7 +2,7 @@
 
 The operator embeds :class:`TrainerConfig` as ``spec.trainer`` of the CRD and writes it, as YAML,
 into a ConfigMap that the trainer reads with ``python -m dgx_trainer --config FILE``. Both sides
-validate it with the same schema and CEL rules (:mod:`dgx_trainer.schema`), so a config the API
+validate it with the same schema and CEL rules (:mod:`dgx_api.schema`), so a config the API
 server accepted is a config the trainer accepts, and a hand-written one fails the same way.
 
 No torch import here: the operator image does not have it.
@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import Field
 
-from dgx_trainer.schema import KubeModel, Problem, cel, pattern, structural_schema, validate
+from dgx_api.schema import KubeModel, Problem, cel, pattern, structural_schema, validate
 
 Dtype = Literal["auto", "bfloat16", "float16", "float32"]
 

@@ -10,8 +10,9 @@ Cross-field rules are written once, in CEL, on the models (:func:`cel`). The API
 them from the generated CRD; ``kubedgx validate``, the admission webhook and the trainer's config
 loader enforce the very same strings through :func:`validate`. No rule exists twice.
 
-It lives in the trainer package because the trainer is the lowest layer: the operator embeds the
-trainer's config model and imports this module; the trainer never imports the operator.
+It lives in the shared contract (:mod:`dgx_api`) because both sides validate with it: the operator's
+CRD models and the trainer's config model are built on :class:`KubeModel`, and neither side imports
+the other.
 """
 
 from __future__ import annotations
