@@ -25,7 +25,7 @@ set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 CACHE=${KUBEDGX_CLUSTER_CACHE:-${HOME:-/root}/.cache/kubedgx/cluster}
-RECIPE=2   # bump when the build commands or ldflags below change
+RECIPE=3   # bump when the build commands or ldflags below change
 
 export GOTOOLCHAIN=local CGO_ENABLED=0 GOWORK=off
 export GOFLAGS="-buildvcs=false -mod=readonly -p=${KUBEDGX_CLUSTER_GO_P:-2}"
@@ -65,7 +65,7 @@ GOVERSION=$(go env GOVERSION)
 
 comp_version() { case $1 in kubernetes) echo "$K8S_VERSION";; etcd) echo "$ETCD_VERSION";; kwok) echo "$KWOK_VERSION";; esac; }
 comp_dir() { echo "$CACHE/$1-$(comp_version "$1")"; }
-comp_bins() { case $1 in kubernetes) echo "kube-apiserver kube-controller-manager kube-scheduler";; etcd) echo etcd;; kwok) echo kwok;; esac; }
+comp_bins() { case $1 in kubernetes) echo "kube-apiserver kube-controller-manager kube-scheduler kubectl";; etcd) echo etcd;; kwok) echo kwok;; esac; }
 stamp_key() {
   { echo "recipe=$RECIPE go=$GOVERSION component=$1 version=$(comp_version "$1")"
     cat "$HERE/gomod/$1/go.mod" "$HERE/gomod/$1/go.sum"; } | sha256sum | cut -d' ' -f1
@@ -117,7 +117,8 @@ build_kubernetes() {  # $1 = output dir
     for v in k8s.io/component-base/version k8s.io/client-go/pkg/version; do ldflags="$ldflags -X $v.$kv"; done
   done
   run_go "go build kubernetes" build -trimpath -ldflags "$ldflags" -o "$out/" \
-    k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler
+    k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler \
+    k8s.io/kubernetes/cmd/kubectl
 }
 build_etcd() {
   run_go "go build etcd" build -trimpath \
@@ -132,7 +133,11 @@ check_version() {  # $1 component, $2 bin dir
     kubernetes) want="Kubernetes $K8S_VERSION"; out=$("$2/kube-apiserver" --version 2>&1) || true
       for b in kube-controller-manager kube-scheduler; do
         [ "$("$2/$b" --version 2>&1 || true)" = "$want" ] || { echo "$b --version: $("$2/$b" --version 2>&1 || true)"; return 1; }
-      done ;;
+      done
+      case $("$2/kubectl" version --client 2>&1 || true) in
+        *"Client Version: $K8S_VERSION"*) ;;
+        *) echo "kubectl version --client: $("$2/kubectl" version --client 2>&1 || true)"; return 1 ;;
+      esac ;;
     etcd) want="etcd Version: ${ETCD_VERSION#v}"; out=$("$2/etcd" --version 2>&1) || true ;;
     kwok) want="${KWOK_VERSION#v}"; out=$("$2/kwok" --version 2>&1) || true ;;
   esac

@@ -51,12 +51,16 @@ class Kubectl:
     binary: str = "kubectl"
     #: Per-request timeout kubectl passes to the API server and its own client.
     request_timeout: str = "30s"
+    #: The kubeconfig file (None: kubectl's own choice, $KUBECONFIG or ~/.kube/config).
+    kubeconfig: str | None = None
 
     def in_namespace(self, namespace: str | None) -> Kubectl:
-        return Kubectl(self.context, namespace, self.binary, self.request_timeout)
+        return Kubectl(self.context, namespace, self.binary, self.request_timeout, self.kubeconfig)
 
     def base_args(self) -> list[str]:
         args = [self.binary, "--context", self.context, f"--request-timeout={self.request_timeout}"]
+        if self.kubeconfig:
+            args += ["--kubeconfig", self.kubeconfig]
         if self.namespace:
             args += ["--namespace", self.namespace]
         return args

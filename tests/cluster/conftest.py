@@ -1,0 +1,87 @@
+"""The cluster suite's fixtures: one real control plane per test session (tests/cluster/controlplane.py),
+a kubectl bound to it, and a fresh namespace per test.
+
+Every test under tests/cluster is marked ``cluster``: ``-m "not cluster"`` leaves them out. Where
+this machine has no Go toolchain they skip with that reason; where it has one, a failed build or
+start is an error of every test that needs the cluster, with the reason and the components' logs.
+A failed test gets the last lines of every component's log in its report.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import sys
+from collections.abc import Generator, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.cluster.controlplane import CONTEXT, ControlPlane, StartError, UnavailableError, build
+from tests.e2e.kubectl import Kubectl, wait_for
+
+#: Keep the control plane's directory (certificates, logs, etcd) after the session.
+KEEP_ENV = "KUBEDGX_CLUSTER_KEEP"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.cluster)
+
+
+@pytest.fixture(scope="session")
+def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    try:
+        binaries = build(out=sys.stderr)
+    except UnavailableError as exc:
+        pytest.skip(str(exc))
+    except StartError as exc:
+        pytest.fail(f"the control plane could not be built: {exc}", pytrace=False)
+    root = tmp_path_factory.mktemp("control-plane")
+    plane = ControlPlane(root, binaries)
+    try:
+        plane.start()
+    except StartError as exc:
+        pytest.fail(f"the control plane did not start: {exc}", pytrace=False)
+    print(f"\ncontrol plane up in {plane.started_in:.1f}s: Kubernetes {binaries.kubernetes_version}, {root}",
+          file=sys.stderr)  # fmt: skip
+    yield plane
+    plane.stop()
+    if os.environ.get(KEEP_ENV) == "1":
+        print(f"kubedgx cluster: kept {root} ({KEEP_ENV}=1)", file=sys.stderr)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    plane = getattr(item, "funcargs", {}).get("control_plane")
+    if report.failed and isinstance(plane, ControlPlane):
+        report.sections.append(("control plane logs (last lines of each component)", plane.logs(25)))
+    return report
+
+
+@pytest.fixture(scope="session")
+def kubectl(control_plane: ControlPlane) -> Kubectl:
+    """kubectl (the one built with the control plane) as the cluster's admin."""
+    return Kubectl(CONTEXT, binary=control_plane.kubectl_binary, kubeconfig=str(control_plane.kubeconfig))
+
+
+@pytest.fixture
+def namespace(kubectl: Kubectl, request: pytest.FixtureRequest) -> Iterator[Kubectl]:
+    """A fresh namespace for one test (kubectl bound to it), deleted afterwards without waiting."""
+    slug = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower().removeprefix("test_")).strip("-")[:40].strip("-")
+    name = f"t-{slug}-{secrets.token_hex(3)}"
+    kubectl.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+    wait_for(
+        f"the default ServiceAccount of {name}",
+        lambda: kubectl.in_namespace(name).get("serviceaccount", "default"),
+        timeout=30,
+        interval=0.2,
+    )
+    yield kubectl.in_namespace(name)
+    kubectl.run("delete", "namespace", name, "--wait=false", "--ignore-not-found")
