@@ -77,11 +77,21 @@ def cel(
     field_path: str | None = None,
     reason: str | None = None,
 ) -> dict[str, str]:
-    """One ``x-kubernetes-validations`` entry, in the exact shape the CRD carries."""
+    """One ``x-kubernetes-validations`` entry, in the exact shape the CRD carries.
+
+    A message expression may not convert a value with ``string()``: kube-apiserver 1.34's CEL cost
+    estimator rates ``string(<int>)`` as unbounded, even for a field with a maximum, and refuses the
+    whole CRD ("estimated messageExpression cost exceeds budget"); seen on the real apiserver
+    (tests/cluster), which cel-python does not estimate. Concatenating string fields is fine."""
     entry: dict[str, str] = {"rule": rule}
     if message is not None:
         entry["message"] = message
     if message_expression is not None:
+        if re.search(r"\bstring\(", message_expression):
+            raise ValueError(
+                f"messageExpression {message_expression!r}: no string() conversions; the apiserver's cost "
+                "estimator refuses the CRD for them (concatenate string fields, or use a static message)"
+            )
         entry["messageExpression"] = message_expression
     if field_path is not None:
         entry["fieldPath"] = field_path

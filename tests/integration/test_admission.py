@@ -241,9 +241,7 @@ async def test_a_schema_error_is_refused_with_its_field(webhook: Webhook) -> Non
 
 async def test_a_cel_cross_field_rule_is_refused_with_its_field(webhook: Webhook) -> None:
     job = stored(with_changes(BASE_JOB, {"spec.elastic.minNodes": 3, "spec.elastic.maxNodes": 2}))
-    assert await webhook.refused(JOB_PATH, "CREATE", job) == [
-        "spec.elastic.minNodes: must be <= spec.elastic.maxNodes (3 > 2)"
-    ]
+    assert await webhook.refused(JOB_PATH, "CREATE", job) == ["spec.elastic.minNodes: must be <= spec.elastic.maxNodes"]
     await webhook.allowed(JOB_PATH, "CREATE", stored(with_changes(job, {"spec.elastic.maxNodes": 3})))
 
 

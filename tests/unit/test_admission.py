@@ -220,7 +220,7 @@ def test_every_problem_is_one_line_of_path_and_message() -> None:
 
 def test_a_cross_field_rule_of_the_crd_refuses() -> None:
     job = with_changes(BASE_JOB, {"spec.elastic.minNodes": 3, "spec.elastic.maxNodes": 2})
-    assert refusal(job) == "spec.elastic.minNodes: must be <= spec.elastic.maxNodes (3 > 2)"
+    assert refusal(job) == "spec.elastic.minNodes: must be <= spec.elastic.maxNodes"
 
 
 def test_an_instance_the_catalog_does_not_define_is_refused() -> None:

@@ -12,7 +12,7 @@ import celpy
 import pytest
 import yaml
 
-from dgx_api.schema import to_cel, validate
+from dgx_api.schema import KUBERNETES_CEL_FUNCTIONS, cel, to_cel, validate
 from dgx_api.trainer_config import trainer_schema
 from dgx_operator.crdgen import KINDS, Kind, crd, file_name, outputs
 from tests.conftest import BASE_JOB, BASE_MOUNT, CRDS, example_files, load_yaml_docs
@@ -87,7 +87,8 @@ def test_api_reference_lists_every_field_with_its_description() -> None:
     text = outputs(CRDS)[CRDS.parent / "docs" / "api.md"]
     assert "| `spec.elastic.minNodes` | integer (>= 1, <= 512) | Fewest nodes" in text
     assert "| `spec.env[].name` | string |" in text
-    assert "- `spec.elastic.minNodes`: (computed)" in text
+    assert "- `spec.elastic.minNodes`: must be <= spec.elastic.maxNodes" in text
+    assert "- `spec.resources.gpu`: must not exceed the GPUs per node" in text
 
 
 def test_crdgen_check_mode_detects_staleness(tmp_path: Path) -> None:
@@ -227,9 +228,29 @@ def test_the_trainer_section_is_the_trainer_schema() -> None:
 
 def test_messages_from_expressions_use_the_values() -> None:
     job = next(k for k in KINDS if k.kind == "DGXTrainingJob")
-    elastic = openapi(job)["properties"]["spec"]["properties"]["elastic"]
-    (rule,) = elastic["x-kubernetes-validations"]
-    program = celpy.Environment()
-    value = to_cel({"minNodes": 5, "maxNodes": 2}, elastic)
-    message = program.program(program.compile(rule["messageExpression"])).evaluate({"self": value})
-    assert message == "must be <= spec.elastic.maxNodes (5 > 2)"
+    spec = openapi(job)["properties"]["spec"]
+    (rule,) = [r for r in spec["x-kubernetes-validations"] if r.get("fieldPath") == ".resources.gpu"]
+    env = celpy.Environment()
+    program = env.program(env.compile(rule["messageExpression"]), functions=KUBERNETES_CEL_FUNCTIONS)
+    value = to_cel({"instance": "dgxa100.80g.4.norm", "resources": {"gpu": 9}}, spec)
+    message = program.evaluate({"self": value})
+    assert message == "must be <= 4, the GPUs per node of dgxa100.80g.4.norm"
+
+
+def _message_expressions(node: Any) -> list[str]:
+    if isinstance(node, dict):
+        found = [r["messageExpression"] for r in node.get("x-kubernetes-validations", []) if "messageExpression" in r]
+        return found + [e for v in node.values() for e in _message_expressions(v)]
+    if isinstance(node, list):
+        return [e for v in node for e in _message_expressions(v)]
+    return []
+
+
+def test_no_message_expression_converts_with_string() -> None:
+    """kube-apiserver 1.34 refuses a CRD whose messageExpression calls string() on a number: its cost
+    estimator takes the result for unbounded (tests/cluster found it; cel-python estimates nothing)."""
+    expressions = [e for k in KINDS for e in _message_expressions(openapi(k))]
+    assert expressions, "the CRDs have message expressions"
+    assert [e for e in expressions if "string(" in e] == []
+    with pytest.raises(ValueError, match="no string"):
+        cel("true", message_expression="'got ' + string(self.x)")

@@ -29,13 +29,14 @@ class Inner(KubeModel):
     cel_rules = (
         cel(
             "!has(self.low) || !has(self.high) || self.low <= self.high",
-            message_expression="'low must be <= high (' + string(self.low) + ' > ' + string(self.high) + ')'",
+            message_expression="'low must be <= high' + (has(self.unit) ? ' (in ' + self.unit + ')' : '')",
             field_path=".low",
         ),
     )
 
     low: int | None = Field(default=None, ge=0, description="Low.")
     high: int | None = Field(default=None, le=10, description="High.")
+    unit: str | None = Field(default=None, max_length=16, description="What low and high count.")
     ratio: float = Field(default=0.5, gt=0.0, description="A ratio.")
 
 
@@ -168,7 +169,7 @@ def test_a_valid_document_has_no_problems() -> None:
         ({"word": "ok", "items": [{"name": "a"}, {"name": "a"}]}, "items[1]", 'duplicate entry name="a" (same as [0])'),
         ({"word": "ok", "tags": ["x", "y", "x"]}, "tags[2]", 'duplicate entry "x" (same as [0])'),
         ({"word": "ok", "labels": {"a": 1}}, "labels.a", "must be a string, got integer 1"),
-        ({"word": "ok", "inner": {"low": 5, "high": 3}}, "inner.low", "low must be <= high (5 > 3)"),
+        ({"word": "ok", "inner": {"low": 5, "high": 3, "unit": "GPUs"}}, "inner.low", "low must be <= high (in GPUs)"),
         ({"word": "ok", "ratioCheck": -1}, "", "ratioCheck must be positive"),
     ],
 )

@@ -121,10 +121,9 @@ class Elastic(KubeModel):
     cel_rules = (
         cel(
             "!has(self.maxNodes) || (has(self.minNodes) ? self.minNodes : 1) <= self.maxNodes",
-            message_expression=(
-                "'must be <= spec.elastic.maxNodes (' + string(has(self.minNodes) ? self.minNodes : 1) + "
-                "' > ' + string(self.maxNodes) + ')'"
-            ),
+            # No message expression with the two numbers: the apiserver's cost estimator takes
+            # string(int) for unbounded and refuses the CRD (NO_STRING_OF_NUMBERS in crdgen).
+            "must be <= spec.elastic.maxNodes",
             field_path=".minNodes",
         ),
     )
@@ -216,8 +215,7 @@ class DGXTrainingJobSpec(KubeModel):
             _GPUS_FIT_INSTANCE,
             "must not exceed the GPUs per node that spec.instance names (its third part, e.g. 8 in dgxa100.80g.8.norm)",
             message_expression=(
-                f"'must be <= ' + string({_INSTANCE_GPUS}) + ', the GPUs per node of ' + self.instance + "
-                "' (got ' + string(self.resources.gpu) + ')'"
+                "'must be <= ' + self.instance.split('.')[2] + ', the GPUs per node of ' + self.instance"
             ),
             field_path=".resources.gpu",
         ),
@@ -226,8 +224,9 @@ class DGXTrainingJobSpec(KubeModel):
             "must not exceed the GPUs per node (spec.resources.gpu, else the instance's): torchrun starts one "
             "process per GPU",
             message_expression=(
-                f"'must be <= ' + string({_GPUS_PER_NODE}) + ', the GPUs per node: torchrun starts one process "
-                "per GPU (got ' + string(self.elastic.nprocPerNode) + ')'"
+                "'must be <= ' + ((has(self.resources) && has(self.resources.gpu)) ? 'spec.resources.gpu' : "
+                "self.instance.split('.')[2] + ', the GPUs per node of ' + self.instance) + "
+                "': torchrun starts one process per GPU'"
             ),
             field_path=".elastic.nprocPerNode",
         ),
