@@ -1,0 +1,164 @@
+"""kubedgx on the real control plane: the chart's objects applied (all but the operator's
+Deployment, whose pod no fake node would run), and the operator itself as a local process that
+authenticates as the chart's ServiceAccount with a token from the TokenRequest API, configured from
+the rendered Deployment's environment and arguments. So every call it makes goes through the
+apiserver's RBAC with exactly the rules the chart grants.
+
+What differs from the Deployment, and why: no webhook port (the webhook's own tests route the
+apiserver to it), no metrics or health servers (ports 0), the built-in catalog file written from the
+chart's ConfigMap, and the log in a file the tests read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tests.chart.conftest import NAMESPACE, OPERATOR_SA, Rendered, find, one, render
+from tests.cluster.controlplane import ControlPlane
+from tests.e2e.kubectl import JOBS, MOUNTS, Kubectl, dig, wait_for
+
+#: The field manager of everything the tests apply for the chart.
+MANAGER = "kubedgx-cluster-tests"
+#: The console script the operator image runs (``kubedgx operator``), next to this interpreter.
+KUBEDGX = shutil.which("kubedgx", path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
+
+
+def install(kubectl: Kubectl, values: Mapping[str, Any] | None = None) -> list[Rendered]:
+    """Apply the chart's objects (server-side, as one field manager) but its Deployment; wait until
+    both CRDs are Established. Idempotent: other test modules may have installed them already."""
+    objects = [r for r in render(dict(values or {})) if r.kind != "Deployment"]
+    kubectl.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
+    text = yaml.safe_dump_all([r.obj for r in objects], sort_keys=False)
+    kubectl.run("apply", "--server-side", "--force-conflicts", f"--field-manager={MANAGER}", "-f", "-", input=text)
+    for crd in (JOBS, MOUNTS):
+        wait_for(
+            f"CRD {crd} Established",
+            lambda crd=crd: any(  # type: ignore[misc]
+                c.get("type") == "Established" and c.get("status") == "True"
+                for c in dig(kubectl.get("customresourcedefinition", crd), "status", "conditions", default=[]) or []
+            ),
+            timeout=60,
+            interval=0.3,
+        )
+    return render(dict(values or {}))
+
+
+def token_kubeconfig(plane: ControlPlane, kubectl: Kubectl, path: Path, *, account: str = OPERATOR_SA,
+                     namespace: str = NAMESPACE) -> Path:  # fmt: skip
+    """A kubeconfig whose only credential is a bound token of ``namespace/account`` (TokenRequest)."""
+    token = kubectl.in_namespace(namespace).run("create", "token", account, "--duration=2h").stdout.strip()
+    assert token.count(".") == 2, "a JWT"
+    context = f"{account}@{plane.server}"
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {"name": "cluster", "cluster": {"server": plane.server, "certificate-authority": str(plane.pki.ca_crt)}}
+        ],
+        "users": [{"name": account, "user": {"token": token}}],
+        "contexts": [{"name": context, "context": {"cluster": "cluster", "user": account}}],
+        "current-context": context,
+    }
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    path.chmod(0o600)
+    return path
+
+
+@dataclass
+class Operator:
+    """``kubedgx operator`` running as a local process; its log goes to ``log_path``."""
+
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def tail(self, lines: int = 60) -> str:
+        return "\n".join(self.log().splitlines()[-lines:])
+
+    def forbidden(self) -> list[str]:
+        """Log lines that report a call RBAC refused ("... is forbidden: User ... cannot <verb>"), which
+        the chart's rules must never cause. Other 403s are not RBAC's: a namespace being deleted
+        refuses new objects with 403 NamespaceTerminating, whoever asks."""
+        return [line for line in self.log().splitlines() if re.search(r"forbidden: User .* cannot ", line)]
+
+    @property
+    def running(self) -> bool:
+        return self.process.poll() is None
+
+    def stop(self, timeout: float = 20) -> None:
+        if self.process.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGTERM)
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(10)
+
+
+def operator_environment(objects: list[Rendered], kubeconfig: Path, workdir: Path) -> tuple[dict[str, str], list[str]]:
+    """The rendered Deployment's environment and arguments, made local (see the module docstring)."""
+    deployment = one(objects, "Deployment")
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
+    catalog = workdir / "catalog.yaml"
+    catalog.write_text(find(objects, "ConfigMap", "kubedgx-catalog")[0]["data"]["catalog.yaml"], encoding="utf-8")
+    env = {k: v for k, v in env.items() if not k.startswith("KUBEDGX_WEBHOOK_")}
+    env |= {"KUBEDGX_CATALOG": str(catalog), "KUBEDGX_METRICS_PORT": "0", "KUBEDGX_HEALTH_PORT": "0"}
+    base = {k: v for k, v in os.environ.items() if not k.startswith("KUBEDGX_")}
+    base |= env | {"KUBECONFIG": str(kubeconfig), "PYTHONUNBUFFERED": "1"}
+    args = [a for a in container.get("args", []) if a not in ("--log-format", "json")]
+    return base, args
+
+
+@contextlib.contextmanager
+def run_operator(objects: list[Rendered], kubeconfig: Path, workdir: Path,
+                 extra_args: tuple[str, ...] = ()) -> Iterator[Operator]:  # fmt: skip
+    """Start the operator, wait until it has started its watches, stop it on exit."""
+    assert KUBEDGX is not None, "the kubedgx console script is not installed (pip install -e .)"
+    workdir.mkdir(parents=True, exist_ok=True)
+    env, args = operator_environment(objects, kubeconfig, workdir)
+    log_path = workdir / "operator.log"
+    with log_path.open("ab") as log:
+        process = subprocess.Popen(
+            [KUBEDGX, *args, "--verbose", *extra_args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+        )
+    op = Operator(process, log_path)
+    try:
+        wait_for(
+            "the operator to start watching",
+            lambda: (
+                (not op.running and _raise(f"the operator exited {process.returncode}:\n{op.tail()}"))
+                or ("Starting the watch-stream for dgxtrainingjobs" in op.log())
+            ),
+            timeout=60,
+            interval=0.3,
+        )
+        yield op
+    finally:
+        op.stop()
+
+
+def _raise(message: str) -> bool:
+    raise AssertionError(message)

@@ -1,0 +1,267 @@
+"""The operator on the real control plane: authenticated as the chart's ServiceAccount (so every call
+passes the chart's RBAC), its workers placed by the real scheduler on fake DGX nodes, their fates
+played by kwok, the node lifecycle controller and the garbage collector doing what they do.
+
+Each scenario asserts through what a user sees (the job's phase, conditions, restarts, its pods and
+their nodes), and at the end of the module no call of the operator was refused (no 403).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from dgx_operator.catalog import Catalog
+from tests.chart.conftest import Rendered
+from tests.cluster.controlplane import (
+    EVICT_LABEL,
+    EXIT_CODE_LABEL,
+    MESSAGE_ANNOTATION,
+    NODE_NOT_READY_LABEL,
+    ControlPlane,
+)
+from tests.cluster.operator import Operator, install, run_operator, token_kubeconfig
+from tests.e2e.jobs import (
+    command_job,
+    condition_true,
+    live_workers,
+    phase_is,
+    running_with,
+    running_workers,
+    wait_gone,
+    wait_job,
+    worker_pods,
+)
+from tests.e2e.kubectl import JOBS, Kubectl, dig, wait_for
+
+CATALOG = Catalog.load()
+TIMEOUT = 60
+
+
+@pytest.fixture(scope="module")
+def chart(kubectl: Kubectl) -> list[Rendered]:
+    return install(kubectl)
+
+
+@pytest.fixture(scope="module")
+def operator(
+    control_plane: ControlPlane, kubectl: Kubectl, chart: list[Rendered], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Operator]:
+    work = tmp_path_factory.mktemp("operator")
+    kubeconfig = token_kubeconfig(control_plane, kubectl, work / "operator.kubeconfig")
+    with run_operator(chart, kubeconfig, work) as op:
+        yield op
+        refused = op.forbidden()
+        assert refused == [], "the chart's RBAC refused the operator:\n" + "\n".join(refused[:20])
+
+
+def label(k: Kubectl, pod: str, key: str, value: str) -> None:
+    k.run("label", "pod", pod, f"{key}={value}", "--overwrite")
+
+
+def exit_worker(k: Kubectl, pod: str, code: int, message: str | None = None) -> None:
+    """The worker's program exits with ``code`` (and leaves ``message`` as its termination message)."""
+    if message is not None:
+        k.run("annotate", "pod", pod, f"{MESSAGE_ANNOTATION}={message}", "--overwrite")
+    label(k, pod, EXIT_CODE_LABEL, str(code))
+
+
+def pods_by_index(k: Kubectl, job: str) -> dict[str, dict[str, Any]]:
+    return {dig(p, "metadata", "labels", "kubedgx.io/replica-index"): p for p in live_workers(k, job)}
+
+
+def attempt(pod: dict[str, Any]) -> int:
+    return int(dig(pod, "metadata", "labels", "kubedgx.io/attempt"))
+
+
+def node_labels(k: Kubectl, pod: dict[str, Any]) -> dict[str, str]:
+    node = k.get("node", str(dig(pod, "spec", "nodeName")))
+    labels: dict[str, str] = dig(node, "metadata", "labels", default={})
+    return labels
+
+
+# -- placement -------------------------------------------------------------------------------
+
+
+def test_an_elastic_job_runs_one_worker_per_node_of_its_instance_type(operator: Operator, namespace: Kubectl) -> None:
+    namespace.apply(command_job("placed", min_nodes=2, max_nodes=3))
+    wait_job(namespace, "placed", "3/3 workers Running", running_with(3), timeout=TIMEOUT)
+    pods = running_workers(namespace, "placed")
+    nodes = {dig(p, "spec", "nodeName") for p in pods}
+    assert len(nodes) == 3, "one worker per node (required anti-affinity)"
+    inst = CATALOG.get("dgxh100.80g.8.norm")
+    for pod in pods:
+        labels = node_labels(namespace, pod)
+        assert labels[inst.labels.product] in inst.products
+        assert labels[inst.labels.count] == str(inst.gpus)
+        assert labels.get("kubedgx.io/capacity") in (None, "norm")
+        assert dig(pod, "spec", "priorityClassName") == "kubedgx-normal"
+        assert dig(pod, "spec", "priority") == dig(namespace.get("priorityclass", "kubedgx-normal"), "value")
+        env = {e["name"]: e.get("value") for e in dig(pod, "spec", "containers", 0, "env")}
+        assert env["PET_NNODES"] == "2:3"
+
+
+def test_a_spot_job_lands_on_spot_nodes_only(operator: Operator, namespace: Kubectl) -> None:
+    job = command_job("spot", min_nodes=2, max_nodes=2)
+    job["spec"]["instance"] = "dgxh100.80g.8.spot"
+    namespace.apply(job)
+    wait_job(namespace, "spot", "2/2 workers Running", running_with(2), timeout=TIMEOUT)
+    spot = CATALOG.get("dgxh100.80g.8.spot")
+    for pod in running_workers(namespace, "spot"):
+        labels = node_labels(namespace, pod)
+        assert all(labels.get(k) == v for k, v in spot.node_selector.items()), labels
+
+
+def test_a_multi_node_nvlink_job_stays_in_one_nvlink_domain(operator: Operator, namespace: Kubectl) -> None:
+    job = command_job("nvl", min_nodes=2, max_nodes=2)
+    job["spec"]["instance"] = "dgxgb200.186g.4.norm"
+    namespace.apply(job)
+    wait_job(namespace, "nvl", "2/2 workers Running", running_with(2), timeout=TIMEOUT)
+    gb200 = CATALOG.get("dgxgb200.186g.4.norm")
+    cliques = {node_labels(namespace, p)[gb200.labels.clique] for p in running_workers(namespace, "nvl")}
+    assert len(cliques) == 1, cliques
+
+
+def test_a_job_nothing_fits_stays_pending_then_times_out(operator: Operator, namespace: Kubectl) -> None:
+    job = command_job("nofit", min_nodes=1, max_nodes=1)
+    job["spec"]["instance"] = "dgxh200.141g.8.norm"  # no H200 node in this cluster
+    job["spec"]["maxPending"] = "15s"
+    namespace.apply(job)
+    wait_job(namespace, "nofit", "Pending", phase_is("Pending"), timeout=TIMEOUT)
+    (pod,) = worker_pods(namespace, "nofit")
+    wait_for("the scheduler to call the worker Unschedulable", lambda: any(
+        c.get("reason") == "Unschedulable" for c in dig(namespace.get("pod", pod["metadata"]["name"]), "status",
+        "conditions", default=[]) or []), timeout=TIMEOUT, interval=0.5)  # fmt: skip
+    failed = wait_job(namespace, "nofit", "Failed", phase_is("Failed"), timeout=TIMEOUT, fail_on=())
+    assert condition_true(failed, "Failed")
+    assert dig(failed, "status", "reason") == "PendingTimeout" or any(
+        c.get("reason") == "PendingTimeout" for c in dig(failed, "status", "conditions", default=[])
+    )
+    wait_for("its worker deleted", lambda: live_workers(namespace, "nofit") == [], timeout=TIMEOUT, interval=0.5)
+
+
+# -- exits and restarts ----------------------------------------------------------------------
+
+
+def test_worker_zero_exiting_zero_succeeds_the_job_and_deletes_the_rest(operator: Operator, namespace: Kubectl) -> None:
+    namespace.apply(command_job("done", min_nodes=2, max_nodes=2))
+    wait_job(namespace, "done", "2/2 workers Running", running_with(2), timeout=TIMEOUT)
+    pods = pods_by_index(namespace, "done")
+    summary = {"status": "Succeeded", "progress": {"step": 7, "totalSteps": 7}}
+    exit_worker(namespace, pods["0"]["metadata"]["name"], 0, json.dumps(summary))
+    job = wait_job(namespace, "done", "Succeeded", phase_is("Succeeded"), timeout=TIMEOUT)
+    assert condition_true(job, "Succeeded")
+    assert dig(job, "status", "restarts") in (0, None)
+    assert dig(job, "status", "progress", "step") == 7
+    others = pods["1"]["metadata"]["name"]
+    wait_for("worker 1 deleted", lambda: others not in {p["metadata"]["name"] for p in live_workers(namespace, "done")},
+             timeout=TIMEOUT, interval=0.5)  # fmt: skip
+
+
+def test_on_failure_restarts_until_the_backoff_limit(operator: Operator, namespace: Kubectl) -> None:
+    job = command_job("flaky", min_nodes=1, max_nodes=1)
+    job["spec"]["backoffLimit"] = 1
+    namespace.apply(job)
+    wait_job(namespace, "flaky", "Running", running_with(1), timeout=TIMEOUT)
+    first = pods_by_index(namespace, "flaky")["0"]
+    exit_worker(namespace, first["metadata"]["name"], 1)
+    restarted = wait_for("a replacement worker of the next attempt Running", lambda: [p for p in
+                         running_workers(namespace, "flaky") if attempt(p) > attempt(first)] or None,
+                         timeout=TIMEOUT, interval=0.5)  # fmt: skip
+    assert dig(namespace.get(JOBS, "flaky"), "status", "restarts") == 1
+    exit_worker(namespace, restarted[0]["metadata"]["name"], 1)
+    failed = wait_job(namespace, "flaky", "Failed", phase_is("Failed"), timeout=TIMEOUT, fail_on=())
+    reasons = {c.get("reason") for c in dig(failed, "status", "conditions", default=[])}
+    assert "BackoffLimitExceeded" in reasons, reasons
+
+
+def test_exit_code_policy_retries_listed_codes_and_fails_on_others(operator: Operator, namespace: Kubectl) -> None:
+    job = command_job("codes", min_nodes=1, max_nodes=1)
+    job["spec"] |= {"restartPolicy": "ExitCode", "retryableExitCodes": [3], "backoffLimit": 5}
+    namespace.apply(job)
+    wait_job(namespace, "codes", "Running", running_with(1), timeout=TIMEOUT)
+    first = pods_by_index(namespace, "codes")["0"]
+    exit_worker(namespace, first["metadata"]["name"], 3)
+    second = wait_for("a retry after exit code 3", lambda: [p for p in running_workers(namespace, "codes")
+                      if attempt(p) > attempt(first)] or None, timeout=TIMEOUT, interval=0.5)[0]  # fmt: skip
+    exit_worker(namespace, second["metadata"]["name"], 4)
+    failed = wait_job(namespace, "codes", "Failed", phase_is("Failed"), timeout=TIMEOUT, fail_on=())
+    reasons = {c.get("reason") for c in dig(failed, "status", "conditions", default=[])}
+    assert "WorkerFailed" in reasons, reasons
+    assert dig(failed, "status", "restarts") == 1
+
+
+# -- disruptions -----------------------------------------------------------------------------
+
+
+def test_an_eviction_is_replaced_and_not_counted(operator: Operator, namespace: Kubectl) -> None:
+    namespace.apply(command_job("evicted", min_nodes=1, max_nodes=2))
+    wait_job(namespace, "evicted", "2/2 workers Running", running_with(2), timeout=TIMEOUT)
+    victim = pods_by_index(namespace, "evicted")["1"]
+    label(namespace, victim["metadata"]["name"], EVICT_LABEL, "true")
+    wait_for("a replacement of the evicted worker Running", lambda: [p for p in running_workers(namespace, "evicted")
+             if dig(p, "metadata", "labels", "kubedgx.io/replica-index") == "1" and attempt(p) > attempt(victim)]
+             or None, timeout=TIMEOUT, interval=0.5)  # fmt: skip
+    job = wait_job(namespace, "evicted", "2/2 again", running_with(2), timeout=TIMEOUT)
+    assert dig(job, "status", "restarts") in (0, None)
+
+
+def test_a_worker_on_a_not_ready_node_is_evicted_and_replaced_elsewhere(
+    operator: Operator, kubectl: Kubectl, namespace: Kubectl
+) -> None:
+    """The node lifecycle controller taints the node NoExecute, the taint manager deletes the worker
+    (a DisruptionTarget), the operator replaces it on another node without counting a restart."""
+    namespace.apply(command_job("notready", min_nodes=1, max_nodes=1))
+    wait_job(namespace, "notready", "Running", running_with(1), timeout=TIMEOUT)
+    first = pods_by_index(namespace, "notready")["0"]
+    node = str(dig(first, "spec", "nodeName"))
+    kubectl.run("label", "node", node, f"{NODE_NOT_READY_LABEL}=true")
+    try:
+        replaced = wait_for("the worker replaced on another node", lambda: [p for p in
+                            running_workers(namespace, "notready") if attempt(p) > attempt(first)] or None,
+                            timeout=TIMEOUT * 2, interval=0.5)[0]  # fmt: skip
+    finally:
+        kubectl.run("label", "node", node, f"{NODE_NOT_READY_LABEL}-")
+    assert dig(replaced, "spec", "nodeName") != node
+    job = wait_job(namespace, "notready", "Running", running_with(1), timeout=TIMEOUT)
+    assert dig(job, "status", "restarts") in (0, None)
+
+
+# -- lifecycle -------------------------------------------------------------------------------
+
+
+def test_suspend_deletes_the_workers_and_resume_brings_them_back(operator: Operator, namespace: Kubectl) -> None:
+    namespace.apply(command_job("pause", min_nodes=2, max_nodes=2))
+    wait_job(namespace, "pause", "2/2 Running", running_with(2), timeout=TIMEOUT)
+    namespace.patch(JOBS, "pause", {"spec": {"suspend": True}})
+    wait_job(namespace, "pause", "Suspended", phase_is("Suspended"), timeout=TIMEOUT)
+    wait_for("no workers", lambda: live_workers(namespace, "pause") == [], timeout=TIMEOUT, interval=0.5)
+    namespace.patch(JOBS, "pause", {"spec": {"suspend": False}})
+    job = wait_job(namespace, "pause", "2/2 Running again", running_with(2), timeout=TIMEOUT)
+    assert dig(job, "status", "restarts") in (0, None)
+
+
+def test_max_duration_ends_the_job_with_deadline_exceeded(operator: Operator, namespace: Kubectl) -> None:
+    job = command_job("deadline", min_nodes=1, max_nodes=1)
+    job["spec"]["maxDuration"] = "20s"
+    namespace.apply(job)
+    wait_job(namespace, "deadline", "Running", running_with(1), timeout=TIMEOUT)
+    (pod,) = live_workers(namespace, "deadline")
+    assert 0 < int(dig(pod, "spec", "activeDeadlineSeconds")) <= 20
+    failed = wait_job(namespace, "deadline", "Failed", phase_is("Failed"), timeout=TIMEOUT, fail_on=())
+    reasons = {c.get("reason") for c in dig(failed, "status", "conditions", default=[])}
+    assert "DeadlineExceeded" in reasons, reasons
+    wait_for("its worker deleted", lambda: live_workers(namespace, "deadline") == [], timeout=TIMEOUT, interval=0.5)
+
+
+def test_deleting_a_job_releases_it_and_its_children_are_collected(operator: Operator, namespace: Kubectl) -> None:
+    namespace.apply(command_job("gone", min_nodes=2, max_nodes=2))
+    wait_job(namespace, "gone", "2/2 Running", running_with(2), timeout=TIMEOUT)
+    assert namespace.get("service", "gone") is not None
+    namespace.delete(JOBS, "gone")
+    wait_gone(namespace, JOBS, "gone", timeout=TIMEOUT)
+    wait_for("its pods and Service gone", lambda: worker_pods(namespace, "gone") == [] and namespace.get(
+        "service", "gone") is None, timeout=TIMEOUT, interval=0.5)  # fmt: skip
