@@ -25,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from tests.chart.conftest import NAMESPACE, OPERATOR_SA, Rendered, find, one, render
+from tests.chart.conftest import NAMESPACE, RELEASE, Rendered, find, one, render
 from tests.cluster.controlplane import ControlPlane
 from tests.e2e.kubectl import JOBS, MOUNTS, Kubectl, dig, wait_for
 
@@ -35,11 +35,14 @@ MANAGER = "kubedgx-cluster-tests"
 KUBEDGX = shutil.which("kubedgx", path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
 
 
-def install(kubectl: Kubectl, values: Mapping[str, Any] | None = None) -> list[Rendered]:
+def install(kubectl: Kubectl, values: Mapping[str, Any] | None = None, *, release: str = RELEASE,
+            namespace: str = NAMESPACE) -> list[Rendered]:  # fmt: skip
     """Apply the chart's objects (server-side, as one field manager) but its Deployment; wait until
-    both CRDs are Established. Idempotent: other test modules may have installed them already."""
-    objects = [r for r in render(dict(values or {})) if r.kind != "Deployment"]
-    kubectl.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
+    both CRDs are Established. Idempotent: other test modules may have installed them already.
+    Returns every rendered object, the Deployment included (the operator's configuration)."""
+    rendered = render(dict(values or {}), name=release, namespace=namespace)
+    objects = [r for r in rendered if r.kind != "Deployment"]
+    kubectl.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
     text = yaml.safe_dump_all([r.obj for r in objects], sort_keys=False)
     kubectl.run("apply", "--server-side", "--force-conflicts", f"--field-manager={MANAGER}", "-f", "-", input=text)
     for crd in (JOBS, MOUNTS):
@@ -52,23 +55,30 @@ def install(kubectl: Kubectl, values: Mapping[str, Any] | None = None) -> list[R
             timeout=60,
             interval=0.3,
         )
-    return render(dict(values or {}))
+    return rendered
 
 
-def token_kubeconfig(plane: ControlPlane, kubectl: Kubectl, path: Path, *, account: str = OPERATOR_SA,
-                     namespace: str = NAMESPACE) -> Path:  # fmt: skip
-    """A kubeconfig whose only credential is a bound token of ``namespace/account`` (TokenRequest)."""
-    token = kubectl.in_namespace(namespace).run("create", "token", account, "--duration=2h").stdout.strip()
+def service_account(objects: list[Rendered]) -> tuple[str, str]:
+    """(namespace, name) of the operator's ServiceAccount in the rendered chart."""
+    (sa,) = find(objects, "ServiceAccount")
+    return str(sa["metadata"]["namespace"]), str(sa["metadata"]["name"])
+
+
+def token_kubeconfig(plane: ControlPlane, kubectl: Kubectl, path: Path, account: tuple[str, str]) -> Path:
+    """A kubeconfig whose only credential is a bound token of the ServiceAccount ``account``
+    (namespace, name), from the TokenRequest API."""
+    namespace, name = account
+    token = kubectl.in_namespace(namespace).run("create", "token", name, "--duration=2h").stdout.strip()
     assert token.count(".") == 2, "a JWT"
-    context = f"{account}@{plane.server}"
+    context = f"{name}@{plane.server}"
     config = {
         "apiVersion": "v1",
         "kind": "Config",
         "clusters": [
             {"name": "cluster", "cluster": {"server": plane.server, "certificate-authority": str(plane.pki.ca_crt)}}
         ],
-        "users": [{"name": account, "user": {"token": token}}],
-        "contexts": [{"name": context, "context": {"cluster": "cluster", "user": account}}],
+        "users": [{"name": name, "user": {"token": token}}],
+        "contexts": [{"name": context, "context": {"cluster": "cluster", "user": name}}],
         "current-context": context,
     }
     path.write_text(yaml.safe_dump(config, sort_keys=False))
@@ -118,7 +128,8 @@ def operator_environment(objects: list[Rendered], kubeconfig: Path, workdir: Pat
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     env = {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
     catalog = workdir / "catalog.yaml"
-    catalog.write_text(find(objects, "ConfigMap", "kubedgx-catalog")[0]["data"]["catalog.yaml"], encoding="utf-8")
+    (catalog_map,) = [c for c in find(objects, "ConfigMap") if "catalog.yaml" in c.get("data", {})]
+    catalog.write_text(catalog_map["data"]["catalog.yaml"], encoding="utf-8")
     env = {k: v for k, v in env.items() if not k.startswith("KUBEDGX_WEBHOOK_")}
     env |= {"KUBEDGX_CATALOG": str(catalog), "KUBEDGX_METRICS_PORT": "0", "KUBEDGX_HEALTH_PORT": "0"}
     base = {k: v for k, v in os.environ.items() if not k.startswith("KUBEDGX_")}

@@ -23,7 +23,7 @@ from tests.cluster.controlplane import (
     NODE_NOT_READY_LABEL,
     ControlPlane,
 )
-from tests.cluster.operator import Operator, install, run_operator, token_kubeconfig
+from tests.cluster.operator import Operator, install, run_operator, service_account, token_kubeconfig
 from tests.e2e.jobs import (
     command_job,
     condition_true,
@@ -51,7 +51,7 @@ def operator(
     control_plane: ControlPlane, kubectl: Kubectl, chart: list[Rendered], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Operator]:
     work = tmp_path_factory.mktemp("operator")
-    kubeconfig = token_kubeconfig(control_plane, kubectl, work / "operator.kubeconfig")
+    kubeconfig = token_kubeconfig(control_plane, kubectl, work / "operator.kubeconfig", service_account(chart))
     with run_operator(chart, kubeconfig, work) as op:
         yield op
         refused = op.forbidden()
