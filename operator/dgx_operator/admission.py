@@ -51,6 +51,21 @@ WEBHOOKS = (
     ("dgxdatamounts.kubedgx.io", "dgxdatamounts", f"/{MOUNT_WEBHOOK}"),
 )
 MANAGED_BY = {"app.kubernetes.io/managed-by": "kubedgx-operator"}
+#: Which requests reach the webhook at all; the apiserver evaluates these before calling it. Not an
+#: object that is being deleted, and of updates only those that change the spec (all the webhook
+#: checks). So while the webhook cannot be reached (failurePolicy Fail), deleting a job and the
+#: operator's removal of its finalizer, an update of metadata only, still go through: proven on the
+#: real apiserver (tests/cluster/test_webhook.py), where without them a job stayed Terminating.
+#: Status writes go to the status subresource, which no rule names. The chart's configuration
+#: (cert-manager mode) carries the same list; a chart test compares them.
+MATCH_CONDITIONS = (
+    {"name": "not-being-deleted", "expression": "!has(object.metadata.deletionTimestamp)"},
+    {
+        "name": "spec-changed",
+        "expression": "request.operation != 'UPDATE' || !has(object.spec) || !has(oldObject.spec) "
+        "|| object.spec != oldObject.spec",
+    },
+)
 #: A self-signed pair is made at every start and not rotated while the operator runs.
 CERTIFICATE_DAYS = 3650
 PUBLISH_ATTEMPTS = 5
@@ -185,6 +200,7 @@ def webhook_configuration(hook: WebhookConfig, ca_bundle: bytes) -> dict[str, An
                 ],
                 "failurePolicy": hook.failure_policy,
                 "matchPolicy": "Equivalent",
+                "matchConditions": [dict(c) for c in MATCH_CONDITIONS],
                 "sideEffects": "None",
                 "admissionReviewVersions": ["v1"],
                 "timeoutSeconds": 10,

@@ -13,6 +13,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from dgx_operator import admission
 from dgx_operator.catalog import Catalog
 from tests.chart.conftest import (
     CHART,
@@ -565,6 +566,8 @@ def test_cert_manager_mode_renders_issuer_certificate_and_configuration(namespac
     for hook in vwc["webhooks"]:
         assert hook["failurePolicy"] == "Ignore"
         assert hook["sideEffects"] == "None"
+        # The same requests reach it as in self-signed mode: deletes and metadata-only updates never.
+        assert hook["matchConditions"] == [dict(c) for c in admission.MATCH_CONDITIONS]
         assert hook["clientConfig"]["service"]["name"] == service["metadata"]["name"]
         assert hook["clientConfig"]["service"]["port"] == service["spec"]["ports"][0]["port"]
         paths.add(hook["clientConfig"]["service"]["path"])

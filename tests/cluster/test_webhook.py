@@ -1,0 +1,142 @@
+"""The validating webhook, called by the real kube-apiserver over TLS.
+
+The operator runs as a local process in certificate mode (the cert-manager mode of the chart) with a
+serving certificate for 127.0.0.1 signed by a CA of the test's own; the apiserver reaches it through
+a URL clientConfig, because a Service's endpoints need a routable pod IP and kwok's pods have none.
+The webhooks are otherwise exactly the operator's own ValidatingWebhookConfiguration
+(admission.webhook_configuration: rules, failure policy, match conditions), scoped by a
+namespaceSelector to this module's namespaces so no other test meets them.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from cryptography.hazmat.primitives import serialization
+from cryptography.x509.oid import ExtendedKeyUsageOID
+
+from dgx_operator.admission import WEBHOOKS, webhook_configuration
+from dgx_operator.settings import WebhookConfig
+from tests.chart.conftest import Rendered
+from tests.cluster.controlplane import ControlPlane, _cert, _key, _name, _write_key, free_port
+from tests.cluster.operator import Operator, install, run_operator, service_account, token_kubeconfig
+from tests.e2e.jobs import command_job, unknown_instance_job
+from tests.e2e.kubectl import JOBS, Kubectl, KubectlError, dig, wait_for
+
+SUFFIX = secrets.token_hex(3)
+SCOPE_LABEL = "test.kubedgx.io/webhook"
+CONFIGURATION = f"kubedgx-webhook-test-{SUFFIX}"
+
+
+@pytest.fixture(scope="module")
+def serving(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A CA and a serving certificate for https://127.0.0.1 (an IP SAN: the apiserver checks it)."""
+    d = tmp_path_factory.mktemp("webhook-pki")
+    ca_key = _key()
+    ca = _cert(_name("kubedgx-webhook-test-ca"), ca_key, None)
+    key = _key()
+    crt = _cert(_name("127.0.0.1"), key, (ca, ca_key), usage=ExtendedKeyUsageOID.SERVER_AUTH, sans=["127.0.0.1"])
+    files = {"ca": d / "ca.crt", "crt": d / "tls.crt", "key": d / "tls.key"}
+    files["ca"].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    files["crt"].write_bytes(crt.public_bytes(serialization.Encoding.PEM))
+    _write_key(files["key"], key)
+    return files
+
+
+@pytest.fixture(scope="module")
+def port() -> int:
+    return free_port()
+
+
+@pytest.fixture(scope="module")
+def operator(control_plane: ControlPlane, kubectl: Kubectl, serving: dict[str, Path], port: int,
+             tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:  # fmt: skip
+    chart: list[Rendered] = install(kubectl)
+    work = tmp_path_factory.mktemp("operator-webhook")
+    kubeconfig = token_kubeconfig(control_plane, kubectl, work / "operator.kubeconfig", service_account(chart))
+    args = ("--webhook-port", str(port), "--webhook-cert", str(serving["crt"]), "--webhook-key", str(serving["key"]))
+    with run_operator(chart, kubeconfig, work, extra_args=args) as op:
+        yield op
+        refused = op.forbidden()
+        assert refused == [], "RBAC refused the operator:\n" + "\n".join(refused[:20])
+
+
+def configuration(ca: bytes, port: int) -> dict[str, Any]:
+    """The operator's own configuration, with URL clientConfigs and this module's namespaceSelector."""
+    hook = WebhookConfig(port=port, service="unused", namespace="unused", configuration=CONFIGURATION)
+    config = copy.deepcopy(webhook_configuration(hook, ca))
+    paths = {name: path for name, _resource, path in WEBHOOKS}
+    for webhook in config["webhooks"]:
+        webhook["clientConfig"] = {
+            "url": f"https://127.0.0.1:{port}{paths[webhook['name']]}",
+            "caBundle": base64.b64encode(ca).decode("ascii"),
+        }
+        webhook["namespaceSelector"] = {"matchLabels": {SCOPE_LABEL: SUFFIX}}
+    return config
+
+
+@pytest.fixture(scope="module")
+def webhook(operator: Operator, kubectl: Kubectl, serving: dict[str, Path], port: int) -> Iterator[dict[str, Any]]:
+    config = configuration(serving["ca"].read_bytes(), port)
+    kubectl.apply(config)
+    yield config
+    kubectl.run("delete", "validatingwebhookconfiguration", CONFIGURATION, "--ignore-not-found")
+
+
+@pytest.fixture
+def scoped(namespace: Kubectl, kubectl: Kubectl, webhook: dict[str, Any]) -> Kubectl:
+    """The test's namespace, inside the webhook's namespaceSelector; returns once the apiserver calls
+    the webhook there (a bad job is refused on a server-side dry run)."""
+    kubectl.run("label", "namespace", str(namespace.namespace), f"{SCOPE_LABEL}={SUFFIX}")
+    text = yaml.safe_dump(unknown_instance_job("probe"))
+
+    def refused() -> bool:
+        proc = namespace.run("apply", "--dry-run=server", "-f", "-", input=text, check=False)
+        return proc.returncode != 0 and "denied the request" in proc.stderr
+
+    wait_for("the apiserver to call the webhook", refused, timeout=30, interval=0.5)
+    return namespace
+
+
+def test_the_apiserver_calls_the_webhook_over_tls_and_refuses_with_its_message(scoped: Kubectl) -> None:
+    with pytest.raises(KubectlError) as refused:
+        scoped.apply(unknown_instance_job("bad"))
+    message = refused.value.stderr
+    assert 'admission webhook "dgxtrainingjobs.kubedgx.io" denied the request' in message
+    assert "spec.instance" in message
+    assert scoped.get(JOBS, "bad") is None
+
+
+def test_a_valid_job_passes_the_webhook(scoped: Kubectl) -> None:
+    scoped.apply(command_job("good"))
+    assert scoped.get(JOBS, "good") is not None
+
+
+def test_with_the_webhook_down_deletes_and_finalizer_removal_still_go_through(
+    scoped: Kubectl, kubectl: Kubectl, operator: Operator, webhook: dict[str, Any]
+) -> None:
+    """failurePolicy Fail must not hold a job hostage: deleting it, and the operator's removal of its
+    finalizer (an UPDATE of metadata only), go through while the webhook cannot be reached."""
+    scoped.apply(command_job("hostage"))
+    wait_for("the operator's finalizer", lambda: dig(scoped.get(JOBS, "hostage"), "metadata", "finalizers"),
+             timeout=30, interval=0.3)  # fmt: skip
+    down = copy.deepcopy(webhook)
+    closed = free_port()
+    for hook in down["webhooks"]:
+        hook["clientConfig"]["url"] = f"https://127.0.0.1:{closed}/nowhere"
+    kubectl.apply(down)
+    try:
+        with pytest.raises(KubectlError, match="failed calling webhook"):
+            scoped.apply(command_job("while-down"))  # the webhook is really down: a CREATE fails
+        scoped.delete(JOBS, "hostage")
+        wait_for("the job to be gone (finalizer released through the apiserver)",
+                 lambda: scoped.get(JOBS, "hostage") is None, timeout=60, interval=0.5)  # fmt: skip
+    finally:
+        kubectl.apply(webhook)
