@@ -86,3 +86,7 @@ def example_files() -> list[Path]:
 
 def load_yaml_docs(path: Path) -> list[Any]:
     return [d for d in yaml.safe_load_all(path.read_text(encoding="utf-8")) if d is not None]
+
+
+# The session's control plane (tests/cluster), for the cluster suite and the e2e suite alike.
+from tests.cluster.fixtures import admin_kubectl, control_plane  # noqa: E402, F401

@@ -1,5 +1,5 @@
-"""The cluster suite's fixtures: one real control plane per test session (tests/cluster/controlplane.py),
-a kubectl bound to it, and a fresh namespace per test.
+"""The cluster suite's fixtures: the session's control plane (``control_plane``, from
+tests/cluster/fixtures.py), a kubectl bound to it as admin, and a fresh namespace per test.
 
 Every test under tests/cluster is marked ``cluster``: ``-m "not cluster"`` leaves them out. Where
 this machine has no Go toolchain they skip with that reason; where it has one, a failed build or
@@ -9,16 +9,14 @@ A failed test gets the last lines of every component's log in its report.
 
 from __future__ import annotations
 
-import os
 import re
 import secrets
-import sys
 from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.cluster.controlplane import CONTEXT, ControlPlane, StartError, UnavailableError, build
+from tests.cluster.controlplane import ControlPlane
 from tests.e2e.kubectl import Kubectl, wait_for
 
 #: Keep the control plane's directory (certificates, logs, etcd) after the session.
@@ -30,28 +28,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if here in Path(str(item.fspath)).parents:
             item.add_marker(pytest.mark.cluster)
-
-
-@pytest.fixture(scope="session")
-def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    try:
-        binaries = build(out=sys.stderr)
-    except UnavailableError as exc:
-        pytest.skip(str(exc))
-    except StartError as exc:
-        pytest.fail(f"the control plane could not be built: {exc}", pytrace=False)
-    root = tmp_path_factory.mktemp("control-plane")
-    plane = ControlPlane(root, binaries)
-    try:
-        plane.start()
-    except StartError as exc:
-        pytest.fail(f"the control plane did not start: {exc}", pytrace=False)
-    print(f"\ncontrol plane up in {plane.started_in:.1f}s: Kubernetes {binaries.kubernetes_version}, {root}",
-          file=sys.stderr)  # fmt: skip
-    yield plane
-    plane.stop()
-    if os.environ.get(KEEP_ENV) == "1":
-        print(f"kubedgx cluster: kept {root} ({KEEP_ENV}=1)", file=sys.stderr)
 
 
 @pytest.hookimpl(wrapper=True)
@@ -66,9 +42,9 @@ def pytest_runtest_makereport(
 
 
 @pytest.fixture(scope="session")
-def kubectl(control_plane: ControlPlane) -> Kubectl:
-    """kubectl (the one built with the control plane) as the cluster's admin."""
-    return Kubectl(CONTEXT, binary=control_plane.kubectl_binary, kubeconfig=str(control_plane.kubeconfig))
+def kubectl(admin_kubectl: Kubectl) -> Kubectl:
+    """kubectl as the cluster's admin (the shared ``admin_kubectl``, by a shorter name)."""
+    return admin_kubectl
 
 
 @pytest.fixture

@@ -43,7 +43,7 @@ import urllib.request
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, TypeVar
+from typing import IO, Any, Protocol, TypeVar, cast
 
 import yaml
 from cryptography import x509
@@ -416,6 +416,35 @@ def dgx_nodes(pools: Iterable[NodePool] = DEFAULT_POOLS, catalog: Catalog | None
 # --------------------------------------------------------------------------------------------
 
 
+class Stoppable(Protocol):
+    def stop(self) -> None: ...
+
+
+class OperatorSlot:
+    """Room for one operator: two operators reconciling the same jobs would fight, so whoever
+    starts one first stops the one that holds the slot. Test modules run one after another, each
+    taking the slot for its own operator (cluster-wide, namespaced, with a webhook...)."""
+
+    def __init__(self) -> None:
+        self.owner: str | None = None
+        self.current: Stoppable | None = None
+
+    def take(self, owner: str, start: Callable[[], T]) -> T:
+        self.release()
+        started = start()
+        self.owner, self.current = owner, cast(Stoppable, started)
+        return started
+
+    def holds(self, owner: str) -> Stoppable | None:
+        return self.current if self.owner == owner else None
+
+    def release(self, owner: str | None = None) -> None:
+        """Stop the operator in the slot (only ``owner``'s, when given)."""
+        if self.current is not None and (owner is None or owner == self.owner):
+            self.current.stop()
+            self.owner, self.current = None, None
+
+
 @dataclass
 class Ports:
     etcd: int = field(default_factory=free_port)
@@ -448,6 +477,8 @@ class ControlPlane:
         self.kubeconfig = root / "admin.kubeconfig"
         self._write_kubeconfig()
         self.components: dict[str, Component] = {}
+        #: The one kubedgx operator running against this cluster at a time (tests/cluster/operator.py).
+        self.slot = OperatorSlot()
 
     # -- configuration ------------------------------------------------------------------
 

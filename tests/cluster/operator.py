@@ -11,7 +11,9 @@ chart's ConfigMap, and the log in a file the tests read.
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import copy
 import os
 import re
 import shutil
@@ -24,9 +26,13 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from cryptography.hazmat.primitives import serialization
+from cryptography.x509.oid import ExtendedKeyUsageOID
 
+from dgx_operator.admission import WEBHOOKS, webhook_configuration
+from dgx_operator.settings import WebhookConfig
 from tests.chart.conftest import NAMESPACE, RELEASE, Rendered, find, one, render
-from tests.cluster.controlplane import ControlPlane
+from tests.cluster.controlplane import ControlPlane, _cert, _key, _name, _write_key, free_port
 from tests.e2e.kubectl import JOBS, MOUNTS, Kubectl, dig, wait_for
 
 #: The field manager of everything the tests apply for the chart.
@@ -138,10 +144,9 @@ def operator_environment(objects: list[Rendered], kubeconfig: Path, workdir: Pat
     return base, args
 
 
-@contextlib.contextmanager
-def run_operator(objects: list[Rendered], kubeconfig: Path, workdir: Path,
-                 extra_args: tuple[str, ...] = ()) -> Iterator[Operator]:  # fmt: skip
-    """Start the operator, wait until it has started its watches, stop it on exit."""
+def start_operator(objects: list[Rendered], kubeconfig: Path, workdir: Path,
+                   extra_args: tuple[str, ...] = ()) -> Operator:  # fmt: skip
+    """Start the operator and wait until it has started its watches (stopped again if it does not)."""
     assert KUBEDGX is not None, "the kubedgx console script is not installed (pip install -e .)"
     workdir.mkdir(parents=True, exist_ok=True)
     env, args = operator_environment(objects, kubeconfig, workdir)
@@ -166,10 +171,91 @@ def run_operator(objects: list[Rendered], kubeconfig: Path, workdir: Path,
             timeout=60,
             interval=0.3,
         )
+    except BaseException:
+        op.stop()
+        raise
+    return op
+
+
+@contextlib.contextmanager
+def run_operator(plane: ControlPlane, owner: str, objects: list[Rendered], kubeconfig: Path, workdir: Path,
+                 extra_args: tuple[str, ...] = ()) -> Iterator[Operator]:  # fmt: skip
+    """The operator for one test module: it takes the control plane's operator slot (stopping any
+    other operator first) and gives it back on exit."""
+    op = plane.slot.take(owner, lambda: start_operator(objects, kubeconfig, workdir, extra_args))
+    try:
         yield op
     finally:
-        op.stop()
+        plane.slot.release(owner)
 
 
 def _raise(message: str) -> bool:
     raise AssertionError(message)
+
+
+# -- the webhook, reached by the apiserver through a URL (kwok's pods have no routable IP) -------
+
+
+def serving_certificate(directory: Path) -> dict[str, Path]:
+    """A CA and a serving certificate for https://127.0.0.1 (an IP SAN: the apiserver checks it):
+    files "ca", "crt", "key"."""
+    directory.mkdir(parents=True, exist_ok=True)
+    ca_key = _key()
+    ca = _cert(_name("kubedgx-webhook-test-ca"), ca_key, None)
+    key = _key()
+    crt = _cert(_name("127.0.0.1"), key, (ca, ca_key), usage=ExtendedKeyUsageOID.SERVER_AUTH, sans=["127.0.0.1"])
+    files = {"ca": directory / "ca.crt", "crt": directory / "tls.crt", "key": directory / "tls.key"}
+    files["ca"].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    files["crt"].write_bytes(crt.public_bytes(serialization.Encoding.PEM))
+    _write_key(files["key"], key)
+    return files
+
+
+def webhook_args(files: Mapping[str, Path], port: int) -> tuple[str, ...]:
+    """The operator's flags for certificate mode (the chart's cert-manager mode) on ``port``."""
+    return ("--webhook-port", str(port), "--webhook-cert", str(files["crt"]), "--webhook-key", str(files["key"]))
+
+
+def url_webhook_configuration(name: str, ca: bytes, port: int, selector: Mapping[str, str]) -> dict[str, Any]:
+    """The operator's own ValidatingWebhookConfiguration (admission.webhook_configuration: rules,
+    failure policy, match conditions) with URL clientConfigs to 127.0.0.1:``port``, limited to
+    namespaces labelled ``selector``."""
+    hook = WebhookConfig(port=port, service="unused", namespace="unused", configuration=name)
+    config = copy.deepcopy(webhook_configuration(hook, ca))
+    paths = {hook_name: path for hook_name, _resource, path in WEBHOOKS}
+    for webhook in config["webhooks"]:
+        webhook["clientConfig"] = {
+            "url": f"https://127.0.0.1:{port}{paths[webhook['name']]}",
+            "caBundle": base64.b64encode(ca).decode("ascii"),
+        }
+        webhook["namespaceSelector"] = {"matchLabels": dict(selector)}
+    return config
+
+
+# -- the e2e suite on this machine's control plane ---------------------------------------------
+
+#: The e2e suite's webhook configuration; it covers the namespaces the e2e tests create (labelled so).
+E2E_WEBHOOK = "kubedgx-e2e-webhook"
+E2E_NAMESPACE_LABEL = {"kubedgx.io/e2e": "true"}
+E2E_OWNER = "tests/e2e"
+
+
+def local_e2e_cluster(plane: ControlPlane, kubectl: Kubectl, workdir: Path) -> Any:
+    """tests/e2e's Cluster on this control plane: the chart's objects, the operator (certificate
+    mode, reached by the apiserver through a URL) in the cluster's operator slot, and a webhook
+    configuration for the e2e namespaces. Returns a Cluster, or what the cluster lacks (a str)."""
+    from tests.e2e.cluster import find_cluster
+
+    chart = install(kubectl)
+    files = serving_certificate(workdir / "pki")
+    port = free_port()
+    kubeconfig = token_kubeconfig(plane, kubectl, workdir / "operator.kubeconfig", service_account(chart))
+
+    def ensure_operator() -> None:
+        if plane.slot.holds(E2E_OWNER) is None:
+            plane.slot.take(E2E_OWNER, lambda: start_operator(chart, kubeconfig, workdir / "operator",
+                                                              webhook_args(files, port)))  # fmt: skip
+
+    ensure_operator()
+    kubectl.apply(url_webhook_configuration(E2E_WEBHOOK, files["ca"].read_bytes(), port, E2E_NAMESPACE_LABEL))
+    return find_cluster(kubectl, runs_containers=False, ensure_operator=ensure_operator)

@@ -52,7 +52,7 @@ def operator(
 ) -> Iterator[Operator]:
     work = tmp_path_factory.mktemp("operator")
     kubeconfig = token_kubeconfig(control_plane, kubectl, work / "operator.kubeconfig", service_account(chart))
-    with run_operator(chart, kubeconfig, work) as op:
+    with run_operator(control_plane, __name__, chart, kubeconfig, work) as op:
         yield op
         refused = op.forbidden()
         assert refused == [], "the chart's RBAC refused the operator:\n" + "\n".join(refused[:20])

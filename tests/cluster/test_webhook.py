@@ -10,7 +10,6 @@ namespaceSelector to this module's namespaces so no other test meets them.
 
 from __future__ import annotations
 
-import base64
 import copy
 import secrets
 from collections.abc import Iterator
@@ -19,14 +18,19 @@ from typing import Any
 
 import pytest
 import yaml
-from cryptography.hazmat.primitives import serialization
-from cryptography.x509.oid import ExtendedKeyUsageOID
 
-from dgx_operator.admission import WEBHOOKS, webhook_configuration
-from dgx_operator.settings import WebhookConfig
 from tests.chart.conftest import Rendered
-from tests.cluster.controlplane import ControlPlane, _cert, _key, _name, _write_key, free_port
-from tests.cluster.operator import Operator, install, run_operator, service_account, token_kubeconfig
+from tests.cluster.controlplane import ControlPlane, free_port
+from tests.cluster.operator import (
+    Operator,
+    install,
+    run_operator,
+    service_account,
+    serving_certificate,
+    token_kubeconfig,
+    url_webhook_configuration,
+    webhook_args,
+)
 from tests.e2e.jobs import command_job, unknown_instance_job
 from tests.e2e.kubectl import JOBS, Kubectl, KubectlError, dig, wait_for
 
@@ -37,17 +41,7 @@ CONFIGURATION = f"kubedgx-webhook-test-{SUFFIX}"
 
 @pytest.fixture(scope="module")
 def serving(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """A CA and a serving certificate for https://127.0.0.1 (an IP SAN: the apiserver checks it)."""
-    d = tmp_path_factory.mktemp("webhook-pki")
-    ca_key = _key()
-    ca = _cert(_name("kubedgx-webhook-test-ca"), ca_key, None)
-    key = _key()
-    crt = _cert(_name("127.0.0.1"), key, (ca, ca_key), usage=ExtendedKeyUsageOID.SERVER_AUTH, sans=["127.0.0.1"])
-    files = {"ca": d / "ca.crt", "crt": d / "tls.crt", "key": d / "tls.key"}
-    files["ca"].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    files["crt"].write_bytes(crt.public_bytes(serialization.Encoding.PEM))
-    _write_key(files["key"], key)
-    return files
+    return serving_certificate(tmp_path_factory.mktemp("webhook-pki"))
 
 
 @pytest.fixture(scope="module")
@@ -61,30 +55,16 @@ def operator(control_plane: ControlPlane, kubectl: Kubectl, serving: dict[str, P
     chart: list[Rendered] = install(kubectl)
     work = tmp_path_factory.mktemp("operator-webhook")
     kubeconfig = token_kubeconfig(control_plane, kubectl, work / "operator.kubeconfig", service_account(chart))
-    args = ("--webhook-port", str(port), "--webhook-cert", str(serving["crt"]), "--webhook-key", str(serving["key"]))
-    with run_operator(chart, kubeconfig, work, extra_args=args) as op:
+    args = webhook_args(serving, port)
+    with run_operator(control_plane, __name__, chart, kubeconfig, work, extra_args=args) as op:
         yield op
         refused = op.forbidden()
         assert refused == [], "RBAC refused the operator:\n" + "\n".join(refused[:20])
 
 
-def configuration(ca: bytes, port: int) -> dict[str, Any]:
-    """The operator's own configuration, with URL clientConfigs and this module's namespaceSelector."""
-    hook = WebhookConfig(port=port, service="unused", namespace="unused", configuration=CONFIGURATION)
-    config = copy.deepcopy(webhook_configuration(hook, ca))
-    paths = {name: path for name, _resource, path in WEBHOOKS}
-    for webhook in config["webhooks"]:
-        webhook["clientConfig"] = {
-            "url": f"https://127.0.0.1:{port}{paths[webhook['name']]}",
-            "caBundle": base64.b64encode(ca).decode("ascii"),
-        }
-        webhook["namespaceSelector"] = {"matchLabels": {SCOPE_LABEL: SUFFIX}}
-    return config
-
-
 @pytest.fixture(scope="module")
 def webhook(operator: Operator, kubectl: Kubectl, serving: dict[str, Path], port: int) -> Iterator[dict[str, Any]]:
-    config = configuration(serving["ca"].read_bytes(), port)
+    config = url_webhook_configuration(CONFIGURATION, serving["ca"].read_bytes(), port, {SCOPE_LABEL: SUFFIX})
     kubectl.apply(config)
     yield config
     kubectl.run("delete", "validatingwebhookconfiguration", CONFIGURATION, "--ignore-not-found")

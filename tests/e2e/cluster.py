@@ -1,10 +1,15 @@
 """The cluster under test: whether to use it at all, what it must have, and per-test namespaces.
 
-Whether the cluster tests run (every step is local until the last, which asks the API server):
+Whether the cluster tests run, and where (every step is local until the last, which asks the API
+server):
 
+0. ``KUBEDGX_E2E_CONTEXT=local``, or no context at all (neither that variable nor a current context
+   in kubectl's config)                                 -> run on this machine's own control plane
+                                                           (tests/cluster: built from Go modules,
+                                                           kwok's fake DGX nodes, the operator as a
+                                                           local process); skip where there is no Go
 1. no kubectl on PATH                                   -> skip
-2. no context (``KUBEDGX_E2E_CONTEXT``, else kubectl's current context)
-                                                        -> skip
+2. (a context is named or current: the cluster behind it)
 3. the context is not a test context (``kind-*`` or one listed in ``KUBEDGX_E2E_CONTEXTS``)
                                                         -> skip, never contacted; with
                                                            KUBEDGX_E2E=1 the run is REFUSED
@@ -24,8 +29,10 @@ import os
 import re
 import secrets
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
+from typing import Any
 
 from dgx_operator.catalog import Instance
 from tests.e2e.fakegpu import GPU_RESOURCE, instance
@@ -33,6 +40,8 @@ from tests.e2e.jobs import INSTANCE, NAMESPACE_TIMEOUT, describe
 from tests.e2e.kubectl import JOBS, MOUNTS, Kubectl, KubectlError, WaitTimeoutError, dig, kubectl_binary, wait_for
 
 E2E_ENV = "KUBEDGX_E2E"
+#: KUBEDGX_E2E_CONTEXT's value for this machine's own control plane.
+LOCAL = "local"
 CONTEXT_ENV = "KUBEDGX_E2E_CONTEXT"
 CONTEXTS_ENV = "KUBEDGX_E2E_CONTEXTS"
 KEEP_ENV = "KUBEDGX_E2E_KEEP_NAMESPACES"
@@ -59,6 +68,8 @@ class Verdict:
     reason: str = ""
     context: str | None = None
     refuse: bool = False
+    #: Run on this machine's own control plane (tests/cluster).
+    local: bool = False
 
 
 def _current_context(binary: str) -> str | None:
@@ -92,13 +103,15 @@ def _api_answers(binary: str, context: str) -> str | None:
 @cache
 def verdict() -> Verdict:
     """Decided once per session; see the module docstring."""
+    named = os.environ.get(CONTEXT_ENV)
+    if named == LOCAL:
+        return Verdict(True, local=True)
     binary = kubectl_binary()
+    context = named or (_current_context(binary) if binary else None)
+    if not context:
+        return Verdict(True, local=True)
     if binary is None:
         return Verdict(False, "no Kubernetes cluster to test against: kubectl is not on PATH")
-    context = os.environ.get(CONTEXT_ENV) or _current_context(binary)
-    if not context:
-        where = os.environ.get("KUBECONFIG") or "~/.kube/config"
-        return Verdict(False, f"no Kubernetes cluster to test against: kubectl has no current context ({where})")
     if not is_test_context(context):
         rule = f"only kind-* contexts or those listed in {CONTEXTS_ENV} are test clusters"
         if wanted():
@@ -110,7 +123,12 @@ def verdict() -> Verdict:
                 context,
                 refuse=True,
             )
-        return Verdict(False, f"context {context!r} is not a test context ({rule}); not contacted", context)
+        return Verdict(
+            False,
+            f"context {context!r} is not a test context ({rule}); not contacted ({CONTEXT_ENV}={LOCAL} runs the "
+            "e2e tests on this machine's own control plane)",
+            context,
+        )
     problem = _api_answers(binary, context)
     if problem is not None:
         return Verdict(
@@ -122,7 +140,7 @@ def verdict() -> Verdict:
         return Verdict(
             False,
             f"context {context!r} answers, but {E2E_ENV} is not 1: set {E2E_ENV}=1 to run the e2e tests against it "
-            "(bash tests/e2e/run.sh does)",
+            f"(bash tests/e2e/run.sh does), or {CONTEXT_ENV}={LOCAL} for this machine's own control plane",
             context,
         )
     return Verdict(True, context=context)
@@ -138,6 +156,25 @@ class Cluster:
     gpu_nodes: tuple[str, ...]
     #: ValidatingWebhookConfigurations with a webhook for kubedgx.io.
     webhooks: tuple[str, ...] = field(default=())
+    #: Whether the nodes run containers (kind's kubelets do; kwok's fake nodes only play pod states).
+    runs_containers: bool = True
+    #: On this machine's control plane: makes sure the e2e suite's operator holds the cluster's one
+    #: operator slot (a cluster-suite module may have taken it); None elsewhere (the chart's runs).
+    ensure_operator: Callable[[], None] | None = None
+
+
+def _tolerated(taint: dict[str, Any], inst: Instance) -> bool:
+    """Whether the workers of ``inst`` tolerate ``taint`` (PreferNoSchedule never keeps them off)."""
+    if taint.get("effect") == "PreferNoSchedule":
+        return True
+    for tol in inst.tolerations:
+        if tol.get("effect") not in (None, "", taint.get("effect")):
+            continue
+        if tol.get("operator") == "Exists" and tol.get("key") in (None, "", taint.get("key")):
+            return True
+        if tol.get("key") == taint.get("key") and str(tol.get("value") or "") == str(taint.get("value") or ""):
+            return True
+    return False
 
 
 def _gpu_nodes(k: Kubectl, inst: Instance) -> tuple[str, ...]:
@@ -145,6 +182,7 @@ def _gpu_nodes(k: Kubectl, inst: Instance) -> tuple[str, ...]:
     for node in k.select("nodes"):
         labels = dig(node, "metadata", "labels", default={}) or {}
         allocatable = str(dig(node, "status", "allocatable", GPU_RESOURCE, default="0"))
+        taints = dig(node, "spec", "taints", default=[]) or []
         if (
             labels.get(inst.labels.product) in inst.products
             and labels.get(inst.labels.count) == str(inst.gpus)
@@ -152,6 +190,7 @@ def _gpu_nodes(k: Kubectl, inst: Instance) -> tuple[str, ...]:
             and allocatable.isdigit()
             and int(allocatable) >= inst.gpus
             and not dig(node, "spec", "unschedulable")
+            and all(_tolerated(t, inst) for t in taints)
         ):
             found.append(str(dig(node, "metadata", "name")))
     return tuple(sorted(found))
@@ -166,9 +205,10 @@ def _kubedgx_webhooks(k: Kubectl) -> tuple[str, ...]:
     return tuple(names)
 
 
-def find_cluster(context: str) -> Cluster | str:
+def find_cluster(context: str | Kubectl, **extra: Any) -> Cluster | str:
     """The cluster under test, or what it lacks (kubedgx not installed, no fake GPU nodes)."""
-    k = Kubectl(context)
+    k = context if isinstance(context, Kubectl) else Kubectl(context)
+    context = k.context
     for crd in (JOBS, MOUNTS):
         if k.get("customresourcedefinition", crd) is None:
             return f"kubedgx is not installed on {context}: no CRD {crd} (bash tests/e2e/run.sh installs the chart)"
@@ -179,7 +219,7 @@ def find_cluster(context: str) -> Cluster | str:
             f"no node of {context} passes for a {inst.name} node (labels from `python -m tests.e2e.fakegpu labels "
             f"{inst.name}`, allocatable {GPU_RESOURCE} >= {inst.gpus}); run.sh fakes them, see tests/e2e/README.md"
         )
-    return Cluster(kubectl=k, instance=inst, gpu_nodes=nodes, webhooks=_kubedgx_webhooks(k))
+    return Cluster(kubectl=k, instance=inst, gpu_nodes=nodes, webhooks=_kubedgx_webhooks(k), **extra)
 
 
 def namespace_name(test_name: str) -> str:

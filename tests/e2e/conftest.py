@@ -23,10 +23,20 @@ from tests.e2e.kubectl import Kubectl
 
 
 @pytest.fixture(scope="session")
-def cluster() -> Cluster:
+def cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Cluster:
     """The gate (skip, or with KUBEDGX_E2E=1 stop the run), then what the cluster must have:
-    kubedgx installed and nodes faked as the e2e instance type."""
+    kubedgx installed and nodes faked as the e2e instance type. With no context, this machine's
+    own control plane (tests/cluster), which skips where there is no Go toolchain."""
     v = verdict()
+    if v.local:
+        from tests.cluster.operator import local_e2e_cluster
+
+        plane = request.getfixturevalue("control_plane")
+        found_local = local_e2e_cluster(plane, request.getfixturevalue("admin_kubectl"), tmp_path_factory.mktemp("e2e"))
+        if isinstance(found_local, str):
+            pytest.fail(f"kubedgx e2e on the local control plane: {found_local}", pytrace=False)
+        assert isinstance(found_local, Cluster)
+        return found_local
     if v.refuse:
         pytest.exit(f"kubedgx e2e: {v.reason}", returncode=4)
     if not v.run:
@@ -56,6 +66,8 @@ def ns(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[Kubectl]:
     KUBEDGX_E2E_KEEP_NAMESPACES=1). A failed test prints the namespace's jobs, pods, events and
     logs, and the operator's last log lines."""
     name = namespace_name(request.node.name)
+    if cluster.ensure_operator is not None:
+        cluster.ensure_operator()
     k = cluster.kubectl
     k.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": {"kubedgx.io/e2e": "true"}}})
     kn = k.in_namespace(name)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.e2e.cluster import Cluster
 from tests.e2e.jobs import (
     QUICKSTART_STEPS,
     QUICKSTART_TIMEOUT,
@@ -23,7 +24,12 @@ from tests.e2e.kubectl import Kubectl, dig
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(QUICKSTART_TIMEOUT + 300)]
 
 
-def test_quickstart_runs_to_success_on_cpu(ns: Kubectl) -> None:
+def test_quickstart_runs_to_success_on_cpu(ns: Kubectl, cluster: Cluster) -> None:
+    if not cluster.runs_containers:
+        pytest.skip(
+            "this cluster's nodes run no containers (kwok): the fine-tune itself is proven by kubedgx run --local "
+            "and tests/trainer; the operator's handling of a worker's exit and termination message by tests/cluster"
+        )
     ns.apply(quickstart_job("quickstart"))
     wait_job(
         ns, "quickstart", "phase Succeeded", phase_is("Succeeded"), timeout=QUICKSTART_TIMEOUT, fail_on=("Failed",)
