@@ -284,16 +284,6 @@ def _validator(schema_json: str) -> jsonschema.Draft4Validator:
     return jsonschema.Draft4Validator(_strict_copy(json.loads(schema_json)))
 
 
-_TYPE_NAMES = {
-    "integer": "an integer",
-    "number": "a number",
-    "string": "a string",
-    "boolean": "a boolean (true or false)",
-    "object": "an object (a mapping)",
-    "array": "a list",
-}
-
-
 def _kind_of(value: Any) -> str:
     if isinstance(value, bool):
         return "boolean"
@@ -306,7 +296,7 @@ def _kind_of(value: Any) -> str:
     if isinstance(value, Mapping):
         return "object"
     if isinstance(value, list):
-        return "list"
+        return "array"
     return "null" if value is None else type(value).__name__
 
 
@@ -319,6 +309,22 @@ def _show(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+def _number(value: Any) -> str:
+    """A bound as the apiserver prints it (Go's ``%v`` of a float64): ``1``, not ``1.0``."""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+#: The apiserver's wording of numeric bounds (kube-openapi's validate package), by keyword and exclusiveness.
+_BOUND_TEXT = {
+    ("minimum", False): "should be greater than or equal to",
+    ("minimum", True): "should be greater than",
+    ("maximum", False): "should be less than or equal to",
+    ("maximum", True): "should be less than",
+}
+
+
 def _schema_problems(schema: Mapping[str, Any], document: Any, root: str) -> list[Problem]:
     validator = _validator(json.dumps(schema, sort_keys=True))
     problems: list[Problem] = []
@@ -329,7 +335,12 @@ def _schema_problems(schema: Mapping[str, Any], document: Any, root: str) -> lis
 
 def explain(error: jsonschema.ValidationError, root: str = "") -> Iterator[Problem]:
     """Readable problems for one jsonschema error, at its Kubernetes-style field path. Also used
-    for the errors kubernetes-validate raises on built-in kinds."""
+    for the errors kubernetes-validate raises on built-in kinds.
+
+    Types, enums and numeric bounds are worded as kube-apiserver words them (``must be of type integer``,
+    ``Unsupported value: "x": supported values: ...``, ``should be greater than or equal to 0``), so that
+    ``kubedgx validate`` and ``kubectl apply`` read the same; the CLI adds the value it got where the
+    apiserver shows only the JSON type or leaves the value out (tests/cluster/test_crds.py compares them)."""
     path = root
     for part in error.absolute_path:
         path = join_path(path, part)
@@ -349,28 +360,23 @@ def explain(error: jsonschema.ValidationError, root: str = "") -> Iterator[Probl
                 extra = f" (did you mean {hint[0]!r}?)" if hint else ""
                 yield Problem(join_path(path, name), f"unknown field{extra}")
     elif keyword == "type":
-        wanted = " or ".join(_TYPE_NAMES.get(t, t) for t in ([expected] if isinstance(expected, str) else expected))
+        wanted = " or ".join([expected] if isinstance(expected, str) else expected)
         got = "null (an empty value)" if value is None else f"{_kind_of(value)} {_show(value)}"
-        yield Problem(path, f"must be {wanted}, got {got}")
+        yield Problem(path, f"must be of type {wanted}, got {got}")
     elif keyword == "anyOf" and isinstance(error.schema, Mapping) and error.schema.get("x-kubernetes-int-or-string"):
         got = "null (an empty value)" if value is None else f"{_kind_of(value)} {_show(value)}"
         yield Problem(path, f"must be an integer or a string, got {got}")
     elif keyword == "enum":
-        options = ", ".join(_show(v) for v in expected)
-        yield Problem(path, f"unsupported value {_show(value)}: must be one of {options}")
+        options = ", ".join(json.dumps(v, default=str) for v in expected)
+        yield Problem(path, f"Unsupported value: {_show(value)}: supported values: {options}")
     elif keyword == "pattern":
         text = _PATTERN_HINTS.get(expected, f"must match the regular expression {expected}")
         yield Problem(path, f"invalid value {_show(value)}: {text}")
     elif keyword in ("minimum", "maximum"):
         bounds = error.schema if isinstance(error.schema, Mapping) else {}
         exclusive = bounds.get("exclusiveMinimum" if keyword == "minimum" else "exclusiveMaximum")
-        op = {
-            ("minimum", False): ">=",
-            ("minimum", True): ">",
-            ("maximum", False): "<=",
-            ("maximum", True): "<",
-        }
-        yield Problem(path, f"must be {op[(keyword, bool(exclusive))]} {expected} (got {_show(value)})")
+        text = _BOUND_TEXT[(keyword, bool(exclusive))]
+        yield Problem(path, f"{text} {_number(expected)} (got {_show(value)})")
     elif keyword in ("minLength", "maxLength"):
         bound = "at least" if keyword == "minLength" else "at most"
         yield Problem(path, f"must be {bound} {_count(expected, 'character')} long (got {len(value)})")
@@ -402,7 +408,9 @@ def _walk(schema: Mapping[str, Any], value: Any, path: str) -> Iterator[tuple[Ma
 
 
 def _list_type_problems(schema: Mapping[str, Any], document: Any, root: str) -> list[Problem]:
-    """``x-kubernetes-list-type: map|set`` uniqueness, which Draft-4 does not know."""
+    """``x-kubernetes-list-type: map|set`` uniqueness, which Draft-4 does not know. Worded as the
+    apiserver words it (``Duplicate value: {"name":"x"}``: a map entry's keys as compact JSON, a set
+    item as JSON), plus the index of the first entry with that key."""
     problems: list[Problem] = []
     for node, value, path in _walk(schema, document, root):
         kind = node.get("x-kubernetes-list-type")
@@ -413,11 +421,11 @@ def _list_type_problems(schema: Mapping[str, Any], document: Any, root: str) -> 
         for i, item in enumerate(value):
             if kind == "map" and isinstance(item, Mapping):
                 ident = json.dumps([item.get(k) for k in keys])
-                shown = ", ".join(f"{k}={_show(item.get(k))}" for k in keys)
+                shown = json.dumps({k: item.get(k) for k in keys}, sort_keys=True, separators=(",", ":"))
             else:
-                ident = shown = json.dumps(item, sort_keys=True)
+                ident = shown = json.dumps(item, sort_keys=True, separators=(",", ":"))
             if ident in seen:
-                problems.append(Problem(join_path(path, i), f"duplicate entry {shown} (same as [{seen[ident]}])"))
+                problems.append(Problem(join_path(path, i), f"Duplicate value: {shown} (same as [{seen[ident]}])"))
             else:
                 seen[ident] = i
     return problems

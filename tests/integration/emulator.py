@@ -231,7 +231,7 @@ def _cause_reason(message: str) -> str:
         return "FieldValueForbidden"
     if message.startswith("Required value"):
         return "FieldValueRequired"
-    if message.startswith("unsupported value"):
+    if message.startswith("Unsupported value"):
         return "FieldValueNotSupported"
     if message.startswith("unknown field"):
         return "FieldValueTypeInvalid"

@@ -234,8 +234,8 @@ async def test_a_path_selects_its_handler_only(webhook: Webhook) -> None:
 async def test_a_schema_error_is_refused_with_its_field(webhook: Webhook) -> None:
     job = stored(with_changes(BASE_JOB, {"spec.elastic.minNodes": "two", "spec.elastic.rendezvous.port": 80}))
     assert await webhook.refused(JOB_PATH, "CREATE", job) == [
-        'spec.elastic.minNodes: must be an integer, got string "two"',
-        "spec.elastic.rendezvous.port: must be >= 1024 (got 80)",
+        'spec.elastic.minNodes: must be of type integer, got string "two"',
+        "spec.elastic.rendezvous.port: should be greater than or equal to 1024 (got 80)",
     ]
 
 

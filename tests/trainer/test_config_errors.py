@@ -58,7 +58,7 @@ def test_cli_reports_every_schema_problem_and_exits_2(tmp_path: Path) -> None:
     lines = result.stderr.splitlines()
     assert f"dgx_trainer: {config}: invalid trainer config:" in lines
     assert "  dataset: Required value" in lines
-    assert "  training.maxSeqLength: must be >= 1 (got 0)" in lines
+    assert "  training.maxSeqLength: should be greater than or equal to 1 (got 0)" in lines
     assert (
         "  quantization.loadIn8bit: loadIn4bit and loadIn8bit are mutually exclusive: pick one (4-bit is QLoRA)"
         in lines
@@ -98,7 +98,7 @@ def test_cli_missing_config_file_exits_2(tmp_path: Path) -> None:
     [
         ({"dataset": DELETE}, "dataset", "Required value"),
         ({"dataset.path": DELETE}, "dataset.path", "Required value"),
-        ({"training.maxSeqLength": 0}, "training.maxSeqLength", "must be >= 1 (got 0)"),
+        ({"training.maxSeqLength": 0}, "training.maxSeqLength", "should be greater than or equal to 1 (got 0)"),
         (
             {"quantization": {"loadIn4bit": True, "loadIn8bit": True}},
             "quantization.loadIn8bit",
@@ -116,7 +116,7 @@ def test_cli_missing_config_file_exits_2(tmp_path: Path) -> None:
             "lora.targetModules",
             "set targetModules (e.g. [q_proj, v_proj] or [all-linear]) or targetParameters (MoE experts)",
         ),
-        ({"dataset.textField": 7}, "dataset.textField", "must be a string"),
+        ({"dataset.textField": 7}, "dataset.textField", "must be of type string"),
     ],
 )
 def test_schema_errors_name_the_field(tmp_path: Path, changes: dict[str, Any], path: str, message: str) -> None:
@@ -135,7 +135,7 @@ def test_eight_bit_alone_is_valid(tmp_path: Path) -> None:
 def test_an_empty_dataset_key_reads_cleanly(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         parse_config(config_data(tmp_path, {"dataset": None}))
-    assert problems_of(info.value)["dataset"] == "must be an object (a mapping), got null (an empty value)"
+    assert problems_of(info.value)["dataset"] == "must be of type object, got null (an empty value)"
 
 
 # --- found while running, in-process: after preflight, before any training ----------------------

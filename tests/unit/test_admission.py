@@ -212,8 +212,8 @@ def test_every_problem_is_one_line_of_path_and_message() -> None:
         BASE_JOB, {"spec.elastic.minNodes": "two", "spec.elastic.rendezvous.port": 80, "spec.typo": True}
     )
     assert refusal(job).splitlines() == [
-        'spec.elastic.minNodes: must be an integer, got string "two"',
-        "spec.elastic.rendezvous.port: must be >= 1024 (got 80)",
+        'spec.elastic.minNodes: must be of type integer, got string "two"',
+        "spec.elastic.rendezvous.port: should be greater than or equal to 1024 (got 80)",
         "spec.typo: unknown field",
     ]
 
@@ -315,7 +315,7 @@ def test_without_a_cluster_client_mounts_are_not_looked_up() -> None:
 def test_an_invalid_job_is_not_looked_up_in_the_cluster() -> None:
     kube = FakeKube({("ml", "data"): BASE_MOUNT})
     job = with_changes(data_job(), {"spec.elastic.minNodes": 0})
-    assert refusal(job, memo=memo_for(kube)) == "spec.elastic.minNodes: must be >= 1 (got 0)"
+    assert refusal(job, memo=memo_for(kube)) == "spec.elastic.minNodes: should be greater than or equal to 1 (got 0)"
     assert kube.asked == []
 
 

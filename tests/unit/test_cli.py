@@ -100,7 +100,7 @@ def test_validate_reads_stdin() -> None:
     bad = run("validate", "-", stdin=yaml.safe_dump(bad_doc))
     assert bad.code == 1
     assert bad.out.splitlines() == [
-        '<stdin>: DGXTrainingJob/job: spec.elastic.minNodes: must be an integer, got string "two"'
+        '<stdin>: DGXTrainingJob/job: spec.elastic.minNodes: must be of type integer, got string "two"'
     ]
 
 

@@ -42,9 +42,9 @@ def test_quantization_mode(quantization: dict[str, bool], bits: int | None) -> N
     [
         ({"dataset": None}, "dataset", "Required value"),
         ({"quantization": {"loadIn4bit": True, "loadIn8bit": True}}, "quantization.loadIn8bit", "mutually exclusive"),
-        ({"training": {"maxSeqLength": 0}}, "training.maxSeqLength", "must be >= 1 (got 0)"),
+        ({"training": {"maxSeqLength": 0}}, "training.maxSeqLength", "should be greater than or equal to 1 (got 0)"),
         ({"lora": {"targetModules": []}}, "lora.targetModules", "set targetModules"),
-        ({"lora": {"r": "sixteen"}}, "lora.r", "must be an integer"),
+        ({"lora": {"r": "sixteen"}}, "lora.r", "must be of type integer"),
         ({"training": {"evalSteps": 10}}, "training.evalSteps", "needs dataset.evalFraction > 0"),
         ({"training": {"optimiser": "sgd"}}, "training.optimiser", "did you mean 'optimizer'?"),
         ({"dataset": {"path": "/d", "messagesField": "m"}}, "dataset.messagesField", "only with template: chat"),

@@ -17,6 +17,7 @@ from dgx_api.schema import KubeModel, cel, pattern
 from dgx_api.trainer_config import AbsolutePath, TrainerConfig
 from dgx_operator.api.common import (
     API_VERSION,
+    DURATION_PATTERN,
     Condition,
     Duration,
     EnvVar,
@@ -178,6 +179,18 @@ _NPROC_FITS_GPUS = (
     f"!has(self.elastic) || !has(self.elastic.nprocPerNode) || self.elastic.nprocPerNode <= {_GPUS_PER_NODE}"
 )
 
+
+def _positive_duration(name: str) -> dict[str, str]:
+    """``spec.<name>`` > 0s. The guard with the field's own pattern (common.DURATION_PATTERN) keeps the
+    apiserver, which runs CEL rules even after a pattern failure, from adding a CEL type-conversion
+    error at ``spec`` to that failure (seen on the real apiserver, tests/cluster/test_crds.py)."""
+    return cel(
+        f"!has(self.{name}) || !self.{name}.matches(r'{DURATION_PATTERN}') || duration(self.{name}) > duration('0s')",
+        "must be longer than 0s",
+        field_path=f".{name}",
+    )
+
+
 _INTERACTIVE_ONE_NODE = (
     "!has(self.debug) || !has(self.debug.interactive) || !self.debug.interactive || !has(self.elastic) || "
     "((!has(self.elastic.minNodes) || self.elastic.minNodes == 1) && "
@@ -230,16 +243,8 @@ class DGXTrainingJobSpec(KubeModel):
             ),
             field_path=".elastic.nprocPerNode",
         ),
-        cel(
-            "!has(self.maxDuration) || duration(self.maxDuration) > duration('0s')",
-            "must be longer than 0s",
-            field_path=".maxDuration",
-        ),
-        cel(
-            "!has(self.maxPending) || duration(self.maxPending) > duration('0s')",
-            "must be longer than 0s",
-            field_path=".maxPending",
-        ),
+        _positive_duration("maxDuration"),
+        _positive_duration("maxPending"),
         cel(
             "!has(self.dataCache) || self.dataCache == 'none' || (has(self.dataMounts) && size(self.dataMounts) > 0)",
             "dataCache: preload needs at least one entry in spec.dataMounts",
