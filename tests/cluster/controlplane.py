@@ -647,10 +647,27 @@ class ControlPlane:
         for name in reversed(list(self.components)):
             self.components[name].stop()
 
-    def restart(self, name: str, *, timeout: float = 120) -> None:
-        """Stop one component and start it again with the same flags (an apiserver restart, say)."""
+    def restart(self, name: str, *, timeout: float = 120, apiserver_args: Sequence[str] | None = None) -> None:
+        """Stop one component and start it again (an apiserver restart, say); for the apiserver,
+        ``apiserver_args`` replaces the extra flags it runs with from then on (None: keep them)."""
+        if apiserver_args is not None:
+            self.extra_apiserver_args = list(apiserver_args)
         self.components[name].stop()
         self._start(name, self._ready(name), timeout)
+
+    def etcd(self, method: str, body: Mapping[str, Any]) -> Any:
+        """One call to etcd's JSON gateway (``/v3/kv/range``, ``/v3/kv/compaction``...)."""
+        req = urllib.request.Request(f"http://127.0.0.1:{self.ports.etcd}/v3/{method}", data=json.dumps(body).encode(),
+                                     method="POST", headers={"Content-Type": "application/json"})  # fmt: skip
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return json.loads(resp.read())
+
+    def compact_etcd(self) -> int:
+        """Compact etcd's history up to its current revision (physically): a watch that resumes from
+        an older resourceVersion then gets 410 Gone. Returns the revision."""
+        revision = int(self.etcd("kv/range", {"key": "AA=="})["header"]["revision"])
+        self.etcd("kv/compaction", {"revision": str(revision), "physical": True})
+        return revision
 
     def __enter__(self) -> ControlPlane:
         self.start()
