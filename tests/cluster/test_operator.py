@@ -176,6 +176,23 @@ def test_worker_zero_exiting_zero_succeeds_the_job_and_deletes_the_rest(operator
              timeout=TIMEOUT, interval=0.5)  # fmt: skip
 
 
+def test_never_fails_the_job_on_the_first_worker_failure(operator: Operator, namespace: Kubectl) -> None:
+    job = command_job("once", min_nodes=2, max_nodes=2)
+    job["spec"]["restartPolicy"] = "Never"
+    namespace.apply(job)
+    wait_job(namespace, "once", "2/2 Running", running_with(2), timeout=TIMEOUT)
+    crashed = pods_by_index(namespace, "once")["1"]["metadata"]["name"]
+    exit_worker(namespace, crashed, 2)
+    failed = wait_job(namespace, "once", "Failed", phase_is("Failed"), timeout=TIMEOUT, fail_on=())
+    failure = [c for c in dig(failed, "status", "conditions", default=[]) if c.get("type") == "Failed"]
+    assert [c.get("reason") for c in failure] == ["WorkerFailed"], failure
+    assert crashed in failure[0].get("message", ""), failure
+    assert dig(failed, "status", "restarts") in (0, None)
+    wait_for("the other worker stopped", lambda: running_workers(namespace, "once") == [], timeout=TIMEOUT,
+             interval=0.5)  # fmt: skip
+    assert dig(namespace.get("pod", crashed), "status", "phase") == "Failed", "the failed worker is kept (its logs)"
+
+
 def test_on_failure_restarts_until_the_backoff_limit(operator: Operator, namespace: Kubectl) -> None:
     job = command_job("flaky", min_nodes=1, max_nodes=1)
     job["spec"]["backoffLimit"] = 1
