@@ -89,4 +89,4 @@ def load_yaml_docs(path: Path) -> list[Any]:
 
 
 # The session's control plane (tests/cluster), for the cluster suite and the e2e suite alike.
-from tests.cluster.fixtures import admin_kubectl, control_plane  # noqa: E402, F401
+from tests.cluster.fixtures import admin_kubectl, control_plane, pytest_collection_finish  # noqa: E402, F401

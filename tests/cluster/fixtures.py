@@ -15,21 +15,53 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.cluster.controlplane import CONTEXT, ControlPlane, StartError, UnavailableError, build
+from tests.cluster.controlplane import CONTEXT, Binaries, ControlPlane, StartError, UnavailableError, build
 from tests.e2e.kubectl import Kubectl
 
 #: Keep the control plane's directory (certificates, logs, etcd) after the session.
 KEEP_ENV = "KUBEDGX_CLUSTER_KEEP"
 
+#: The build's outcome when it ran at the end of collection (see pytest_collection_finish).
+_built: Binaries | UnavailableError | StartError | None = None
+
+
+def _needs_cluster(item: pytest.Item) -> bool:
+    names = getattr(item, "fixturenames", ())
+    if "control_plane" in names:
+        return True
+    if "cluster" in names:  # the e2e suite, on this machine's control plane when no context is named
+        from tests.e2e.cluster import verdict
+
+        return verdict().local
+    return False
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Build (or reuse) the binaries before any test runs when a collected test needs them: a cold
+    build takes minutes, more than one test's timeout, and belongs to no test."""
+    global _built
+    if _built is None and any(_needs_cluster(item) for item in session.items):
+        try:
+            _built = build(out=sys.stderr)
+        except (UnavailableError, StartError) as exc:
+            _built = exc
+
 
 @pytest.fixture(scope="session")
 def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    try:
-        binaries = build(out=sys.stderr)
-    except UnavailableError as exc:
-        pytest.skip(str(exc))
-    except StartError as exc:
-        pytest.fail(f"the control plane could not be built: {exc}", pytrace=False)
+    outcome: Binaries | UnavailableError | StartError
+    if _built is not None:
+        outcome = _built
+    else:
+        try:
+            outcome = build(out=sys.stderr)
+        except (UnavailableError, StartError) as exc:
+            outcome = exc
+    if isinstance(outcome, UnavailableError):
+        pytest.skip(str(outcome))
+    if isinstance(outcome, StartError):
+        pytest.fail(f"the control plane could not be built: {outcome}", pytrace=False)
+    binaries = outcome
     root = tmp_path_factory.mktemp("control-plane")
     plane = ControlPlane(root, binaries)
     try:
