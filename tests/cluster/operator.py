@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import copy
+import json
 import os
 import re
 import shutil
@@ -49,7 +50,7 @@ def install(kubectl: Kubectl, values: Mapping[str, Any] | None = None, *, releas
     rendered = render(dict(values or {}), name=release, namespace=namespace)
     objects = [r for r in rendered if r.kind != "Deployment"]
     kubectl.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
-    text = yaml.safe_dump_all([r.obj for r in objects], sort_keys=False)
+    text = json.dumps({"apiVersion": "v1", "kind": "List", "items": [r.obj for r in objects]})
     kubectl.run("apply", "--server-side", "--force-conflicts", f"--field-manager={MANAGER}", "-f", "-", input=text)
     for crd in (JOBS, MOUNTS):
         wait_for(

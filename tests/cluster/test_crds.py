@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import pytest
-import yaml
 
 from tests.cluster.controlplane import ControlPlane
 from tests.conftest import BASE_JOB, BASE_MOUNT, CRDS, load_yaml_docs
@@ -239,7 +238,7 @@ def test_base_manifest_is_accepted(base: dict[str, Any], crds: dict[str, Install
                                    test_namespace: str) -> None:  # fmt: skip
     ready(crds, base["kind"])
     doc = in_namespace(base, test_namespace)
-    out = kubectl.in_namespace(test_namespace).run("apply", "--dry-run=server", "-f", "-", input=yaml.safe_dump(doc))
+    out = kubectl.in_namespace(test_namespace).run("apply", "--dry-run=server", "-f", "-", input=json.dumps(doc))
     assert f"{doc['metadata']['name']} created (server dry run)" in out.stdout
 
 
@@ -310,7 +309,7 @@ def test_kubectl_apply_shows_each_cause(control_plane: ControlPlane, crds: dict[
         doc = manifest(row)
         ready(crds, doc["kind"])
         _, answer = dry_run(control_plane, test_namespace, doc)
-        proc = k.run("apply", "--dry-run=server", "-f", "-", input=yaml.safe_dump(in_namespace(doc, test_namespace)),
+        proc = k.run("apply", "--dry-run=server", "-f", "-", input=json.dumps(in_namespace(doc, test_namespace)),
                      check=False)  # fmt: skip
         if proc.returncode == 0:
             missing.append(f"{row.id}: kubectl apply succeeded: {proc.stdout.strip()}")

@@ -11,13 +11,13 @@ namespaceSelector to this module's namespaces so no other test meets them.
 from __future__ import annotations
 
 import copy
+import json
 import secrets
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from tests.chart.conftest import Rendered
 from tests.cluster.controlplane import ControlPlane, free_port
@@ -34,7 +34,7 @@ from tests.cluster.operator import (
 from tests.e2e.jobs import command_job, unknown_instance_job
 from tests.e2e.kubectl import JOBS, Kubectl, KubectlError, dig, wait_for
 
-SUFFIX = secrets.token_hex(3)
+SUFFIX = f"w{secrets.token_hex(3)}"  # a label value: never all digits or 839e12
 SCOPE_LABEL = "test.kubedgx.io/webhook"
 CONFIGURATION = f"kubedgx-webhook-test-{SUFFIX}"
 
@@ -75,7 +75,7 @@ def scoped(namespace: Kubectl, kubectl: Kubectl, webhook: dict[str, Any]) -> Kub
     """The test's namespace, inside the webhook's namespaceSelector; returns once the apiserver calls
     the webhook there (a bad job is refused on a server-side dry run)."""
     kubectl.run("label", "namespace", str(namespace.namespace), f"{SCOPE_LABEL}={SUFFIX}")
-    text = yaml.safe_dump(unknown_instance_job("probe"))
+    text = json.dumps(unknown_instance_job("probe"))
 
     def refused() -> bool:
         proc = namespace.run("apply", "--dry-run=server", "-f", "-", input=text, check=False)

@@ -15,8 +15,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import yaml
-
 T = TypeVar("T")
 
 JOBS = "dgxtrainingjobs.kubedgx.io"
@@ -96,7 +94,9 @@ class Kubectl:
         return items
 
     def apply(self, *manifests: Mapping[str, Any], check: bool = True) -> subprocess.CompletedProcess[str]:
-        text = yaml.safe_dump_all([dict(m) for m in manifests], sort_keys=False)
+        # JSON, not PyYAML's YAML 1.1: a string like 839e12 goes out unquoted there and kubectl's
+        # YAML 1.2 reads it back as a number (seen: a random label value refused by the apiserver).
+        text = json.dumps({"apiVersion": "v1", "kind": "List", "items": [dict(m) for m in manifests]})
         return self.run("apply", "-f", "-", input=text, check=check)
 
     def patch(self, kind: str, name: str, patch: Mapping[str, Any], *, type_: str = "merge") -> None:
