@@ -17,7 +17,10 @@ from pathlib import Path
 import pytest
 
 from tests.cluster.controlplane import ControlPlane
-from tests.e2e.kubectl import Kubectl, wait_for
+from tests.e2e.kubectl import JOBS, Kubectl, wait_for
+
+#: How long a test's namespace may take to go once deleted (its jobs' finalizers released).
+NAMESPACE_TIMEOUT = 60
 
 #: Keep the control plane's directory (certificates, logs, etcd) after the session.
 KEEP_ENV = "KUBEDGX_CLUSTER_KEEP"
@@ -61,3 +64,24 @@ def namespace(kubectl: Kubectl, request: pytest.FixtureRequest) -> Iterator[Kube
     )
     yield kubectl.in_namespace(name)
     kubectl.run("delete", "namespace", name, "--wait=false", "--ignore-not-found")
+    # While the test's operator still runs: a namespace that does not go away means something in it
+    # holds a finalizer nobody releases, which a user would meet as a namespace stuck Terminating.
+    stuck: list[str] = []
+
+    def gone() -> bool:
+        if kubectl.get("namespace", name) is None:
+            return True
+        stuck[:] = [f"{o['metadata']['name']} {o['metadata'].get('finalizers')} {o.get('status', {}).get('phase')}"
+                    for o in kubectl.in_namespace(name).select(JOBS) if o["metadata"].get("finalizers")]  # fmt: skip
+        return False
+
+    try:
+        wait_for(f"namespace {name} to be deleted", gone, timeout=NAMESPACE_TIMEOUT, interval=0.5)
+    except AssertionError:
+        for job in stuck:
+            kubectl.in_namespace(name).run("patch", JOBS, job.split()[0], "--type", "merge", "-p",
+                                           '{"metadata": {"finalizers": null}}', check=False)  # fmt: skip
+        raise AssertionError(
+            f"namespace {name} was not deleted within {NAMESPACE_TIMEOUT}s; jobs holding "
+            f"finalizers (now stripped): {stuck}"
+        ) from None
