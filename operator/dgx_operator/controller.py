@@ -37,6 +37,13 @@ from dgx_operator.render.resolved import Defaults
 
 log = logging.getLogger("kubedgx")
 
+
+def namespace_terminating(exc: ApiException) -> bool:
+    """A create refused because its namespace is being deleted (403, cause NamespaceTerminating):
+    permanent for that namespace, and no RBAC problem."""
+    return exc.status == 403 and "NamespaceTerminating" in str(exc.body or "")
+
+
 #: How long a create/delete is assumed in flight before its watch event must have arrived.
 EXPECTATION_TTL = 60.0
 
@@ -226,6 +233,12 @@ class Controller(ReconcileLoop):
                 foreign.append(exc.description)
                 return
             except ApiException as exc:
+                if namespace_terminating(exc):
+                    # Nothing can be created there any more, and the namespace controller is about to
+                    # delete the job: a retry would meet the same refusal after each backoff, and its
+                    # CreateFailed Event is refused too. Seen on the real apiserver (tests/cluster).
+                    log.debug("%s/%s: namespace is terminating; not creating %s", namespace, name, obj["kind"])
+                    return
                 self.post_event(body, "Warning", "CreateFailed", f"{obj['kind']} {obj['metadata']['name']}: {exc}")
                 raise TransientError(f"create {obj['kind']} failed: HTTP {exc.status}") from exc
             if outcome != "blocked":
