@@ -2,6 +2,7 @@
 
     python benchmarks/operator_scale.py            # N = 1, 100, 1000
     python benchmarks/operator_scale.py 1 100      # chosen sizes
+    python benchmarks/operator_scale.py --cluster 100 1000   # on the real control plane (tests/cluster)
 
 For each N, two runs side by side on fresh emulators (tests/integration/emulator.py):
 
@@ -13,19 +14,38 @@ For each N, two runs side by side on fresh emulators (tests/integration/emulator
 Reported: seconds to done for both and their ratio; the operator's peak RSS (VmHWM); its write
 amplification = writes it made / minimum writes (N x 11), with and without the Kubernetes Events it
 posts. Targets: amplification <= 1.2, time ratio <= 2, RSS < 250 MB at N = 1000.
+
+``--cluster``: the same two clients on a real Kubernetes control plane (tests/cluster/controlplane.py:
+etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok), one fresh cluster per N with
+N x 8 kwok nodes of the job's instance type (one worker per node), the chart's objects installed.
+Both runs share that cluster, one after the other, each in its own namespace (the baseline's namespace
+is deleted, its pods gone, before the operator starts): the baseline authenticates as the chart's
+ServiceAccount, the operator runs as in the cluster tests (tests/cluster/operator.py: start_operator).
+Writes are counted from the apiserver's audit log (every write by that ServiceAccount in the run's
+window: exact and attributed); apiserver_request_total has no label that tells clients apart, so its
+deltas are only printed next to the audit counts (BENCH_DETAIL=1) as a cross-check. Two times per run:
+"done" (as above: every job's 8 pods exist and its status says workers.active == 8) and "running"
+(kwok ran the pods: for the operator every job Running with 8/8 ready, for the baseline all its pods
+Running). The operator's writes are counted once every job is Running and has posted the Event of
+that transition; the minimum stays N x 11.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import collections
+import contextlib
 import copy
+import json
 import os
+import re
 import socket
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +59,10 @@ sys.path.insert(0, str(ROOT))
 from dgx_operator.api import DGXTrainingJob  # noqa: E402
 from dgx_operator.catalog import Catalog  # noqa: E402
 from dgx_operator.render import BuildContext, build_children  # noqa: E402
+from tests.cluster.controlplane import CONTEXT, ControlPlane, NodePool, dgx_nodes  # noqa: E402
+from tests.cluster.controlplane import build as build_control_plane  # noqa: E402
+from tests.cluster.operator import install, service_account, start_operator, token_kubeconfig  # noqa: E402
+from tests.e2e.kubectl import Kubectl  # noqa: E402
 from tests.integration.emulator import Emulator  # noqa: E402
 
 NAMESPACE = "bench"
@@ -58,9 +82,10 @@ JOB: dict[str, Any] = {
 }
 
 
-def job_manifest(i: int) -> dict[str, Any]:
+def job_manifest(i: int, namespace: str = NAMESPACE) -> dict[str, Any]:
     job = copy.deepcopy(JOB)
     job["metadata"]["name"] = f"job-{i:04d}"
+    job["metadata"]["namespace"] = namespace
     return job
 
 
@@ -108,6 +133,29 @@ def breakdown(api: Emulator, since: int) -> str:
     return ", ".join(f"{k}: {v}" for k, v in sorted(counts.items()))
 
 
+async def minimal_writes(core: Any, custom: Any, catalog: Catalog, body: Any) -> None:
+    """The minimum for one job, in sequence: its children from the operator's own builders, then
+    one status write that says its workers are there."""
+    job = DGXTrainingJob.model_validate(body)
+    namespace = job.metadata.namespace
+    for child in build_children(job, BuildContext(catalog)):
+        create = {
+            "ConfigMap": core.create_namespaced_config_map,
+            "Service": core.create_namespaced_service,
+            "Pod": core.create_namespaced_pod,
+        }[child["kind"]]
+        await create(namespace, child)
+    await custom.patch_namespaced_custom_object_status(
+        "kubedgx.io",
+        "v1alpha1",
+        namespace,
+        "dgxtrainingjobs",
+        job.metadata.name,
+        {"status": {"phase": "Pending", "workers": {"desired": WORKERS, "active": WORKERS}}},
+        _content_type="application/merge-patch+json",
+    )
+
+
 async def baseline(n: int) -> dict[str, float]:
     catalog = Catalog.load()
     async with Emulator(keep_requests=False) as api, kmock.Server(api):
@@ -126,23 +174,7 @@ async def baseline(n: int) -> dict[str, float]:
 
                 async def one(i: int) -> None:
                     body = api.get("dgxtrainingjobs", NAMESPACE, f"job-{i:04d}")
-                    job = DGXTrainingJob.model_validate(body)
-                    for child in build_children(job, BuildContext(catalog)):
-                        create = {
-                            "ConfigMap": core.create_namespaced_config_map,
-                            "Service": core.create_namespaced_service,
-                            "Pod": core.create_namespaced_pod,
-                        }[child["kind"]]
-                        await create(NAMESPACE, child)
-                    await custom.patch_namespaced_custom_object_status(
-                        "kubedgx.io",
-                        "v1alpha1",
-                        NAMESPACE,
-                        "dgxtrainingjobs",
-                        job.metadata.name,
-                        {"status": {"phase": "Pending", "workers": {"desired": WORKERS, "active": WORKERS}}},
-                        _content_type="application/merge-patch+json",
-                    )
+                    await minimal_writes(core, custom, catalog, body)
 
                 await asyncio.gather(*(one(i) for i in range(n)))
                 await api.wait_for(lambda: done(api, n), timeout=TIMEOUT)
@@ -211,6 +243,402 @@ async def operator(n: int) -> dict[str, float]:
     return {"seconds": elapsed, "writes": total, "writes_no_events": without_events, "rss_mb": rss}
 
 
+# -- on the real control plane (--cluster) ---------------------------------------------------------
+
+GROUP, VERSION, PLURAL = "kubedgx.io", "v1alpha1", "dgxtrainingjobs"
+BASELINE_NS, OPERATOR_NS = "bench-baseline", "bench-operator"
+#: Verbs that write, as the audit log names them (failed writes count too, as in the emulator mode).
+AUDIT_WRITES = frozenset({"create", "update", "patch", "delete", "deletecollection"})
+#: ... and as apiserver_request_total's ``verb`` label names them.
+METRIC_WRITES = frozenset({"POST", "PUT", "PATCH", "APPLY", "DELETE"})
+#: The phase event the operator posts when all of a job's workers run (planner: AllWorkersRunning).
+RUNNING_REASON = "AllWorkersRunning"
+#: kwok renews each node's Lease every quarter of its duration: the tests' 20 s would be 1,600 Lease
+#: writes a second at 8,000 nodes, more than the rest of the run together. Longer leases (and a
+#: node-monitor grace period to match) keep the nodes Ready at a few dozen writes a second.
+LEASE_SECONDS = 600
+NODE_MONITOR_GRACE = "900s"
+#: Client-side rate limits of kube-controller-manager and the scheduler (defaults 20 and 50 requests a
+#: second): at the defaults, untainting 8,000 new nodes takes half an hour and binding 8,000 pods
+#: (a binding and an Event each) close to six minutes, for either client alike.
+CLIENT_QPS = 500
+#: Only ServiceAccounts outside kube-system are audited (kwok and the scheduler use the admin's
+#: certificate, kube-controller-manager kube-system ServiceAccounts), only their writes, metadata only.
+AUDIT_POLICY = """\
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived, ResponseStarted]
+rules:
+- level: None
+  verbs: [get, list, watch]
+- level: None
+  userGroups: ["system:serviceaccounts:kube-system"]
+- level: Metadata
+  userGroups: ["system:serviceaccounts"]
+- level: None
+"""
+
+
+class ScalePlane(ControlPlane):
+    """The tests' control plane with longer node leases (LEASE_SECONDS) and higher client rate limits
+    for kube-controller-manager and the scheduler (CLIENT_QPS)."""
+
+    def _argv(self) -> dict[str, list[str]]:
+        argv = super()._argv()
+
+        def swap(args: list[str], flag: str, value: str) -> list[str]:
+            return [f"{flag}={value}" if a.startswith(f"{flag}=") else a for a in args]
+
+        for name in ("kwok", "kwok-lossy"):
+            argv[name] = swap(argv[name], "--node-lease-duration-seconds", str(LEASE_SECONDS))
+        kcm = "kube-controller-manager"
+        argv[kcm] = swap(argv[kcm], "--node-monitor-grace-period", NODE_MONITOR_GRACE)
+        for name in (kcm, "kube-scheduler"):
+            argv[name] += [f"--kube-api-qps={CLIENT_QPS}", f"--kube-api-burst={2 * CLIENT_QPS}"]
+        return argv
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+async def until(what: str, probe: Callable[[], Awaitable[bool]], *, timeout: float, interval: float = 0.25) -> None:
+    """Poll ``probe`` until true; ``interval`` only paces the polling."""
+    deadline = time.monotonic() + timeout
+    while not await probe():
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+        await asyncio.sleep(interval)
+
+
+class Cluster:
+    """The control plane of one N, reached as the admin from worker threads (ControlPlane.request)."""
+
+    def __init__(self, plane: ControlPlane, audit_path: Path) -> None:
+        self.plane = plane
+        self.audit_path = audit_path
+
+    async def get(self, path: str, timeout: float = 120) -> Any:
+        status, body = await asyncio.to_thread(self.plane.request, "GET", path, timeout=timeout)
+        if status != 200:
+            raise RuntimeError(f"GET {path}: {status} {body}")
+        return body
+
+    async def count(self, path: str) -> int:
+        """Objects at a collection path without selectors: one item and remainingItemCount."""
+        body = await self.get(f"{path}?limit=1")
+        return len(body["items"]) + int(body["metadata"].get("remainingItemCount") or 0)
+
+    async def jobs(self, namespace: str) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = (await self.get(f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}"))[
+            "items"
+        ]
+        return items
+
+    async def pods_not_running(self, namespace: str) -> int:
+        body = await self.get(f"/api/v1/namespaces/{namespace}/pods?fieldSelector=status.phase%21%3DRunning")
+        return len(body["items"])
+
+    async def done(self, namespace: str, n: int) -> bool:
+        """The emulator mode's condition: every job's pods exist and its status says so."""
+        if await self.count(f"/api/v1/namespaces/{namespace}/pods") < n * WORKERS:
+            return False
+        jobs = await self.jobs(namespace)
+        return len(jobs) >= n and all(reported(j) for j in jobs)
+
+    async def jobs_running(self, namespace: str, n: int) -> bool:
+        jobs = await self.jobs(namespace)
+        return len(jobs) >= n and all(
+            (j.get("status") or {}).get("phase") == "Running"
+            and ((j.get("status") or {}).get("workers") or {}).get("ready") == WORKERS
+            for j in jobs
+        )
+
+    async def pods_running(self, namespace: str, n: int) -> bool:
+        pods = await self.count(f"/api/v1/namespaces/{namespace}/pods")
+        return pods >= n * WORKERS and await self.pods_not_running(namespace) == 0
+
+    async def running_events(self, namespace: str) -> int:
+        selector = f"involvedObject.kind=DGXTrainingJob,reason={RUNNING_REASON}"
+        body = await self.get(f"/api/v1/namespaces/{namespace}/events?fieldSelector={selector}")
+        return len({(e.get("involvedObject") or {}).get("name") for e in body["items"]})
+
+    async def namespace(self, name: str) -> None:
+        status, body = await asyncio.to_thread(
+            self.plane.request,
+            "POST",
+            "/api/v1/namespaces",
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}},
+        )
+        if status != 201:
+            raise RuntimeError(f"creating namespace {name}: {status} {body}")
+
+        async def ready() -> bool:
+            status, _ = await asyncio.to_thread(
+                self.plane.request, "GET", f"/api/v1/namespaces/{name}/serviceaccounts/default"
+            )
+            return status == 200
+
+        await until(f"the default ServiceAccount of {name}", ready, timeout=60)
+
+    async def delete_namespace(self, name: str, timeout: float) -> None:
+        await asyncio.to_thread(self.plane.request, "DELETE", f"/api/v1/namespaces/{name}")
+
+        async def gone() -> bool:
+            status, _ = await asyncio.to_thread(self.plane.request, "GET", f"/api/v1/namespaces/{name}")
+            return status == 404
+
+        await until(f"namespace {name} (and its pods) gone", gone, timeout=timeout, interval=0.5)
+
+    async def nodes_ready(self, count: int) -> bool:
+        nodes = (await self.get("/api/v1/nodes"))["items"]
+
+        def ready(node: dict[str, Any]) -> bool:
+            conditions = (node.get("status") or {}).get("conditions") or []
+            taints = (node.get("spec") or {}).get("taints") or []
+            return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions) and not any(
+                t.get("key", "").startswith("node.kubernetes.io/") for t in taints
+            )
+
+        return sum(1 for node in nodes if ready(node)) >= count
+
+    async def metrics(self) -> collections.Counter[str]:
+        """apiserver_request_total of the write verbs, by "verb resource[/subresource] code"."""
+        text = await self.get("/metrics")
+        counts: collections.Counter[str] = collections.Counter()
+        for line in str(text).splitlines():
+            if not line.startswith("apiserver_request_total{"):
+                continue
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', line[: line.rindex("}")]))
+            if labels.get("verb") in METRIC_WRITES:
+                sub = f"/{labels['subresource']}" if labels.get("subresource") else ""
+                counts[f"{labels['verb']} {labels.get('resource')}{sub} {labels.get('code')}"] += int(
+                    float(line.rsplit(" ", 1)[1])
+                )
+        return counts
+
+    def audit_mark(self) -> int:
+        return self.audit_path.stat().st_size if self.audit_path.exists() else 0
+
+    def audit_writes(self, since: int, user: str) -> list[dict[str, Any]]:
+        """Every write ``user`` made after byte ``since`` of the audit log (whole lines only)."""
+        with self.audit_path.open("rb") as f:
+            f.seek(since)
+            data = f.read()
+        events = []
+        for raw in data.split(b"\n")[:-1]:  # the last piece is "" or a line still being written
+            try:
+                event = json.loads(raw)
+            except json.JSONDecodeError:
+                continue  # a mark taken mid-line
+            if (
+                event.get("stage") == "ResponseComplete"
+                and event.get("verb") in AUDIT_WRITES
+                and (event.get("user") or {}).get("username") == user
+            ):
+                events.append(event)
+        return events
+
+
+def audit_breakdown(events: list[dict[str, Any]]) -> collections.Counter[str]:
+    counts: collections.Counter[str] = collections.Counter()
+    for e in events:
+        ref = e.get("objectRef") or {}
+        sub = f"/{ref['subresource']}" if ref.get("subresource") else ""
+        counts[f"{e['verb']} {ref.get('resource')}{sub} {(e.get('responseStatus') or {}).get('code')}"] += 1
+    return counts
+
+
+def cross_check(
+    audit: collections.Counter[str], before: collections.Counter[str], after: collections.Counter[str]
+) -> str:
+    """The audit counts by kind next to apiserver_request_total's delta for the same kind (all clients)."""
+    verbs = {"create": "POST", "update": "PUT", "patch": "PATCH", "delete": "DELETE"}
+    parts = []
+    for key, value in sorted(audit.items()):
+        verb, rest = key.split(" ", 1)
+        metric = f"{verbs.get(verb, verb.upper())} {rest}"
+        parts.append(f"{key}: {value} (apiserver_request_total delta, all clients: {after[metric] - before[metric]})")
+    return "; ".join(parts)
+
+
+def event_writes(events: list[dict[str, Any]]) -> int:
+    return sum(1 for e in events if (e.get("objectRef") or {}).get("resource") == "events")
+
+
+async def create_all(
+    objects: list[dict[str, Any]], create: Callable[[dict[str, Any]], Awaitable[Any]], parallel: int = 32
+) -> list[Any]:
+    gate = asyncio.Semaphore(parallel)
+
+    async def one(obj: dict[str, Any]) -> Any:
+        async with gate:
+            return await create(obj)
+
+    return list(await asyncio.gather(*(one(o) for o in objects)))
+
+
+@contextlib.asynccontextmanager
+async def api_client(kubeconfig: Path) -> Any:
+    configuration = client.Configuration()
+    await config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)
+    async with client.ApiClient(configuration) as http:
+        yield http
+
+
+async def cluster_run(n: int, root: Path) -> dict[str, float]:
+    binaries = build_control_plane(out=sys.stderr)
+    audit_path = root / "audit.log"
+    policy = root / "audit-policy.yaml"
+    root.mkdir(parents=True, exist_ok=True)
+    policy.write_text(AUDIT_POLICY, encoding="utf-8")
+    plane = ScalePlane(
+        root,
+        binaries,
+        pools=(),
+        apiserver_args=[
+            f"--audit-policy-file={policy}",
+            f"--audit-log-path={audit_path}",
+            "--audit-log-format=json",
+            "--audit-log-maxsize=0",
+            "--audit-log-mode=blocking",
+        ],
+    )
+    started = time.monotonic()
+    plane.start()
+    cluster = Cluster(plane, audit_path)
+    try:
+        log(f"N={n}: control plane up in {plane.started_in:.1f}s ({root})")
+        kubectl = Kubectl(CONTEXT, binary=plane.kubectl_binary, kubeconfig=str(plane.kubeconfig))
+        chart = install(kubectl)
+        account = service_account(chart)
+        user = f"system:serviceaccount:{account[0]}:{account[1]}"
+        token = token_kubeconfig(plane, kubectl, root / "operator.kubeconfig", account)
+        # The nodes: NodePool's, created concurrently (ControlPlane.add_nodes goes one by one and
+        # then reads each node back, which takes minutes at thousands of nodes).
+        nodes = dgx_nodes([NodePool(str(JOB["spec"]["instance"]), n * WORKERS)])
+        async with api_client(plane.kubeconfig) as admin:
+            core = client.CoreV1Api(admin)
+
+            async def create_node(node: Any) -> Any:
+                return await core.create_node(node, _preload_content=False)
+
+            await create_all(nodes, create_node)
+            await until(
+                f"{len(nodes)} nodes Ready and untainted",
+                lambda: cluster.nodes_ready(len(nodes)),
+                timeout=TIMEOUT,
+                interval=max(1.0, len(nodes) / 1000),
+            )
+            log(f"N={n}: {len(nodes)} nodes Ready after {time.monotonic() - started:.0f}s")
+            custom = client.CustomObjectsApi(admin)
+
+            async def create_job(job: dict[str, Any]) -> Any:
+                ns = job["metadata"]["namespace"]
+                return await custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, job)
+
+            poll = 0.25 + n / 1000  # listing 1,000 jobs is a few MB: poll less often as N grows
+            result: dict[str, float] = {}
+
+            # (a) the baseline, as the chart's ServiceAccount
+            await cluster.namespace(BASELINE_NS)
+            bodies = await create_all([job_manifest(i, BASELINE_NS) for i in range(n)], create_job)
+            catalog = Catalog.load()
+            async with api_client(token) as http:
+                sa_core, sa_custom = client.CoreV1Api(http), client.CustomObjectsApi(http)
+                mark, before = cluster.audit_mark(), await cluster.metrics()
+                start = time.perf_counter()
+                await asyncio.gather(*(minimal_writes(sa_core, sa_custom, catalog, b) for b in bodies))
+                await until("baseline done", lambda: cluster.done(BASELINE_NS, n), timeout=TIMEOUT, interval=poll)
+                result["baseline_s"] = time.perf_counter() - start
+                await until(
+                    "baseline pods Running",
+                    lambda: cluster.pods_running(BASELINE_NS, n),
+                    timeout=TIMEOUT,
+                    interval=poll,
+                )
+                result["baseline_running_s"] = time.perf_counter() - start
+            events = cluster.audit_writes(mark, user)
+            result["baseline_writes"] = len(events)
+            if os.environ.get("BENCH_DETAIL"):
+                after = await cluster.metrics()
+                print(f"  baseline writes at N={n}: {cross_check(audit_breakdown(events), before, after)}", flush=True)
+            log(f"N={n}: baseline {result['baseline_s']:.1f}s, Running {result['baseline_running_s']:.1f}s")
+            await cluster.delete_namespace(BASELINE_NS, timeout=TIMEOUT)
+
+            async def nodes_free() -> bool:
+                return await cluster.count("/api/v1/pods") == 0
+
+            await until("every node free (no pod left in the cluster)", nodes_free, timeout=60)
+
+            # (b) the operator
+            await cluster.namespace(OPERATOR_NS)
+            op = start_operator(chart, token, root / "operator")
+            try:
+                mark, before = cluster.audit_mark(), await cluster.metrics()
+                start = time.perf_counter()
+                await create_all([job_manifest(i, OPERATOR_NS) for i in range(n)], create_job)
+                await until("operator done", lambda: cluster.done(OPERATOR_NS, n), timeout=TIMEOUT, interval=poll)
+                result["operator_s"] = time.perf_counter() - start
+                await until(
+                    "every job Running 8/8",
+                    lambda: cluster.jobs_running(OPERATOR_NS, n),
+                    timeout=TIMEOUT,
+                    interval=poll,
+                )
+                result["operator_running_s"] = time.perf_counter() - start
+
+                # kopf posts Events in the background: count once each job's Running Event is there.
+                async def posted() -> bool:
+                    return await cluster.running_events(OPERATOR_NS) >= n
+
+                await until("every job's Running Event", posted, timeout=TIMEOUT, interval=poll)
+                events = cluster.audit_writes(mark, user)
+                result["rss_mb"] = rss_mb(op.process.pid)
+                result["writes"] = len(events)
+                result["writes_no_events"] = len(events) - event_writes(events)
+                if os.environ.get("BENCH_DETAIL"):
+                    after = await cluster.metrics()
+                    print(
+                        f"  operator writes at N={n}: {cross_check(audit_breakdown(events), before, after)}", flush=True
+                    )
+                    now = rss_mb(op.process.pid, "VmRSS")
+                    print(f"  operator RSS now {now:.0f} MB, peak {result['rss_mb']:.0f} MB", flush=True)
+                refused = op.forbidden()
+                if refused:
+                    log(f"N={n}: RBAC refused the operator {len(refused)} times, e.g. {refused[0]}")
+            finally:
+                op.stop()
+            log(f"N={n}: operator {result['operator_s']:.1f}s, Running {result['operator_running_s']:.1f}s")
+    except BaseException:
+        log(f"N={n}: failed; the components' last log lines:\n{plane.logs(15)}")
+        raise
+    finally:
+        plane.stop()
+    return result
+
+
+async def cluster_main(sizes: list[int], keep: Path | None) -> None:
+    print(
+        f"{'N':>5} {'baseline s':>11} {'operator s':>11} {'ratio':>6} {'base Running s':>14} "
+        f"{'op Running s':>12} {'ratio':>6} {'base writes':>11} {'op writes':>9} {'minimum':>8} {'ampl.':>6} "
+        f"{'w/o events':>10} {'peak RSS MB':>11}",
+        flush=True,
+    )
+    for n in sizes:
+        with tempfile.TemporaryDirectory(prefix=f"kubedgx-bench-{n}-") as tmp:
+            r = await cluster_run(n, (keep / f"n{n}") if keep else Path(tmp))
+        minimum = n * MIN_WRITES_PER_JOB
+        print(
+            f"{n:>5} {r['baseline_s']:>11.2f} {r['operator_s']:>11.2f} {r['operator_s'] / r['baseline_s']:>6.2f} "
+            f"{r['baseline_running_s']:>14.2f} {r['operator_running_s']:>12.2f} "
+            f"{r['operator_running_s'] / r['baseline_running_s']:>6.2f} {r['baseline_writes']:>11.0f} "
+            f"{r['writes']:>9.0f} {minimum:>8} {r['writes'] / minimum:>6.2f} {r['writes_no_events'] / minimum:>10.2f} "
+            f"{r['rss_mb']:>11.1f}",
+            flush=True,
+        )
+
+
 async def main(sizes: list[int]) -> None:
     print(
         f"{'N':>5} {'baseline s':>11} {'operator s':>11} {'time ratio':>10} {'writes':>7} {'minimum':>8} "
@@ -229,4 +657,12 @@ async def main(sizes: list[int]) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main([int(a) for a in sys.argv[1:]] or [1, 100, 1000]))
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("sizes", nargs="*", type=int, help="values of N (default 1 100 1000; --cluster: 100 1000)")
+    parser.add_argument("--cluster", action="store_true", help="on the real control plane of tests/cluster")
+    parser.add_argument("--keep", type=Path, help="--cluster: keep each cluster's files (logs, audit log) here")
+    args = parser.parse_args()
+    if args.cluster:
+        asyncio.run(cluster_main(args.sizes or [100, 1000], args.keep))
+    else:
+        asyncio.run(main(args.sizes or [1, 100, 1000]))
