@@ -59,7 +59,7 @@ def namespace(kubectl: Kubectl, request: pytest.FixtureRequest) -> Iterator[Kube
     wait_for(
         f"the default ServiceAccount of {name}",
         lambda: kubectl.in_namespace(name).get("serviceaccount", "default"),
-        timeout=30,
+        timeout=120,
         interval=0.2,
     )
     yield kubectl.in_namespace(name)

@@ -32,6 +32,7 @@ import datetime as dt
 import ipaddress
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -654,6 +655,20 @@ class ControlPlane:
             self.extra_apiserver_args = list(apiserver_args)
         self.components[name].stop()
         self._start(name, self._ready(name), timeout)
+        if name == "kube-apiserver":
+            self.wait_whole(timeout=timeout)
+
+    def wait_whole(self, *, timeout: float = 120) -> None:
+        """Until the controllers work again after an apiserver restart (their watches come back at
+        their own pace): a fresh namespace gets its default ServiceAccount, then goes."""
+        probe = f"kubedgx-probe-{secrets.token_hex(3)}"
+        status, answer = self.request("POST", "/api/v1/namespaces", {"metadata": {"name": probe}})
+        if status != 201:
+            raise StartError(f"creating namespace {probe}: {status} {answer}")
+        wait_until("kube-controller-manager to serve a new namespace again",
+                   lambda: self.get(f"/api/v1/namespaces/{probe}/serviceaccounts/default"), timeout=timeout,
+                   diagnose=self.logs)  # fmt: skip
+        self.request("DELETE", f"/api/v1/namespaces/{probe}")
 
     def etcd(self, method: str, body: Mapping[str, Any]) -> Any:
         """One call to etcd's JSON gateway (``/v3/kv/range``, ``/v3/kv/compaction``...)."""
