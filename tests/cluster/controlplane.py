@@ -273,6 +273,21 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def stop_process_group(process: subprocess.Popen[bytes], timeout: float) -> None:
+    """SIGTERM to the process's group (it was started in a session of its own), SIGKILL after
+    ``timeout``: whatever it started goes with it."""
+    if process.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait(10)
+
+
 @dataclass
 class Component:
     """One process of the control plane, its log in a file."""
@@ -298,16 +313,8 @@ class Component:
         return self.process is not None and self.process.poll() is None
 
     def stop(self, timeout: float = 15) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, signal.SIGTERM)
-        try:
-            self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(10)
+        if self.process is not None:
+            stop_process_group(self.process, timeout)
 
     def tail(self, lines: int = 30) -> str:
         try:

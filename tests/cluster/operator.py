@@ -18,7 +18,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator, Mapping
@@ -33,7 +32,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID
 from dgx_operator.admission import WEBHOOKS, webhook_configuration
 from dgx_operator.settings import WebhookConfig
 from tests.chart.conftest import NAMESPACE, RELEASE, Rendered, find, one, render
-from tests.cluster.controlplane import ControlPlane, _cert, _key, _name, _write_key, free_port
+from tests.cluster.controlplane import ControlPlane, _cert, _key, _name, _write_key, free_port, stop_process_group
 from tests.e2e.kubectl import JOBS, MOUNTS, Kubectl, dig, wait_for
 
 #: The field manager of everything the tests apply for the chart.
@@ -117,16 +116,7 @@ class Operator:
         return self.process.poll() is None
 
     def stop(self, timeout: float = 20) -> None:
-        if self.process.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, signal.SIGTERM)
-        try:
-            self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(10)
+        stop_process_group(self.process, timeout)
 
 
 def operator_environment(objects: list[Rendered], kubeconfig: Path, workdir: Path) -> tuple[dict[str, str], list[str]]:
@@ -192,6 +182,18 @@ def run_operator(plane: ControlPlane, owner: str, objects: list[Rendered], kubec
 
 def _raise(message: str) -> bool:
     raise AssertionError(message)
+
+
+@contextlib.contextmanager
+def chart_operator(plane: ControlPlane, kubectl: Kubectl, owner: str, chart: list[Rendered], workdir: Path,
+                   extra_args: tuple[str, ...] = ()) -> Iterator[Operator]:  # fmt: skip
+    """A test module's operator as the chart's ServiceAccount (a TokenRequest token), in the
+    control plane's operator slot; on a clean exit, fails if RBAC refused any of its calls."""
+    kubeconfig = token_kubeconfig(plane, kubectl, workdir / "operator.kubeconfig", service_account(chart))
+    with run_operator(plane, owner, chart, kubeconfig, workdir, extra_args) as op:
+        yield op
+        refused = op.forbidden()
+        assert refused == [], "the chart's RBAC refused the operator:\n" + "\n".join(refused[:20])
 
 
 # -- the webhook, reached by the apiserver through a URL (kwok's pods have no routable IP) -------

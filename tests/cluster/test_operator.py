@@ -24,7 +24,7 @@ from tests.cluster.controlplane import (
     NODE_NOT_READY_LABEL,
     ControlPlane,
 )
-from tests.cluster.operator import Operator, install, run_operator, service_account, token_kubeconfig
+from tests.cluster.operator import Operator, chart_operator, install
 from tests.e2e.jobs import (
     command_job,
     condition_true,
@@ -51,12 +51,8 @@ def chart(kubectl: Kubectl) -> list[Rendered]:
 def operator(
     control_plane: ControlPlane, kubectl: Kubectl, chart: list[Rendered], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Operator]:
-    work = tmp_path_factory.mktemp("operator")
-    kubeconfig = token_kubeconfig(control_plane, kubectl, work / "operator.kubeconfig", service_account(chart))
-    with run_operator(control_plane, __name__, chart, kubeconfig, work) as op:
+    with chart_operator(control_plane, kubectl, __name__, chart, tmp_path_factory.mktemp("operator")) as op:
         yield op
-        refused = op.forbidden()
-        assert refused == [], "the chart's RBAC refused the operator:\n" + "\n".join(refused[:20])
 
 
 def label(k: Kubectl, pod: str, key: str, value: str) -> None:

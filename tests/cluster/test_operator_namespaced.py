@@ -11,7 +11,7 @@ import pytest
 
 from tests.chart.conftest import Rendered
 from tests.cluster.controlplane import ControlPlane
-from tests.cluster.operator import Operator, install, run_operator, service_account, token_kubeconfig
+from tests.cluster.operator import Operator, chart_operator, install, service_account
 from tests.e2e.jobs import command_job, running_with, wait_job, worker_pods
 from tests.e2e.kubectl import JOBS, Kubectl, dig
 
@@ -39,12 +39,8 @@ def chart(kubectl: Kubectl, namespaces: tuple[str, ...]) -> list[Rendered]:
 def operator(
     control_plane: ControlPlane, kubectl: Kubectl, chart: list[Rendered], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Operator]:
-    work = tmp_path_factory.mktemp("operator-namespaced")
-    kubeconfig = token_kubeconfig(control_plane, kubectl, work / "operator.kubeconfig", service_account(chart))
-    with run_operator(control_plane, __name__, chart, kubeconfig, work) as op:
+    with chart_operator(control_plane, kubectl, __name__, chart, tmp_path_factory.mktemp("operator-namespaced")) as op:
         yield op
-        refused = op.forbidden()
-        assert refused == [], "the chart's namespaced RBAC refused the operator:\n" + "\n".join(refused[:20])
 
 
 def test_the_service_account_is_bound_to_the_watched_namespaces_only(kubectl: Kubectl, chart: list[Rendered]) -> None:
