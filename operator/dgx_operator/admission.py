@@ -28,6 +28,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import aiohttp
+import aiohttp.web
 import kopf
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -69,6 +70,14 @@ MATCH_CONDITIONS = (
 #: A self-signed pair is made at every start and not rotated while the operator runs.
 CERTIFICATE_DAYS = 3650
 PUBLISH_ATTEMPTS = 5
+#: The largest AdmissionReview body the webhook reads (aiohttp, under kopf's server, refuses more
+#: than 1 MiB by default, and with failurePolicy Fail a refused review is a refused write). The
+#: apiserver accepts request bodies of up to 3 MiB and runs admission before etcd (whose default
+#: --max-request-bytes, 1.5 MiB, bounds what is stored); an UPDATE review carries the object and
+#: the old object. So: two objects of the largest request the apiserver takes, plus 1 MiB for the
+#: review's envelope and JSON's escaping. A larger body is answered 413, which the apiserver treats
+#: as an unreachable webhook (failurePolicy); no such object could be stored anyway.
+MAX_REVIEW_BYTES = 2 * 3 * 2**20 + 2**20
 
 
 async def review(memo: kopf.Memo, body: dict[str, Any], old: dict[str, Any] | None, operation: str | None) -> None:
@@ -243,11 +252,22 @@ async def publish(kube: Kube, body: dict[str, Any], retry_base: float = 1.0, own
             return
 
 
+class WebhookServer(kopf.WebhookServer):
+    """kopf's server (every mode: TLS from files, self-signed, insecure) reading review bodies of up
+    to MAX_REVIEW_BYTES. kopf builds its aiohttp Application with the default limit inside
+    ``__call__`` and offers no option; each request it serves passes through ``_serve``, where a
+    clone of the request (aiohttp's public way to change it) carries the larger limit."""
+
+    @staticmethod
+    async def _serve(fn: kopf.WebhookFn, request: aiohttp.web.Request) -> aiohttp.web.Response:
+        return await kopf.WebhookServer._serve(fn, request.clone(client_max_size=MAX_REVIEW_BYTES))
+
+
 @dataclass
 class PublishingServer:
     """kopf's server; each time it listens (again), the webhook configuration is published."""
 
-    server: kopf.WebhookServer
+    server: WebhookServer
     publish: Callable[[], Awaitable[None]]
 
     async def __call__(self, fn: kopf.WebhookFn) -> AsyncIterator[kopf.WebhookClientConfig]:
@@ -270,11 +290,12 @@ class WebhookSetup:
 
 
 def setup(hook: WebhookConfig, kube: Kube, retry_base: float = 1.0) -> WebhookSetup:
-    """The webhook server for the configured mode (kopf's, built when called: tests replace it)."""
+    """The webhook server for the configured mode (:class:`WebhookServer`, looked up when called:
+    tests replace it)."""
     if hook.mode != "self-signed":
         insecure = hook.mode == "insecure"
         return WebhookSetup(
-            kopf.WebhookServer(
+            WebhookServer(
                 addr=hook.host,
                 port=hook.port,
                 certfile=None if insecure else hook.certfile,
@@ -289,7 +310,7 @@ def setup(hook: WebhookConfig, kube: Kube, retry_base: float = 1.0) -> WebhookSe
     for path, data in zip(paths, (pair.certificate, pair.key), strict=True):
         with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as handle:
             handle.write(data)
-    server = kopf.WebhookServer(
+    server = WebhookServer(
         addr=hook.host, port=hook.port, host=hook.dns_names[0], certfile=paths[0], pkeyfile=paths[1], cadata=pair.ca
     )
     body = webhook_configuration(hook, pair.ca)

@@ -2,12 +2,12 @@
 AdmissionReview v1 requests over loopback.
 
 The operator runs in-process against the emulator with a plain-HTTP webhook on 127.0.0.1 (``WebhookConfig(
-insecure=True)``, which ``settings.configure`` turns into ``kopf.WebhookServer``). kopf serves every
+insecure=True)``, which ``admission.setup`` turns into ``admission.WebhookServer``, kopf's). kopf serves every
 validating handler at ``/<handler id>``: ``/validate-dgxtrainingjob`` and ``/validate-dgxdatamount``
 (kopf/_kits/webhooks.py routes ``POST {path}/{id}``; kopf/_core/engines/admission.py runs only the handlers
 whose id is that ``id``, and appends it to the server's URL in the webhook configurations it manages).
 
-Readiness is an event, not a poll: the test's ``kopf.WebhookServer`` subclass resolves a future with the
+Readiness is an event, not a poll: the test's ``admission.WebhookServer`` subclass resolves a future with the
 client config kopf's server yields, which it does right after its socket is listening.
 
 The operator gets a registry of its own: ``dgx_operator.handlers`` and ``dgx_operator.webhooks`` are
@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import importlib
+import json
 import socket
 import sys
 import types
@@ -36,6 +37,7 @@ import pytest
 import pytest_asyncio
 
 import dgx_operator.handlers
+from dgx_operator import admission
 from dgx_operator.settings import OperatorConfig, WebhookConfig
 from tests.conftest import BASE_JOB, BASE_MOUNT, DELETE, with_changes
 from tests.integration.conftest import RunOperator
@@ -163,7 +165,7 @@ async def webhook(
     port = free_port()
     listening: asyncio.Future[kopf.WebhookClientConfig] = asyncio.get_running_loop().create_future()
 
-    class ObservedWebhookServer(kopf.WebhookServer):
+    class ObservedWebhookServer(admission.WebhookServer):
         """kopf's server, telling the test the client config it yields once its socket listens."""
 
         async def __call__(self, fn: kopf.WebhookFn) -> AsyncIterator[kopf.WebhookClientConfig]:
@@ -172,7 +174,7 @@ async def webhook(
                     listening.set_result(client_config)
                 yield client_config
 
-    monkeypatch.setattr(kopf, "WebhookServer", ObservedWebhookServer)  # settings.configure builds it at startup
+    monkeypatch.setattr(admission, "WebhookServer", ObservedWebhookServer)  # admission.setup builds it at startup
     config = OperatorConfig(
         webhook=WebhookConfig(host="127.0.0.1", port=port, insecure=True),
         error_backoffs=(0.1, 0.2, 0.5, 1.0),
@@ -316,3 +318,60 @@ async def test_a_mount_update_is_checked_too(webhook: Webhook) -> None:
         "spec.region: region applies only to s3:// sources"
     ]
     await webhook.allowed(MOUNT_PATH, "UPDATE", with_changes(new, {"spec.region": DELETE}), old)
+
+
+# -- what the apiserver may send -------------------------------------------------------------------------------
+
+ENV_VALUE_MAX = 131072  # spec.env[].value's maxLength: the largest free-form field a valid spec has
+MIB = 2**20
+
+
+def padded(body: Body, size: int) -> Body:
+    """``body`` with about ``size`` more bytes of spec, in spec.env values (valid: 128 KiB each at most)."""
+    count, rest = divmod(size, ENV_VALUE_MAX)
+    values = [ENV_VALUE_MAX] * count + ([rest] if rest else [])
+    return with_changes(body, {"spec.env": [{"name": f"PAD_{i}", "value": "x" * n} for i, n in enumerate(values)]})
+
+
+def encoded(request: Body, size: int | None = None) -> bytes:
+    """The request as the apiserver sends it; with ``size``, exactly that long (JSON allows trailing blanks)."""
+    data = json.dumps(request).encode()
+    if size is not None:
+        assert len(data) <= size
+        data += b" " * (size - len(data))
+    return data
+
+
+async def post_raw(webhook: Webhook, data: bytes) -> tuple[int, str]:
+    headers = {"Content-Type": "application/json"}
+    async with webhook.http.post(webhook.url + JOB_PATH, data=data, headers=headers) as response:
+        return response.status, await response.text()
+
+
+async def test_an_update_of_two_large_objects_is_read_and_checked(webhook: Webhook) -> None:
+    """An UPDATE review carries the object and the old one: a 2 MiB spec makes it 4 MiB, four times aiohttp's
+    default limit, which kopf's server kept (413, and with failurePolicy Fail a refused write)."""
+    old = stored(padded(BASE_JOB, 2 * MIB), resourceVersion="5")
+    new = with_changes(old, {"spec.elastic.maxNodes": 2})
+    assert 4 * MIB < len(encoded(review_request("UPDATE", new, old))) < 4.1 * MIB
+    await webhook.allowed(JOB_PATH, "UPDATE", new, old)
+    # Read and checked, not waved through:
+    bad = with_changes(new, {"spec.elastic.minNodes": 0})
+    assert await webhook.refused(JOB_PATH, "UPDATE", bad, old) == [
+        "spec.elastic.minNodes: should be greater than or equal to 1 (got 0)"
+    ]
+    # A CREATE of an object between 1 MiB and what etcd stores (1.5 MiB):
+    await webhook.allowed(JOB_PATH, "CREATE", stored(padded(BASE_JOB, 1400 * 2**10)))
+
+
+async def test_bodies_up_to_the_bound_are_read_and_larger_ones_get_a_clean_413(webhook: Webhook) -> None:
+    old = stored(padded(BASE_JOB, 3 * MIB), resourceVersion="5")
+    request = review_request("UPDATE", with_changes(old, {"spec.elastic.maxNodes": 2}), old)
+    status, text = await post_raw(webhook, encoded(request, admission.MAX_REVIEW_BYTES))
+    assert status == 200, text
+    assert json.loads(text)["response"]["allowed"] is True
+    status, text = await post_raw(webhook, encoded(request, admission.MAX_REVIEW_BYTES + 1))
+    assert status == 413
+    assert str(admission.MAX_REVIEW_BYTES) in text
+    # The server goes on serving.
+    await webhook.allowed(JOB_PATH, "CREATE", stored(BASE_JOB))

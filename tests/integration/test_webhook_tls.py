@@ -7,7 +7,7 @@
 
 The operator runs in-process against the emulator, which serves admissionregistration.k8s.io/v1 for these tests
 (it does not emulate webhooks: the test plays the API server calling one). The webhook's readiness is the
-moment kopf's server yields its client config (the test's ``kopf.WebhookServer`` subclass reports it), or, in
+moment kopf's server yields its client config (the test's ``admission.WebhookServer`` subclass reports it), or, in
 self-signed mode, the configuration's appearance, which the operator writes only once its socket listens.
 """
 
@@ -37,7 +37,15 @@ from dgx_operator.settings import OperatorConfig, WebhookConfig
 from tests.conftest import BASE_JOB, with_changes
 from tests.integration.conftest import OperatorRun, RunOperator
 from tests.integration.emulator import Emulator, Kind
-from tests.integration.test_admission import JOB_PATH, MOUNT_PATH, operator_registry, review_request
+from tests.integration.test_admission import (
+    JOB_PATH,
+    MIB,
+    MOUNT_PATH,
+    operator_registry,
+    padded,
+    review_request,
+    stored,
+)
 from tests.integration.test_cli_operator import free_port
 
 pytestmark = pytest.mark.asyncio
@@ -81,13 +89,13 @@ def listening(monkeypatch: pytest.MonkeyPatch) -> asyncio.Queue[kopf.WebhookClie
     """The client config of every kopf webhook server started from now on, once its socket listens."""
     queue: asyncio.Queue[kopf.WebhookClientConfig] = asyncio.Queue()
 
-    class ObservedWebhookServer(kopf.WebhookServer):
+    class ObservedWebhookServer(admission.WebhookServer):
         async def __call__(self, fn: kopf.WebhookFn) -> AsyncIterator[kopf.WebhookClientConfig]:
             async for client_config in super().__call__(fn):
                 queue.put_nowait(client_config)
                 yield client_config
 
-    monkeypatch.setattr(kopf, "WebhookServer", ObservedWebhookServer)
+    monkeypatch.setattr(admission, "WebhookServer", ObservedWebhookServer)
     return queue
 
 
@@ -102,12 +110,20 @@ def tls_client(ca_pem: bytes) -> ssl.SSLContext:
     return ssl.create_default_context(cadata=ca_pem.decode("ascii"))
 
 
-async def review(port: int, ca_pem: bytes, hostname: str, path: str = JOB_PATH, job: Body = BAD_JOB) -> Body:
+def large_update() -> Body:
+    """An UPDATE review of 4 MiB (the object and the old one, 2 MiB each): four times aiohttp's default limit."""
+    old = stored(padded(BASE_JOB, 2 * MIB), resourceVersion="5")
+    return review_request("UPDATE", with_changes(old, {"spec.elastic.maxNodes": 2}), old)
+
+
+async def review(
+    port: int, ca_pem: bytes, hostname: str, path: str = JOB_PATH, job: Body = BAD_JOB, request: Body | None = None
+) -> Body:
     async with (
         aiohttp.ClientSession() as http,
         http.post(
             f"https://127.0.0.1:{port}{path}",
-            json=review_request("CREATE", job),
+            json=request if request is not None else review_request("CREATE", job),
             ssl=tls_client(ca_pem),
             server_hostname=hostname,
         ) as response,
@@ -176,6 +192,7 @@ async def test_self_signed_mode_registers_a_configuration_whose_ca_verifies_the_
     assert answer["response"]["allowed"] is False
     assert "spec.instance: unknown instance type 'dgxa100.80g.16.norm'" in answer["response"]["status"]["message"]
     assert (await review(port, ca, f"{HOSTNAME}.cluster.local", job=BASE_JOB))["response"]["allowed"] is True
+    assert (await review(port, ca, HOSTNAME, request=large_update()))["response"]["allowed"] is True
     certificate = x509.load_der_x509_certificate(await served_certificate(port, ca, HOSTNAME))
     names = certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert names.get_values_for_type(x509.DNSName) == [HOSTNAME, f"{HOSTNAME}.cluster.local"]
@@ -302,6 +319,7 @@ async def test_certificate_files_are_served_as_given_and_no_configuration_is_wri
     served = await served_certificate(port, pair.ca, HOSTNAME)
     assert served == x509.load_pem_x509_certificate(pair.certificate).public_bytes(Encoding.DER)
     assert (await review(port, pair.ca, HOSTNAME))["response"]["allowed"] is False
+    assert (await review(port, pair.ca, HOSTNAME, request=large_update()))["response"]["allowed"] is True
     assert emulator.select(VWCS) == []
     assert emulator.calls(resource=VWCS) == []  # the chart and cert-manager own the configuration
 
