@@ -34,11 +34,14 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from kubernetes_asyncio.client.exceptions import ApiException
+from pydantic import ValidationError
 
+from dgx_api.schema import Problem, join_path
 from dgx_operator.api import GROUP, VERSION, DGXDataMount, DGXTrainingJob
 from dgx_operator.kube import Kube, TransientError
 from dgx_operator.settings import WebhookConfig
-from dgx_operator.validation import Validator, immutable_changes, reference_problems
+from dgx_operator.validation import Validator, immutable_changes, object_label, reference_problems
 
 log = logging.getLogger("kubedgx")
 
@@ -70,6 +73,8 @@ MATCH_CONDITIONS = (
 #: A self-signed pair is made at every start and not rotated while the operator runs.
 CERTIFICATE_DAYS = 3650
 PUBLISH_ATTEMPTS = 5
+
+
 #: The largest AdmissionReview body the webhook reads (aiohttp, under kopf's server, refuses more
 #: than 1 MiB by default, and with failurePolicy Fail a refused review is a refused write). The
 #: apiserver accepts request bodies of up to 3 MiB and runs admission before etcd (whose default
@@ -78,12 +83,45 @@ PUBLISH_ATTEMPTS = 5
 #: review's envelope and JSON's escaping. A larger body is answered 413, which the apiserver treats
 #: as an unreachable webhook (failurePolicy); no such object could be stored anyway.
 MAX_REVIEW_BYTES = 2 * 3 * 2**20 + 2**20
+#: How long a review waits for the DGXDataMounts a job references (looked up concurrently): well
+#: under the configuration's timeoutSeconds (10), so that a slow API server gets our answer (refused,
+#: retry) rather than the apiserver's timeout, which failurePolicy turns into something else.
+MOUNT_LOOKUP_TIMEOUT_S = 4.0
+#: Not the job's fault: retrying the same write may succeed (a dependency of the webhook failed).
+RETRY_CODE = 503
 
 
-async def review(memo: kopf.Memo, body: dict[str, Any], old: dict[str, Any] | None, operation: str | None) -> None:
-    """Raise kopf.AdmissionError (HTTP 422) listing every problem, one per line."""
+async def review(
+    memo: kopf.Memo,
+    body: dict[str, Any],
+    old: dict[str, Any] | None,
+    operation: str | None,
+    warnings: list[str] | None = None,
+) -> None:
+    """Raise kopf.AdmissionError listing every problem, one per line: 422 when the object is invalid,
+    RETRY_CODE when it could not be checked. Never another exception: kopf would answer that with an
+    opaque internal error (code 500, the exception's text), which tells the user nothing to do."""
+    try:
+        problems, unchecked = await _review(memo, body, old, operation, warnings if warnings is not None else [])
+        lines = [*map(str, problems), *unchecked]
+    except Exception as exc:
+        log.exception("webhook: %s of %s failed", operation, object_label(body))
+        message = (
+            f"{object_label(body)}: the kubedgx webhook failed while checking it ({type(exc).__name__}: "
+            f"{_one_line(exc)}); retry, and if this persists, the operator's log has the details"
+        )
+        raise kopf.AdmissionError(message, code=RETRY_CODE) from exc
+    if lines:
+        # A definite problem is not cured by retrying: then the refusal is "invalid", listing both.
+        raise kopf.AdmissionError("\n".join(lines), code=422 if problems else RETRY_CODE)
+
+
+async def _review(
+    memo: kopf.Memo, body: dict[str, Any], old: dict[str, Any] | None, operation: str | None, warnings: list[str]
+) -> tuple[list[Problem], list[str]]:
+    """(problems, what could not be checked) of one review."""
     if operation == "DELETE":
-        return
+        return [], []
     if (
         operation == "UPDATE"
         and old is not None
@@ -92,26 +130,101 @@ async def review(memo: kopf.Memo, body: dict[str, Any], old: dict[str, Any] | No
         # Metadata-only writes (the operator's own finalizer removal, labels) and writes to a
         # deleting object are never refused: a spec that became invalid later (the catalog
         # dropped its instance, a mount changed) must not pin the job forever.
-        return
+        return [], []
     # Shared by every request: created at startup (handlers.startup); built here only for callers
     # without one, such as tests.
     validator: Validator = memo.get("validator") or Validator(memo.config.catalog())
-    outcome = validator.validate(body, old=old if operation == "UPDATE" else None)
+    # The status is not checked: users cannot write it (with the status subresource the apiserver
+    # drops it from a CREATE, keeps the stored one on an UPDATE, and validates the operator's
+    # writes to /status itself), so a status stored under an older schema must not block a spec.
+    new, previous = _without_status(body), _without_status(old) if old is not None else None
+    outcome = validator.validate(new, old=previous if operation == "UPDATE" else None)
     problems = list(outcome.problems)
+    unchecked: list[str] = []
     if outcome.ok and body.get("kind") == "DGXTrainingJob":
         if operation == "UPDATE" and old is not None:
-            problems += immutable_changes(old, body)
-        job = DGXTrainingJob.model_validate(body)
-        namespace = job.metadata.namespace or "default"
-        found: list[tuple[dict[str, Any], int]] = [(body, 0)]
-        for ref in job.spec.data_mounts:
-            mount = await memo.kube.get_mount(namespace, ref.name) if "kube" in memo else None
-            if mount is not None:
-                DGXDataMount.model_validate(mount)
-                found.append((mount, 1))
-        problems += [p for key, p in reference_problems(validator.catalog, found) if key == 0]
-    if problems:
-        raise kopf.AdmissionError("\n".join(str(p) for p in problems), code=422)
+            # Only a status the operator wrote makes fields immutable; one of another shape says
+            # nothing about running workers.
+            status = old.get("status")
+            problems += immutable_changes({**old, "status": status if isinstance(status, dict) else {}}, body)
+        job = DGXTrainingJob.model_validate(new)
+        found: list[tuple[dict[str, Any], int]] = [(new, 0)]
+        if "kube" in memo:
+            for index, (mount, cannot) in enumerate(await _mounts(memo.kube, job)):
+                unreadable = _unreadable(index, mount) if mount is not None else None
+                if cannot is not None:
+                    unchecked.append(cannot)
+                elif unreadable is not None:
+                    warnings.append(unreadable)
+                elif mount is not None:
+                    found.append((mount, 1))
+        if not unchecked:
+            problems += [p for key, p in reference_problems(validator.catalog, found) if key == 0]
+    return problems, unchecked
+
+
+async def _mounts(kube: Kube, job: DGXTrainingJob) -> list[tuple[dict[str, Any] | None, str | None]]:
+    """Per spec.dataMounts entry: (the stored mount without its status, or None when absent; None,
+    or why it could not be looked up), all looked up at once within MOUNT_LOOKUP_TIMEOUT_S."""
+    namespace = job.metadata.namespace or "default"
+
+    async def lookup(index: int, name: str) -> tuple[dict[str, Any] | None, str | None]:
+        bound = asyncio.timeout(MOUNT_LOOKUP_TIMEOUT_S)
+        try:
+            async with bound:
+                mount = await kube.get_mount(namespace, name)
+        except Exception as exc:  # whatever failed, the mount is unknown: the job cannot be checked
+            reason = (
+                f"the API server did not answer within {MOUNT_LOOKUP_TIMEOUT_S:g}s"
+                if bound.expired()
+                else _lookup_failure(exc)
+            )
+            return (
+                None,
+                f"spec.dataMounts[{index}]: cannot check against DGXDataMount {namespace}/{name}: {reason}; retry",
+            )
+        return (_without_status(mount) if mount is not None else None), None
+
+    return list(await asyncio.gather(*(lookup(i, ref.name) for i, ref in enumerate(job.spec.data_mounts))))
+
+
+def _unreadable(index: int, mount: dict[str, Any]) -> str | None:
+    """Why this kubedgx cannot read a stored mount (written under an older schema, say), or None.
+    Such a mount is treated as an absent one: the job is not checked against it and waits for it
+    (the operator reports it), rather than every edit of the job (suspending it, too) being refused
+    for another object's sake."""
+    try:
+        DGXDataMount.model_validate(mount)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        path = ""
+        for part in first["loc"]:
+            path = join_path(path, part)
+        meta = mount.get("metadata") or {}
+        return (
+            f"spec.dataMounts[{index}]: DGXDataMount {meta.get('namespace')}/{meta.get('name')} cannot be "
+            "read by this kubedgx "
+            f"({path}: {first['msg']}), so the job was not checked against it and waits for it; "
+            "re-apply the mount with a valid spec"
+        )
+    return None
+
+
+def _without_status(obj: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in obj.items() if key != "status"}
+
+
+def _lookup_failure(exc: Exception) -> str:
+    if isinstance(exc, TimeoutError):  # the client's own timeout
+        return "the request to the API server timed out"
+    if isinstance(exc, ApiException):  # not retryable by kube.py's rules (403: the RBAC lacks get)
+        return f"the API server answered HTTP {exc.status} {exc.reason}"
+    return _one_line(exc)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 # -- serving -----------------------------------------------------------------------------------

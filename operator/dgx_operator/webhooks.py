@@ -14,10 +14,14 @@ from dgx_operator.handlers import JOB, MOUNT
 
 
 @kopf.on.validate(*JOB, id=admission.JOB_WEBHOOK)
-async def validate_job(body: Any, memo: Any, old: Any = None, operation: Any = None, **_: Any) -> None:
-    await admission.review(memo, dict(body), dict(old) if old else None, operation)
+async def validate_job(
+    body: Any, memo: Any, old: Any = None, operation: Any = None, warnings: Any = None, **_: Any
+) -> None:
+    await admission.review(memo, dict(body), dict(old) if old else None, operation, warnings)
 
 
 @kopf.on.validate(*MOUNT, id=admission.MOUNT_WEBHOOK)
-async def validate_mount(body: Any, memo: Any, old: Any = None, operation: Any = None, **_: Any) -> None:
-    await admission.review(memo, dict(body), dict(old) if old else None, operation)
+async def validate_mount(
+    body: Any, memo: Any, old: Any = None, operation: Any = None, warnings: Any = None, **_: Any
+) -> None:
+    await admission.review(memo, dict(body), dict(old) if old else None, operation, warnings)
