@@ -34,6 +34,8 @@ from celpy.evaluation import CELEvalError
 from pydantic import BaseModel, ConfigDict
 from pydantic.alias_generators import to_camel
 
+from dgx_api.text import printable
+
 # --------------------------------------------------------------------------------------------
 # Model helpers
 # --------------------------------------------------------------------------------------------
@@ -178,8 +180,11 @@ def _structural(node: Mapping[str, Any], defs: Mapping[str, Any], where: str) ->
         elif sorted(b.get("type", "") for b in branches) == ["integer", "string"]:
             # int-or-string (quantities): the only union a structural schema allows.
             for branch in branches:
-                if "pattern" in branch:
-                    out["pattern"] = branch["pattern"]
+                # The value rules of both branches hold the whole value; jsonschema (and the API
+                # server) apply pattern to strings only and minimum to numbers only.
+                for rule in ("pattern", "minimum"):
+                    if rule in branch:
+                        out[rule] = branch[rule]
             out["anyOf"] = [{"type": "integer"}, {"type": "string"}]
             out["x-kubernetes-int-or-string"] = True
         else:
@@ -232,7 +237,9 @@ class Problem:
     message: str
 
     def __str__(self) -> str:
-        return f"{self.path}: {self.message}" if self.path else self.message
+        # Paths and messages quote the manifest's keys and values: escaped, so a key holding a
+        # newline or an ANSI escape cannot forge a second line or recolour the terminal.
+        return printable(f"{self.path}: {self.message}" if self.path else self.message)
 
 
 def join_path(base: str, part: str | int) -> str:
@@ -304,9 +311,13 @@ def _count(n: Any, one: str, many: str | None = None) -> str:
     return f"{n} {one if n == 1 else many or one + 's'}"
 
 
-def _show(value: Any) -> str:
+def _show(value: Any, limit: int = 60) -> str:
+    """``value`` as JSON, cut at ``limit`` characters; containers are summarised before they are
+    serialised, so a huge value costs no more than a small one."""
+    if isinstance(value, Mapping | list) and len(value) > limit:
+        return f"{_kind_of(value)} of {len(value)} {'entries' if isinstance(value, Mapping) else 'items'}"
     text = json.dumps(value, default=str)
-    return text if len(text) <= 60 else text[:57] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _number(value: Any) -> str:
@@ -358,6 +369,8 @@ def explain(error: jsonschema.ValidationError, root: str = "") -> Iterator[Probl
             if name not in known:
                 hint = difflib.get_close_matches(name, known, n=1)
                 extra = f" (did you mean {hint[0]!r}?)" if hint else ""
+                if name in ("true", "false"):
+                    extra = " (YAML reads an unquoted on, off, yes, no, y or n as a boolean: quote the key)"
                 yield Problem(join_path(path, name), f"unknown field{extra}")
     elif keyword == "type":
         wanted = " or ".join([expected] if isinstance(expected, str) else expected)

@@ -13,9 +13,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import Field
 
+from dgx_api import manifests
 from dgx_api.schema import KubeModel, Problem, cel, pattern, structural_schema, validate
 
 Dtype = Literal["auto", "bfloat16", "float16", "float32"]
@@ -314,9 +314,9 @@ def parse_config(data: Any, source: str = "<config>") -> TrainerConfig:
 
 def load_config(path: str | Path) -> TrainerConfig:
     """Read a YAML or JSON trainer config file (JSON is YAML)."""
-    text = Path(path).read_text(encoding="utf-8")
+    text = Path(path).read_bytes()
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(str(path), [Problem("", f"not valid YAML: {exc}")]) from exc
+        data = manifests.load(text)
+    except manifests.ManifestError as exc:
+        raise ConfigError(str(path), [Problem("", str(exc))]) from exc
     return parse_config(data, str(path))

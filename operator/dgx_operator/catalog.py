@@ -15,9 +15,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
+
+from dgx_api import manifests
 
 NAME_RE = re.compile(r"^dgx(?P<family>[a-z0-9]+)\.(?P<memory>[0-9]+)g\.(?P<gpus>[0-9]+)\.(?P<capacity>[a-z]+)$")
 
@@ -172,15 +173,15 @@ class Catalog:
     def load(cls, path: str | Path | None = None) -> Catalog:
         """The catalog at ``path``, or the default one shipped with kubedgx."""
         if path is None:
-            text = resources.files("dgx_operator").joinpath("catalog.yaml").read_text(encoding="utf-8")
+            text = resources.files("dgx_operator").joinpath("catalog.yaml").read_bytes()
             source = "default catalog"
         else:
-            text = Path(path).read_text(encoding="utf-8")
+            text = Path(path).read_bytes()
             source = str(path)
         try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise CatalogError(f"{source}: not valid YAML: {exc}") from exc
+            data = manifests.load(text)
+        except manifests.ManifestError as exc:
+            raise CatalogError(f"{source}: {exc}") from exc
         return cls.from_mapping(data, source)
 
     @cached_property

@@ -7,6 +7,7 @@ Exit codes: 0 success, 1 invalid input (each problem on its own line), 2 usage o
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -15,15 +16,25 @@ from typing import Any, TextIO
 
 import yaml
 
+from dgx_api import manifests
 from dgx_api.schema import Problem
+from dgx_api.text import printable
 from dgx_operator import __version__
 from dgx_operator.api import API_VERSION, DGXDataMount, DGXDataMountSpec, DGXTrainingJob
 from dgx_operator.catalog import Catalog, CatalogError
 from dgx_operator.crdgen import KINDS
 from dgx_operator.crdgen import render as render_crd
+from dgx_operator.objectmeta import dns1123_label_errors
 from dgx_operator.render import BuildContext, BuildError, Defaults, build_children
 from dgx_operator.render.resolved import DEFAULT_TRAINER_IMAGE
-from dgx_operator.validation import DEFAULT_KUBE_VERSION, Validator, object_label, reference_problems
+from dgx_operator.validation import (
+    DEFAULT_KUBE_VERSION,
+    Validator,
+    kube_versions,
+    object_label,
+    reference_problems,
+    without_nulls,
+)
 
 
 class _NoAliasDumper(yaml.SafeDumper):
@@ -42,10 +53,13 @@ class Document:
     source: str
     index: int
     obj: Any
+    #: Where a ``kind: List`` held it: its index in the List's items.
+    item: int | None = None
 
     @property
     def label(self) -> str:
-        return object_label(self.obj)
+        label = object_label(self.obj)
+        return label if self.item is None else f"{label} (List items[{self.item}])"
 
 
 class InputError(Exception):
@@ -56,21 +70,41 @@ class InputError(Exception):
         self.code = code
 
 
+def _is_list(obj: Any) -> bool:
+    """``kind: List`` (or ``<Kind>List``) of ``v1``: kubectl applies its items one by one."""
+    return (
+        isinstance(obj, dict)
+        and isinstance(obj.get("kind"), str)
+        and obj["kind"].endswith("List")
+        and obj.get("apiVersion") == "v1"
+        and "items" in obj
+    )
+
+
 def read_documents(path: str, stdin: TextIO) -> Iterator[Document]:
-    source = "<stdin>" if path == "-" else path
+    """The objects of one file as kubectl would send them (see :mod:`dgx_api.manifests`): the items
+    of a List each on their own, null fields left out as the API server prunes them."""
+    source = "<stdin>" if path == "-" else printable(path)
     try:
-        text = stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+        data: str | bytes = stdin.read() if path == "-" else Path(path).read_bytes()
     except OSError as exc:
-        raise InputError(f"{source}: cannot read: {exc.strerror or exc}", 2) from exc
+        raise InputError(f"{source}: cannot read: {printable(exc.strerror or str(exc))}", 2) from exc
+    except UnicodeDecodeError as exc:  # stdin, decoded by Python
+        raise InputError(f"{source}: not UTF-8 text ({exc.reason}): save it as UTF-8", 1) from exc
     try:
-        for index, obj in enumerate(yaml.safe_load_all(text)):
-            if obj is not None:
-                yield Document(source, index, obj)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}: " if mark is not None else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise InputError(f"{source}: {where}not valid YAML: {problem}", 1) from exc
+        for index, obj in enumerate(manifests.iter_documents(data)):
+            if obj is None:
+                continue
+            if not _is_list(obj):
+                yield Document(source, index, without_nulls(obj))
+                continue
+            items = obj["items"]
+            if not isinstance(items, list):
+                raise InputError(f"{source}: {object_label(obj)}: items: must be of type array", 1)
+            for i, item in enumerate(items):
+                yield Document(source, index, without_nulls(item), item=i)
+    except manifests.ManifestError as exc:
+        raise InputError(f"{source}: {exc}", 1) from exc
 
 
 def _load_all(paths: Sequence[str], stdin: TextIO, err: TextIO) -> list[Document] | int:
@@ -90,7 +124,7 @@ def _catalog(path: str | None, err: TextIO) -> Catalog | None:
     try:
         return Catalog.load(path)
     except (OSError, CatalogError) as exc:
-        print(f"kubedgx: {exc}", file=err)
+        print(printable(f"kubedgx: {exc}"), file=err)
         return None
 
 
@@ -123,7 +157,7 @@ def cmd_validate(args: argparse.Namespace, out: TextIO, err: TextIO, stdin: Text
         for problem in outcome.problems:
             print(_line(doc, problem), file=out)
         for note in outcome.notes:
-            print(f"{doc.source}: {doc.label}: note: {note}", file=err)
+            print(f"{doc.source}: {doc.label}: note: {printable(note)}", file=err)
         if not outcome.ok:
             invalid.add(i)
     valid = [(doc.obj, i) for i, doc in enumerate(docs) if i not in invalid]
@@ -335,6 +369,25 @@ def cmd_operator(args: argparse.Namespace, out: TextIO, err: TextIO, stdin: Text
     return 0
 
 
+def _kube_version(text: str) -> str:
+    """A Kubernetes minor version whose schemas kubernetes-validate ships."""
+    known = kube_versions()
+    match = re.fullmatch(r"v?(\d+)\.(\d+)(\.\d+)?", text)
+    if match is None or f"{int(match[1])}.{int(match[2])}" not in known:
+        shown = f"{known[0]} to {known[-1]}" if known else "none installed"
+        raise argparse.ArgumentTypeError(
+            f"{printable(text)!r} is not a Kubernetes version it knows: give X.Y ({shown})"
+        )
+    return text
+
+
+def _namespace(text: str) -> str:
+    errors = dns1123_label_errors(text)
+    if errors:
+        raise argparse.ArgumentTypeError(f"invalid namespace {printable(text)!r}: {errors[0]}")
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kubedgx",
@@ -348,6 +401,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--catalog", metavar="FILE", help="instance catalog YAML (default: the built-in one)")
         p.add_argument(
             "--kube-version",
+            type=_kube_version,
             default=DEFAULT_KUBE_VERSION,
             metavar="X.Y",
             help=f"Kubernetes version whose schemas built-in kinds are checked against "
@@ -373,7 +427,7 @@ def build_parser() -> argparse.ArgumentParser:
         "DGXTrainingJob starts. DGXDataMounts that jobs reference must be in the input too.",
     )
     r.add_argument("files", nargs="+", metavar="FILE", help="YAML files (multi-document); - for stdin")
-    r.add_argument("-n", "--namespace", help="namespace (default: the manifest's, else 'default')")
+    r.add_argument("-n", "--namespace", type=_namespace, help="namespace (default: the manifest's, else 'default')")
     r.add_argument("--image", default=DEFAULT_TRAINER_IMAGE, help="default trainer image (the chart's value)")
     r.add_argument("--uid", help="job UID to use instead of a placeholder")
     common(r)

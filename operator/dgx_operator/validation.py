@@ -13,6 +13,7 @@ Three layers, in the order the API server would apply them:
 from __future__ import annotations
 
 import functools
+import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -25,9 +26,11 @@ import referencing
 from pydantic import ValidationError
 
 from dgx_api.schema import Problem, explain, join_path, validate
-from dgx_operator.api import API_VERSION, GROUP, DGXDataMount, DGXDataMountSpec, DGXTrainingJob
+from dgx_api.text import printable
+from dgx_operator.api import API_VERSION, GROUP, VERSION, DGXDataMount, DGXDataMountSpec, DGXTrainingJob
 from dgx_operator.catalog import Catalog, UnknownInstanceError
 from dgx_operator.crdgen import KINDS, kind_by_name, openapi_schema
+from dgx_operator.objectmeta import label_problems, metadata_problems
 from dgx_operator.render import BuildContext, BuildError, build_children
 from dgx_operator.render.resolved import resolve
 
@@ -38,6 +41,13 @@ OUR_KINDS = tuple(k.kind for k in KINDS)
 @functools.cache
 def crd_schema(kind: str) -> dict[str, Any]:
     return openapi_schema(kind_by_name(kind))
+
+
+@functools.cache
+def kube_versions() -> tuple[str, ...]:
+    """The Kubernetes minor versions (``1.34``) kubernetes-validate has schemas for, oldest first."""
+    minors = {tuple(int(n) for n in v.split(".")[:2]) for v in kubernetes_validate.utils.all_versions()}
+    return tuple(f"{major}.{minor}" for major, minor in sorted(minors))
 
 
 @functools.cache
@@ -60,13 +70,19 @@ def builtin_validator(api_version: str, kind: str, kube_version: str) -> jsonsch
 
 
 def object_label(obj: Any) -> str:
-    """``KIND/NAME`` for messages; tolerant of documents too broken to have either."""
+    """``KIND/NAME`` for messages; tolerant of documents too broken to have either, and escaped
+    (a name is whatever the manifest says until validated: it must not forge output)."""
     if not isinstance(obj, Mapping):
         return "<not an object>"
     kind = obj.get("kind") or "<no kind>"
     meta = obj.get("metadata")
     name = (meta.get("name") if isinstance(meta, Mapping) else None) or "<no name>"
-    return f"{kind}/{name}"
+    return printable(f"{_brief(kind)}/{_brief(name)}")
+
+
+def _brief(value: Any, limit: int = 80) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 @dataclass(frozen=True)
@@ -90,23 +106,43 @@ class Validator:
 
     def validate(self, obj: Any, *, old: Any = None) -> Outcome:
         if not isinstance(obj, Mapping):
-            return Outcome((Problem("", f"must be an object (a mapping), got {type(obj).__name__}"),))
+            return Outcome((Problem("", f"must be an object (a mapping), got {_json_kind(obj)}"),))
+        obj = without_nulls(obj)
         api_version, kind = obj.get("apiVersion"), obj.get("kind")
         missing = [Problem(f, "Required value") for f, v in (("apiVersion", api_version), ("kind", kind)) if not v]
         if missing:
             return Outcome(tuple(missing))
-        if isinstance(api_version, str) and api_version.split("/")[0] == GROUP:
-            return self._validate_ours(obj, old)
-        return self._validate_builtin(obj)
+        wrong = [
+            Problem(f, f"must be of type string, got {_json_kind(v)}")
+            for f, v in (("apiVersion", api_version), ("kind", kind))
+            if not isinstance(v, str)
+        ]
+        if wrong:
+            return Outcome(tuple(wrong))
+        group = api_version.split("/")[0] if "/" in api_version else ""
+        if group == GROUP:
+            return self._validate_ours(obj, None if old is None else without_nulls(old))
+        if group.lower() == GROUP or (kind in OUR_KINDS and not group and api_version.lower() == VERSION):
+            # The API server knows no group "KubeDGX.io": kubectl would say "no matches for kind".
+            return Outcome(
+                (Problem("apiVersion", f"unknown API version {api_version!r}: did you mean {API_VERSION!r}?"),)
+            )
+        outcome = self._validate_builtin(obj)
+        meta = tuple(metadata_problems(obj.get("metadata"), types=False))
+        return Outcome(tuple(sorted({*outcome.problems, *meta})), outcome.notes)
 
     # -- kubedgx.io kinds ---------------------------------------------------------------------
 
     def _validate_ours(self, obj: Mapping[str, Any], old: Any) -> Outcome:
         kind = obj["kind"]
         if kind not in OUR_KINDS:
-            return Outcome(
-                (Problem("kind", f"unknown kind {kind!r} in {GROUP}: known kinds are {', '.join(OUR_KINDS)}"),)
+            near = [k for k in OUR_KINDS if k.lower() == kind.lower()]
+            hint = (
+                f"did you mean {near[0]!r}? (kinds are case-sensitive)"
+                if near
+                else f"known kinds are {', '.join(OUR_KINDS)}"
             )
+            return Outcome((Problem("kind", f"unknown kind {kind!r} in {GROUP}: {hint}"),))
         if obj["apiVersion"] != API_VERSION:
             return Outcome(
                 (
@@ -120,6 +156,7 @@ class Validator:
         meta = obj.get("metadata")
         if not isinstance(meta, Mapping) or not meta.get("name"):
             problems.append(Problem("metadata.name", "Required value"))
+        problems += metadata_problems(meta)
         if problems:
             return Outcome(tuple(sorted(set(problems))))
         try:
@@ -152,6 +189,9 @@ class Validator:
                     f"maxNodes {r.max_nodes} can never be placed",
                 )
             )
+        # The pods' nodeSelector is a label map the API server validates when the operator creates
+        # them; refused here, the job never gets that far.
+        problems.extend(label_problems(spec.node_selector, "spec.nodeSelector"))
         owned = {**inst.node_selector, inst.labels.product: "", inst.labels.count: ""}
         for key, value in spec.node_selector.items():
             if key in owned and owned[key] != value:
@@ -216,10 +256,13 @@ ACTIVE_PHASES = ("Pending", "Running", "Restarting")
 
 def immutable_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[Problem]:
     """Changes to fields that may not change while the job has workers."""
-    status = old.get("status") or {}
-    if status.get("phase") not in ACTIVE_PHASES or not status.get("startTime"):
+    status = old.get("status")
+    # A status of the wrong shape (only the operator writes it) cannot say the job has workers.
+    if not isinstance(status, Mapping) or status.get("phase") not in ACTIVE_PHASES or not status.get("startTime"):
         return []
-    old_spec, new_spec = old.get("spec") or {}, new.get("spec") or {}
+    old_spec, new_spec = old.get("spec"), new.get("spec")
+    if not isinstance(old_spec, Mapping) or not isinstance(new_spec, Mapping):
+        return []
     return [
         Problem(
             f"spec.{name}",
@@ -229,6 +272,33 @@ def immutable_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[Pr
         for name in IMMUTABLE_WHILE_RUNNING
         if old_spec.get(name) != new_spec.get(name)
     ]
+
+
+def without_nulls(value: Any) -> Any:
+    """``value`` with every null field of every mapping left out, as the API server prunes them:
+    a CRD field that is not nullable (none of ours is) is dropped, then defaulted, and a built-in
+    kind's Go struct leaves it at its zero value. ``backoffLimit: null`` is accepted, not refused."""
+    if isinstance(value, Mapping):
+        return {k: without_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [without_nulls(v) for v in value]
+    return value
+
+
+def _json_kind(value: Any) -> str:
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, Mapping):
+        return "object"
+    return "null"
 
 
 def _pydantic_problems(exc: ValidationError) -> list[Problem]:

@@ -37,10 +37,13 @@ def parse_duration(text: str) -> timedelta:
 
 
 QUANTITY_PATTERN = pattern(
-    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$",
-    "must be a Kubernetes quantity such as 96, 500m, 1Ti or 900Gi",
+    r"^\+?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$",
+    "must be a Kubernetes quantity of at least 0, such as 96, 500m, 1Ti or 900Gi",
 )
-Quantity = Annotated[int | Annotated[str, Field(pattern=QUANTITY_PATTERN)], Field()]
+#: Every quantity in the API is a size or an amount (CPU, memory, /dev/shm, a PVC, a divisor): the
+#: API server refuses negative ones in the pods and PVCs the operator creates, so the job is
+#: refused first.
+Quantity = Annotated[Annotated[int, Field(ge=0)] | Annotated[str, Field(pattern=QUANTITY_PATTERN)], Field()]
 
 DNS_LABEL = pattern(
     r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
