@@ -123,6 +123,8 @@ def _unsupported(tag: str) -> Any:
 
 
 class _Constructor(SafeConstructor):
+    bool_values = {**SafeConstructor.bool_values, "y": True, "n": False}  # noqa: RUF012  (PyYAML's own shape)
+
     def construct_mapping(self, node: Node, deep: bool = False) -> dict[str, Any]:  # type: ignore[override]
         if not isinstance(node, MappingNode):
             raise ManifestError("expected a mapping", _line(node))

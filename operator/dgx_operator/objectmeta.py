@@ -120,7 +120,8 @@ def dns1123_label_errors(value: str) -> list[str]:
 
 
 def label_problems(labels: Mapping[Any, Any], path: str) -> Iterator[Problem]:
-    """Each bad key and each bad value of a label map (``metadata.labels``, a node selector)."""
+    """Each bad key and each bad value of a label map (``metadata.labels``, a node selector), both
+    at the map's path as apimachinery reports them (the value names the entry)."""
     for key, value in labels.items():
         if not isinstance(key, str):
             continue
@@ -128,7 +129,7 @@ def label_problems(labels: Mapping[Any, Any], path: str) -> Iterator[Problem]:
             yield Problem(path, invalid(key, why))
         if isinstance(value, str):
             for why in label_value_errors(value):
-                yield Problem(join_path(path, key), invalid(value, why))
+                yield Problem(path, invalid(value, why))
 
 
 def _json_type(value: Any) -> str:
@@ -195,10 +196,9 @@ def metadata_problems(meta: Any, *, types: bool = True) -> list[Problem]:
             problems.append(Problem("metadata.annotations", f"Too long: must have at most {ANNOTATIONS_LIMIT} bytes"))
     finalizers = meta.get("finalizers")
     if isinstance(finalizers, list):
-        for i, name in enumerate(finalizers):
+        for name in finalizers:
             if isinstance(name, str):
                 problems.extend(
-                    Problem(join_path("metadata.finalizers", i), invalid(name, why))
-                    for why in qualified_name_errors(name)
+                    Problem("metadata.finalizers", invalid(name, why)) for why in qualified_name_errors(name)
                 )
     return problems

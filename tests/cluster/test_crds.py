@@ -1,10 +1,10 @@
 """The CRD files on a real apiserver, and every bad manifest of tests/unit/test_bad_input.py sent to it.
 
 ``crds/*.yaml`` (what ``kubectl apply -f crds/`` installs) must be accepted and become Established;
-the base manifests must be accepted; every row of layer ``crd`` must be refused by the apiserver
-itself, and every row of layer ``catalog`` accepted (those rules live in the admission webhook, which
-is not installed here). Manifests are built by test_bad_input.py's own :func:`manifest` and sent as
-kubectl sends them (``fieldValidation=Strict``), as a server-side dry run.
+the base manifests must be accepted; every row of layers ``crd`` and ``apiserver`` must be refused by
+the apiserver itself, and every row of layers ``webhook`` and ``catalog`` accepted (those rules live in
+the admission webhook, which is not installed here). Manifests are built by test_bad_input.py's own
+:func:`manifest` and sent as kubectl sends them (``fieldValidation=Strict``), as a server-side dry run.
 
 What "identical to ``kubedgx validate``" means here. A row pins the path and the message (a substring)
 that the CLI prints; the apiserver answers a Status whose ``details.causes`` carry a field and a
@@ -39,7 +39,12 @@ import pytest
 from tests.cluster.controlplane import ControlPlane
 from tests.conftest import BASE_JOB, BASE_MOUNT, CRDS, load_yaml_docs
 from tests.e2e.kubectl import Kubectl, KubectlError, condition, dig, wait_for
-from tests.unit.test_bad_input import CATALOG_ROWS, CRD_ROWS, ROWS, Row, manifest
+from tests.unit.test_bad_input import APISERVER_ROWS, CATALOG_ROWS, CRD_ROWS, ROWS, WEBHOOK_ROWS, Row, manifest
+
+#: What the apiserver itself refuses: the CRD's schema and rules, and its own ObjectMeta checks.
+REFUSED_ROWS = CRD_ROWS + APISERVER_ROWS
+#: What it accepts (the webhook, not installed here, refuses them).
+ACCEPTED_ROWS = WEBHOOK_ROWS + CATALOG_ROWS
 
 #: The field manager the CRDs are applied with (server-side, so another module's install is no conflict).
 MANAGER = "kubedgx-crd-tests"
@@ -83,7 +88,15 @@ KNOWN_DIFFERENCES: dict[str, Difference] = {
         "refused by the decoder (400 BadRequest, no causes): the path is only inside the message, and no "
         "'did you mean' hint",
     ),
+    "metadata-unknown-field": Difference(
+        None,
+        'strict decoding error: unknown field "metadata.bogus"',
+        "refused by the decoder (400 BadRequest, no causes), as an unknown spec field is",
+    ),
     "memory-not-quantity": Difference("spec.resources.memory", "spec.resources.memory in body should match", _PATTERN),
+    "memory-negative": Difference(
+        "spec.resources.memory", 'Invalid value: "-1Gi": spec.resources.memory in body should match', _PATTERN
+    ),
     "mount-path-relative": Difference("spec.dataMounts[0].mountPath", "in body should match '^/", _PATTERN),
     "name-upper-case": Difference(
         "metadata.name",
@@ -105,7 +118,7 @@ KNOWN_DIFFERENCES: dict[str, Difference] = {
 }
 
 #: Rows the apiserver refuses before validation (the decoder: 400 BadRequest); all others get 422 Invalid.
-DECODER_REFUSES = frozenset({"elastic-unknown-field"})
+DECODER_REFUSES = frozenset({"elastic-unknown-field", "metadata-unknown-field"})
 
 
 # -- the apiserver's answers ------------------------------------------------------------------------
@@ -245,14 +258,14 @@ def test_base_manifest_is_accepted(base: dict[str, Any], crds: dict[str, Install
 # -- the bad manifests ------------------------------------------------------------------------------
 
 
-def test_tables_name_crd_rows() -> None:
-    crd_ids = {r.id for r in CRD_ROWS}
-    assert set(KNOWN_DIFFERENCES) <= crd_ids, set(KNOWN_DIFFERENCES) - crd_ids
-    assert crd_ids >= DECODER_REFUSES, DECODER_REFUSES - crd_ids
-    assert len(CRD_ROWS) + len(CATALOG_ROWS) == len(ROWS)
+def test_tables_name_refused_rows() -> None:
+    refused_ids = {r.id for r in REFUSED_ROWS}
+    assert set(KNOWN_DIFFERENCES) <= refused_ids, set(KNOWN_DIFFERENCES) - refused_ids
+    assert refused_ids >= DECODER_REFUSES, DECODER_REFUSES - refused_ids
+    assert len(REFUSED_ROWS) + len(ACCEPTED_ROWS) == len(ROWS)
 
 
-@pytest.mark.parametrize("row", CRD_ROWS, ids=[r.id for r in CRD_ROWS])
+@pytest.mark.parametrize("row", REFUSED_ROWS, ids=[r.id for r in REFUSED_ROWS])
 def test_crd_row_is_refused(row: Row, control_plane: ControlPlane, crds: dict[str, Installed],
                             test_namespace: str) -> None:  # fmt: skip
     doc = manifest(row)
@@ -267,7 +280,7 @@ def test_crd_row_is_refused(row: Row, control_plane: ControlPlane, crds: dict[st
         )
 
 
-@pytest.mark.parametrize("row", CRD_ROWS, ids=[r.id for r in CRD_ROWS])
+@pytest.mark.parametrize("row", REFUSED_ROWS, ids=[r.id for r in REFUSED_ROWS])
 def test_crd_row_matches_kubedgx_validate_or_is_a_known_difference(
     row: Row, control_plane: ControlPlane, crds: dict[str, Installed], test_namespace: str
 ) -> None:
@@ -289,7 +302,7 @@ def test_crd_row_matches_kubedgx_validate_or_is_a_known_difference(
     )
 
 
-@pytest.mark.parametrize("row", CATALOG_ROWS, ids=[r.id for r in CATALOG_ROWS])
+@pytest.mark.parametrize("row", ACCEPTED_ROWS, ids=[r.id for r in ACCEPTED_ROWS])
 def test_catalog_row_is_accepted(row: Row, control_plane: ControlPlane, crds: dict[str, Installed],
                                  test_namespace: str) -> None:  # fmt: skip
     doc = manifest(row)
@@ -305,7 +318,7 @@ def test_kubectl_apply_shows_each_cause(control_plane: ControlPlane, crds: dict[
     (``* FIELD: MESSAGE`` lines, ``<nil>`` for none; a decoder error as its message)."""
     k = kubectl.in_namespace(test_namespace)
     missing = []
-    for row in CRD_ROWS:
+    for row in REFUSED_ROWS:
         doc = manifest(row)
         ready(crds, doc["kind"])
         _, answer = dry_run(control_plane, test_namespace, doc)
@@ -319,3 +332,22 @@ def test_kubectl_apply_shows_each_cause(control_plane: ControlPlane, crds: dict[
             if line not in proc.stderr:
                 missing.append(f"{row.id}: {line!r} not in {proc.stderr!r}")
     assert not missing, "\n".join(missing)
+
+
+def test_explicit_nulls_are_pruned_and_accepted(control_plane: ControlPlane, crds: dict[str, Installed],
+                                                test_namespace: str, catalog: Any) -> None:  # fmt: skip
+    """``backoffLimit: null`` and ``nodeSelector: null``: the apiserver drops null fields that are not
+    nullable (then defaults them) and accepts the job; so does ``kubedgx validate``, which refused them
+    as "must be of type integer, got null" before."""
+    from dgx_operator.validation import Validator
+
+    doc = json.loads(json.dumps(BASE_JOB))
+    doc["spec"]["backoffLimit"] = None
+    doc["spec"]["nodeSelector"] = None
+    doc["metadata"]["labels"] = None
+    ready(crds, doc["kind"])
+    status, answer = dry_run(control_plane, test_namespace, doc)
+    assert status == 201, json.dumps(answer, indent=1)
+    assert "nodeSelector" not in answer["spec"]
+    assert "backoffLimit" not in answer["spec"]  # pruned (the CRD has no defaults: the models default it)
+    assert Validator(catalog).validate(doc).ok

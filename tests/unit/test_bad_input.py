@@ -5,6 +5,10 @@ Every row is checked on up to four sides, so that the layers cannot drift apart:
 * ``kubedgx validate`` (the CLI) prints ``FILE: KIND/NAME: PATH: MESSAGE`` and exits 1;
 * layer ``crd``: the CRD file on disk (``crds/*.yaml``, what ``kubectl apply -f crds/`` installs) rejects
   the manifest by its schema and CEL rules alone, at the same path;
+* layer ``apiserver``: the CRD file accepts it, the API server refuses it by its own checks of ``metadata``
+  (ObjectMeta validation, which no CRD can express), and so does the :class:`Validator`;
+* layer ``webhook``: the CRD file and the API server accept it, but what the operator would create from it
+  (the pods) would be refused, so the :class:`Validator` (and with it the admission webhook) refuses it;
 * layer ``catalog``: the CRD file accepts it (the rule needs the instance catalog, which admins can change),
   and only the :class:`Validator` (``kubedgx validate`` and the admission webhook) rejects it;
 * the pydantic models refuse what the schema refuses per field (rule ``field``: type, enum, pattern, range,
@@ -32,8 +36,8 @@ from dgx_operator.validation import Validator
 from tests.conftest import BASE_JOB, BASE_MOUNT, CRDS, DELETE, load_yaml_docs, with_changes
 
 Base = Literal["job", "mount"]
-Layer = Literal["crd", "catalog"]
-Rule = Literal["field", "cel", "list", "catalog"]
+Layer = Literal["crd", "apiserver", "webhook", "catalog"]
+Rule = Literal["field", "cel", "list", "meta", "webhook", "catalog"]
 #: The four checks a row goes through; a known source bug marks one of them xfail (strict).
 Aspect = Literal["cli", "crd-file", "validator", "model"]
 
@@ -84,6 +88,29 @@ ROWS: tuple[Row, ...] = (
     Row("name-upper-case", "job", {"metadata.name": "MyJob"}, "metadata.name", "DNS-1035 label", "crd", "field"),
     Row("name-too-long", "job", {"metadata.name": LONG_NAME}, "metadata.name", "at most 50 characters",
         "crd", "field"),
+    Row("memory-negative", "job", {"spec.resources.memory": "-1Gi"}, "spec.resources.memory",
+        "must be a Kubernetes quantity of at least 0", "crd", "field"),
+    Row("cpu-negative-integer", "job", {"spec.resources.cpu": -2}, "spec.resources.cpu",
+        "should be greater than or equal to 0", "crd", "field"),
+    # -- metadata: the API server's own ObjectMeta checks, which a CRD cannot express ----------------
+    Row("label-key-with-space", "job", {"metadata.labels": {"team name": "ml"}}, "metadata.labels",
+        'Invalid value: "team name": name part must consist of alphanumeric characters', "apiserver", "meta"),
+    Row("label-value-with-slash", "job", {"metadata.labels": {"team": "ml/nlp"}}, "metadata.labels",
+        'Invalid value: "ml/nlp": a valid label must be an empty string', "apiserver", "meta"),
+    Row("label-key-prefix-upper-case", "job", {"metadata.labels": {"Example.com/team": "ml"}}, "metadata.labels",
+        'Invalid value: "Example.com/team": prefix part a lowercase RFC 1123 subdomain', "apiserver", "meta"),
+    Row("annotation-key-invalid", "mount", {"metadata.annotations": {"note!": "x"}}, "metadata.annotations",
+        'Invalid value: "note!": name part must consist of alphanumeric characters', "apiserver", "meta"),
+    Row("finalizer-invalid", "job", {"metadata.finalizers": ["not a finalizer"]}, "metadata.finalizers",
+        'Invalid value: "not a finalizer"', "apiserver", "meta"),
+    Row("metadata-unknown-field", "job", {"metadata.bogus": 1}, "metadata.bogus", "unknown field",
+        "apiserver", "meta"),
+    # -- what the pods would get: the API server refuses it only when the operator creates them ------
+    Row("node-selector-key-with-space", "job", {"spec.nodeSelector": {"gpu type": "h100"}}, "spec.nodeSelector",
+        'Invalid value: "gpu type": name part must consist', "webhook", "webhook"),
+    Row("node-selector-value-invalid", "job", {"spec.nodeSelector": {"example.com/gpu": "h100 sxm"}},
+        "spec.nodeSelector", 'Invalid value: "h100 sxm": a valid label must be an empty string', "webhook",
+        "webhook"),
     # -- DGXTrainingJob: CEL cross-field rules ---------------------------------------------------
     Row("min-nodes-above-max", "job", {"spec.elastic": {"minNodes": 3, "maxNodes": 2}}, "spec.elastic.minNodes",
         "must be <= spec.elastic.maxNodes", "crd", "cel"),
@@ -197,7 +224,11 @@ def cases(aspect: Aspect, rows: Sequence[Row]) -> list[Any]:
 
 
 CRD_ROWS = [r for r in ROWS if r.layer == "crd"]
+APISERVER_ROWS = [r for r in ROWS if r.layer == "apiserver"]
+WEBHOOK_ROWS = [r for r in ROWS if r.layer == "webhook"]
 CATALOG_ROWS = [r for r in ROWS if r.layer == "catalog"]
+#: Rows the CRD file alone accepts and only the Validator (with the API server's own checks) refuses.
+VALIDATOR_ROWS = APISERVER_ROWS + WEBHOOK_ROWS + CATALOG_ROWS
 
 
 # -- the table itself -----------------------------------------------------------------------------
@@ -259,13 +290,13 @@ def test_crd_file_rejects_crd_rows(row: Row) -> None:
     assert any(row.message in p.message for p in at_path), [str(p) for p in at_path]
 
 
-@pytest.mark.parametrize("row", cases("crd-file", CATALOG_ROWS))
-def test_crd_file_accepts_catalog_rows(row: Row) -> None:
+@pytest.mark.parametrize("row", cases("crd-file", VALIDATOR_ROWS))
+def test_crd_file_accepts_validator_rows(row: Row) -> None:
     assert validate(crd_file_schema(row.base), manifest(row)) == []
 
 
-@pytest.mark.parametrize("row", cases("validator", CATALOG_ROWS))
-def test_validator_rejects_catalog_rows(row: Row, catalog: Catalog) -> None:
+@pytest.mark.parametrize("row", cases("validator", VALIDATOR_ROWS))
+def test_validator_rejects_validator_rows(row: Row, catalog: Catalog) -> None:
     outcome = Validator(catalog).validate(manifest(row))
     assert not outcome.ok
     at_path = [p for p in outcome.problems if p.path == row.path]
