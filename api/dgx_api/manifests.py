@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, Final
 
 import yaml
+import yaml.reader
 from yaml.composer import Composer
 from yaml.constructor import ConstructorError, SafeConstructor
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
@@ -285,7 +286,10 @@ def iter_documents(text: str | bytes) -> Iterator[Any]:
     """Each document of a YAML stream as a JSON-compatible value (``None`` for an empty one)."""
     if isinstance(text, bytes):
         text = decode(text)
-    loader = _Loader(text)
+    try:
+        loader = _Loader(text)  # the Reader refuses control characters here already
+    except yaml.reader.ReaderError as exc:
+        raise _reader_error(exc, text) from None
     try:
         while loader.check_node():
             node = loader.get_node()
@@ -295,6 +299,8 @@ def iter_documents(text: str | bytes) -> Iterator[Any]:
             yield loader.construct_document(node)
     except ManifestError:
         raise
+    except yaml.reader.ReaderError as exc:
+        raise _reader_error(exc, text) from None
     except (yaml.MarkedYAMLError, ConstructorError) as exc:
         mark = exc.problem_mark or exc.context_mark
         problem = " ".join(part for part in (exc.context, exc.problem) if part) or "not valid YAML"
@@ -303,6 +309,17 @@ def iter_documents(text: str | bytes) -> Iterator[Any]:
         raise ManifestError(f"not valid YAML: {exc}") from None
     finally:
         loader.dispose()
+
+
+def _reader_error(exc: yaml.reader.ReaderError, text: str) -> ManifestError:
+    """A character YAML does not allow (a control character, a lone surrogate), at its line."""
+    line = text.count("\n", 0, exc.position) + 1
+    char = exc.character if isinstance(exc.character, str) else chr(exc.character)
+    return ManifestError(
+        f"character U+{ord(char):04X} is not allowed in YAML (control characters must be escaped in a "
+        'double-quoted string, e.g. "\\u001b")',
+        line,
+    )
 
 
 def load_documents(text: str | bytes) -> list[Any]:
