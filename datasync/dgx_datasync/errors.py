@@ -18,6 +18,8 @@ import re
 import socket
 from typing import Final, Literal, get_args
 
+from dgx_api.text import printable
+
 Reason = Literal[
     "InvalidURI",
     "CredentialsMissing",
@@ -44,7 +46,7 @@ class SyncError(Exception):
             raise ValueError(f"unknown SyncError reason {reason!r}")
         self.reason = reason
         # One line: it goes into a termination message and a Kubernetes condition.
-        self.message = " ".join(message.split())
+        self.message = printable(" ".join(message.split()))
         self.transient = transient
         super().__init__(self.message)
 
@@ -53,6 +55,12 @@ class SyncError(Exception):
 
     def __repr__(self) -> str:
         return f"SyncError({self.reason!r}, {self.message!r}, transient={self.transient})"
+
+
+def shown(value: object) -> str:
+    """An untrusted name as a message quotes it: in quotes (so it cannot pose as the message's own
+    words), escaped as ``repr`` escapes (then as :func:`printable` does, for what repr leaves)."""
+    return printable(repr(str(value)))
 
 
 # S3 error codes (as in the XML body; HEAD responses carry only the status, e.g. "403").

@@ -13,6 +13,8 @@ import sys
 import time
 from typing import Any, Final, TextIO
 
+from dgx_api.text import is_printable, printable
+
 LOGGER: Final = logging.getLogger("dgx_datasync")
 
 
@@ -21,7 +23,8 @@ def event(level: int, message: str, **fields: Any) -> None:
 
 
 class LineFormatter(logging.Formatter):
-    """``<time> <LEVEL> <message> key=value ...`` or one JSON object; never more than one line."""
+    """``<time> <LEVEL> <message> key=value ...`` or one JSON object; never more than one line, and
+    nothing unprintable (names in messages come from buckets and file systems)."""
 
     def __init__(self, json_format: bool) -> None:
         super().__init__()
@@ -30,7 +33,7 @@ class LineFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         fields: dict[str, Any] = dict(getattr(record, "fields", None) or {})
         stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(record.created))
-        message = " ".join(record.getMessage().split())
+        message = printable(" ".join(record.getMessage().split()))
         if record.exc_info and record.exc_info[1] is not None:
             fields.setdefault("error", " ".join(str(record.exc_info[1]).split()))
         if self.json_format:
@@ -42,7 +45,7 @@ class LineFormatter(logging.Formatter):
 
 def _text(value: Any) -> str:
     text = value if isinstance(value, str) else json.dumps(value, default=str, separators=(",", ":"))
-    return json.dumps(text) if any(c.isspace() for c in text) else text
+    return json.dumps(text) if not is_printable(text) or any(c.isspace() for c in text) else text
 
 
 def configure(log_format: str, stream: TextIO | None = None) -> None:
