@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import traceback
@@ -109,8 +110,8 @@ def _positive_int(text: str) -> int:
 
 def _positive_float(text: str) -> float:
     value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError("must be greater than 0")
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError("must be a number greater than 0")
     return value
 
 
