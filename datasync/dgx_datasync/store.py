@@ -21,16 +21,20 @@ import base64
 import contextlib
 import fnmatch
 import hashlib
+import ipaddress
 import json
 import math
+import mimetypes
 import os
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
+from urllib.parse import urlsplit
 
-from dgx_datasync.errors import SyncError, bucket_not_found, classify
+from dgx_datasync.beneath import fd_path
+from dgx_datasync.errors import SyncError, bucket_not_found, classify, shown
 
 SCHEMES: Final = ("s3", "gs")
 #: The same bucket rule as the DGXDataMount CRD's ``spec.source`` pattern.
@@ -47,6 +51,12 @@ RANGE_SIZE: Final = 32 * 2**20
 RANGES_PER_OBJECT: Final = 4
 _READ_CHUNK: Final = 2**20
 _HASH_CHUNK: Final = 2**22
+#: The longest object name S3 and GCS take, in bytes of UTF-8.
+MAX_KEY: Final = 1024
+#: botocore's rules (utils.is_valid_endpoint_url, validate_region_name): what they refuse fails
+#: later, inside a request, as an exception nobody can read.
+_HOST = re.compile(r"^((?!-)[A-Za-z\d-]{1,63}(?<!-)\.)*((?!-)[A-Za-z\d-]{1,63}(?<!-))\.?$")
+_REGION = re.compile(r"^(?![0-9]+$)(?!-)[a-zA-Z0-9-]{1,63}(?<!-)$")
 
 
 @dataclass(frozen=True)
@@ -119,6 +129,58 @@ class StoreOptions:
     region: str | None = None
     env: Mapping[str, str] | None = None
 
+    def __post_init__(self) -> None:
+        if self.endpoint_url:
+            check_endpoint(self.endpoint_url)
+        if self.region:
+            check_region(self.region)
+
+
+def check_endpoint(url: str) -> None:
+    """Refuse an endpoint no request can go to, as a SyncError no retry fixes (exit 2), before
+    botocore refuses it as a ValueError or an endpoint-resolution error in the middle of a call."""
+    hint = "give an http(s) URL such as https://minio.storage.svc:9000 (--endpoint-url / spec.endpoint)"
+
+    # A password in the URL must not reach a termination message or a condition.
+    display = re.sub(r"^([^:/?#]*://)[^/?#]*@", r"\1***@", url)
+
+    def bad(why: str) -> SyncError:
+        return SyncError("InvalidURI", f"invalid endpoint URL {shown(display)}: {why}: {hint}")
+
+    if not url.isprintable() or any(c.isspace() for c in url):
+        raise bad("it contains whitespace or control characters")
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+        host = parts.hostname
+    except ValueError as exc:
+        raise bad(str(exc)) from None
+    if parts.scheme not in ("http", "https"):
+        raise bad("the scheme must be http:// or https://")
+    if not host:
+        raise bad("it names no host")
+    if parts.username is not None or parts.password is not None:
+        raise bad("credentials do not belong in it (they go into the credentials Secret)")
+    if parts.query or parts.fragment:
+        raise bad("it has a query or a fragment")
+    if port == 0:
+        raise bad("port 0 is not a port")
+    if parts.netloc.rpartition("@")[2].startswith("["):
+        try:
+            ipaddress.IPv6Address(host.partition("%")[0])
+        except ValueError:
+            raise bad(f"{shown(host)} is not an IPv6 address") from None
+    elif len(host) > 255 or not _HOST.match(host):
+        raise bad(f"{shown(host)} is not a host name (letters, digits, '-' and '.') or an IPv4 address")
+
+
+def check_region(region: str) -> None:
+    if not _REGION.match(region):
+        raise SyncError(
+            "InvalidURI",
+            f"invalid region {shown(region)} (--region / spec.region): letters, digits and '-', such as us-east-1",
+        )
+
 
 @dataclass(frozen=True)
 class ObjectInfo:
@@ -181,28 +243,53 @@ def part_size_for(size: int) -> int:
     return math.ceil(size / MAX_PARTS / 2**20) * 2**20
 
 
-def multipart_etag(path: Path, part_size: int) -> str:
+@contextlib.contextmanager
+def _reading(source: Path | int) -> Iterator[int]:
+    """A descriptor of ``source``: a path is opened (and closed), a descriptor is used as it is."""
+    if isinstance(source, int):
+        yield source
+        return
+    fd = os.open(source, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def _pieces(fd: int, size: int) -> Iterator[bytes]:
+    """``fd`` from its start in pieces of ``size`` (pread: the descriptor's offset is not touched)."""
+    offset = 0
+    while True:
+        piece = b""
+        while len(piece) < size and (more := os.pread(fd, size - len(piece), offset + len(piece))):
+            piece += more
+        if not piece:
+            return
+        offset += len(piece)
+        yield piece
+
+
+def multipart_etag(source: Path | int, part_size: int) -> str:
     """S3's ETag of a multipart upload: md5 of the parts' md5 digests, then ``-<parts>``."""
-    digests = []
-    with path.open("rb") as f:
-        while part := f.read(part_size):
-            digests.append(hashlib.md5(part, usedforsecurity=False).digest())
+    with _reading(source) as fd:
+        digests = [hashlib.md5(part, usedforsecurity=False).digest() for part in _pieces(fd, part_size)]
     return f"{hashlib.md5(b''.join(digests), usedforsecurity=False).hexdigest()}-{len(digests)}"
 
 
-def s3_etag(path: Path) -> str:
-    """The ETag S3 will give ``path`` when :meth:`Store.upload` sends it (same part size, same rule)."""
-    size = path.stat().st_size
-    part = part_size_for(size)
-    if size >= 2 * part:
-        return multipart_etag(path, part)
-    return _md5(path).hexdigest()
+def s3_etag(source: Path | int) -> str:
+    """The ETag S3 will give ``source`` when :meth:`Store.upload` sends it (same part size, same rule)."""
+    with _reading(source) as fd:
+        size = os.fstat(fd).st_size
+        part = part_size_for(size)
+        if size >= 2 * part:
+            return multipart_etag(fd, part)
+        return _md5(fd).hexdigest()
 
 
-def _md5(path: Path) -> hashlib._Hash:
+def _md5(source: Path | int) -> hashlib._Hash:
     h = hashlib.md5(usedforsecurity=False)
-    with path.open("rb") as f:
-        while chunk := f.read(_HASH_CHUNK):
+    with _reading(source) as fd:
+        for chunk in _pieces(fd, _HASH_CHUNK):
             h.update(chunk)
     return h
 
@@ -409,41 +496,37 @@ class Store:
         except FileNotFoundError:
             return None
 
-    def download(self, loc: Location, obj: RemoteObject, target: Path) -> None:
-        """Write the object at ``loc`` to ``target`` (overwritten). The caller renames it into place."""
+    def download(self, loc: Location, obj: RemoteObject, fd: int) -> None:
+        """Write the object at ``loc`` into the empty file ``fd``. The caller renames it into place."""
         try:
             with self.errors(loc):
                 if self.scheme == "s3":
-                    self._run(self._s3_download, loc, obj, target)
+                    self._run(self._s3_download, loc, obj, fd)
                 else:
-                    self.fs.get_file(loc.path, str(target))
+                    self.fs.get_file(loc.path, fd_path(fd))
         except FileNotFoundError as exc:
             if exc.filename is not None:  # a local path: our directory went away
                 raise
             raise SyncError("SourceChanged", f"{loc.uri} was deleted after it was listed: run the sync again") from exc
-        got = target.stat().st_size
+        got = os.fstat(fd).st_size
         if got != obj.size:
             raise SyncError(
                 "SourceChanged", f"{loc.uri} has {got} bytes, the listing said {obj.size}: run the sync again"
             )
 
-    async def _s3_download(self, loc: Location, obj: RemoteObject, target: Path) -> None:
+    async def _s3_download(self, loc: Location, obj: RemoteObject, fd: int) -> None:
         condition = {"IfMatch": f'"{obj.etag}"'} if obj.etag else {}
-        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            if obj.size <= LARGE_OBJECT:
-                await self._s3_range(fd, loc, condition, None)
-            else:
-                os.ftruncate(fd, obj.size)
-                limit = asyncio.Semaphore(RANGES_PER_OBJECT)
+        if obj.size <= LARGE_OBJECT:
+            await self._s3_range(fd, loc, condition, None)
+        else:
+            os.ftruncate(fd, obj.size)
+            limit = asyncio.Semaphore(RANGES_PER_OBJECT)
 
-                async def one(start: int) -> None:
-                    async with limit:
-                        await self._s3_range(fd, loc, condition, (start, min(start + RANGE_SIZE, obj.size) - 1))
+            async def one(start: int) -> None:
+                async with limit:
+                    await self._s3_range(fd, loc, condition, (start, min(start + RANGE_SIZE, obj.size) - 1))
 
-                await asyncio.gather(*(one(start) for start in range(0, obj.size, RANGE_SIZE)))
-        finally:
-            os.close(fd)
+            await asyncio.gather(*(one(start) for start in range(0, obj.size, RANGE_SIZE)))
 
     async def _s3_range(self, fd: int, loc: Location, condition: dict[str, str], span: tuple[int, int] | None) -> None:
         extra = dict(condition)
@@ -463,35 +546,43 @@ class Store:
 
     # -- writing -----------------------------------------------------------------------------------
 
-    def upload(self, source: Path, loc: Location) -> None:
+    def upload(self, fd: int, loc: Location) -> None:
+        """Send the regular file ``fd`` holds (never a path: see :mod:`dgx_datasync.beneath`)."""
         with self.errors(loc):
-            if self.scheme == "s3":
-                self.fs.put_file(str(source), loc.path, chunksize=part_size_for(source.stat().st_size))
-            else:
-                self.fs.put_file(str(source), loc.path)
+            self.fs.put_file(fd_path(fd), loc.path, **self._upload_kwargs(loc, os.fstat(fd).st_size))
 
     def put_bytes(self, loc: Location, data: bytes) -> None:
         with self.errors(loc):
-            self.fs.pipe_file(loc.path, data)
+            self.fs.pipe_file(loc.path, data, **self._upload_kwargs(loc, len(data)))
+
+    def _upload_kwargs(self, loc: Location, size: int) -> dict[str, Any]:
+        """Our part size (s3), and the content type the back end would have guessed from a file name."""
+        content_type, _ = mimetypes.guess_type(loc.prefix.rpartition("/")[2])
+        if self.scheme == "s3":
+            out: dict[str, Any] = {"chunksize": part_size_for(size)}
+            if content_type:
+                out["ContentType"] = content_type
+            return out
+        return {"content_type": content_type or "application/octet-stream"}
 
     def delete(self, locs: Sequence[Location]) -> None:
         if locs:
             with self.errors(locs[0]):
                 self.fs.rm([loc.path for loc in locs])
 
-    def local_checksum(self, path: Path) -> str:
-        """What :attr:`RemoteObject.checksum` will be once ``path`` is uploaded by :meth:`upload`."""
+    def local_checksum(self, fd: int) -> str:
+        """What :attr:`RemoteObject.checksum` will be once ``fd`` is uploaded by :meth:`upload`."""
         if self.scheme == "s3":
-            return s3_etag(path)
-        return base64.b64encode(_md5(path).digest()).decode("ascii")
+            return s3_etag(fd)
+        return base64.b64encode(_md5(fd).digest()).decode("ascii")
 
-    def same_content(self, remote: RemoteObject | None, path: Path) -> bool:
-        """True when ``remote`` already holds ``path``'s bytes (size, then checksum)."""
+    def same_content(self, remote: RemoteObject | None, fd: int) -> bool:
+        """True when ``remote`` already holds ``fd``'s bytes (size, then checksum)."""
         if remote is None or remote.checksum is None:
             return False
-        if remote.size != path.stat().st_size:
+        if remote.size != os.fstat(fd).st_size:
             return False
-        return remote.checksum == self.local_checksum(path)
+        return remote.checksum == self.local_checksum(fd)
 
     def check_writable(self, loc: Location) -> None:
         """The bucket exists, the credentials are accepted and may list and write under ``loc``:

@@ -2,12 +2,17 @@
 
 Transfers run on a thread pool of ``workers``; each thread calls the synchronous fsspec API, which
 runs the I/O on fsspec's own event loop, so ``workers`` is the number of requests in flight.
+
+Local directories are walked and opened as :mod:`dgx_datasync.beneath` says: an upload skips a link
+(and anything that is not a regular file) with a warning, a download refuses to write through one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import stat
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -16,12 +21,13 @@ from pathlib import Path
 from typing import Any, Final, TypeVar
 
 from dgx_api.checkpoints import PATTERN as CHECKPOINT_PATTERN
-from dgx_api.checkpoints import complete
 from dgx_api.progress import COMPLETE_MARKER
-from dgx_datasync import local
-from dgx_datasync.errors import SyncError
+from dgx_datasync import beneath, local
+from dgx_datasync.beneath import UnsafePathError
+from dgx_datasync.errors import SyncError, shown
 from dgx_datasync.logs import event
 from dgx_datasync.store import (
+    MAX_KEY,
     STATE_DIR,
     Listing,
     Location,
@@ -108,57 +114,49 @@ class Progress:
         )
 
 
-def _size(path: Path) -> int | None:
-    try:
-        return path.stat().st_size if path.is_file() else None
-    except OSError:
-        return None
-
-
 def mirror(
     store: Store,
     base: Location,
     objects: Sequence[RemoteObject],
-    dest: Path,
+    root: Path,
     journal: local.Journal,
     known: dict[str, tuple[int, str]],
     workers: int,
     what: str,
+    sub: Sequence[str] = (),
 ) -> int:
-    """Download the ``objects`` (keys relative to ``base``) into ``dest`` unless already there; a file
-    counts as there when its size matches and ``known`` (journal, manifest) has the same etag.
-    Returns how many were transferred."""
+    """Download the ``objects`` (keys relative to ``base``) into ``root/sub...`` unless already there;
+    a file counts as there when its size matches and ``known`` (journal, manifest) has the same etag.
+    Returns how many were transferred. Every key is checked before the first download."""
     local.check_collisions(o.key for o in objects)
-    todo: list[tuple[RemoteObject, Path]] = []
+    todo: list[tuple[RemoteObject, tuple[str, ...]]] = []
     for obj in objects:
-        path = local.local_path(dest, obj.key)
-        if known.get(obj.key) == (obj.size, obj.etag) and _size(path) == obj.size:
+        parts = (*sub, *local.key_parts(obj.key))
+        if known.get(obj.key) == (obj.size, obj.etag) and local.regular_size(root.joinpath(*parts)) == obj.size:
             continue
-        todo.append((obj, path))
+        todo.append((obj, parts))
     if not todo:
         return 0
+    local.refuse_links(root, {parts[:-1] for _, parts in todo})
     progress = Progress(what, len(todo), sum(o.size for o, _ in todo))
 
-    def fetch(item: tuple[RemoteObject, Path]) -> int:
-        obj, target = item
+    def fetch(item: tuple[RemoteObject, tuple[str, ...]]) -> int:
+        obj, parts = item
+        target = root.joinpath(*parts)
         try:
-            target.parent.mkdir(parents=True, exist_ok=True)
+            folder = beneath.open_dir(root, parts[:-1], create=True)
+        except UnsafePathError as refused:
+            raise local.refusal(refused) from None
         except OSError as exc:
             raise local.local_error(exc, "create a directory") from exc
-        tmp = local.partial_name(target)
         try:
-            store.download(base.child(obj.key), obj, tmp)
-            if obj.key in known:
-                journal.replacing(obj.key)
-            os.replace(tmp, target)
+            _fetch_into(folder, parts[-1], obj, lambda fd: store.download(base.child(obj.key), obj, fd), known, journal)
         except OSError as exc:
-            tmp.unlink(missing_ok=True)
             if exc.filename is not None:
                 raise local.local_error(exc, f"write {target}") from exc
             raise
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
+        finally:
+            os.close(folder)
         journal.record(obj.info())
         return obj.size
 
@@ -167,13 +165,40 @@ def mirror(
     return len(todo)
 
 
-def _known(state: Path) -> dict[str, tuple[int, str]]:
+def _fetch_into(
+    folder: int,
+    name: str,
+    obj: RemoteObject,
+    download: Callable[[int], None],
+    known: dict[str, tuple[int, str]],
+    journal: local.Journal,
+) -> None:
+    """Download to a partial file beside ``name`` in the directory ``folder``, then rename it over
+    ``name`` (a link there is replaced, not followed)."""
+    tmp = local.partial_name(name)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(tmp, flags, 0o644, dir_fd=folder)
+        try:
+            download(fd)
+        finally:
+            os.close(fd)
+        if obj.key in known:
+            journal.replacing(obj.key)
+        os.replace(tmp, name, src_dir_fd=folder, dst_dir_fd=folder)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=folder)
+        raise
+
+
+def _known(state: local.StateDir) -> dict[str, tuple[int, str]]:
     """What the last complete pull (manifest) and the unfinished one since (journal) vouch for."""
     known: dict[str, tuple[int, str]] = {}
-    manifest = local.read_manifest(state / local.MANIFEST)
+    manifest = local.read_manifest(state)
     if manifest is not None:
         known.update({o.key: (o.size, o.etag) for o in local.manifest_objects(manifest)})
-    return local.Journal.read(state / local.JOURNAL, known)
+    return local.Journal.read(state, local.JOURNAL, known)
 
 
 def pull(
@@ -190,23 +215,22 @@ def pull(
     """Mirror ``source`` into ``dest``; see docs/datasync.md for the resume and reuse rules.
 
     Local files that are not in the source are left alone: a pull never deletes."""
-    with local.exclusive(dest):
+    with local.StateDir.open(dest) as state, local.exclusive(state):
         if reuse and expect_digest:
-            reused = _reusable(dest, expect_digest)
+            reused = _reusable(dest, state, expect_digest)
             if reused is not None:
                 return reused
-        return _pull(source, dest, options, include, exclude, expect_digest, workers)
+        return _pull(source, dest, state, options, include, exclude, expect_digest, workers)
 
 
-def _reusable(dest: Path, expect_digest: str) -> dict[str, Any] | None:
+def _reusable(dest: Path, state: local.StateDir, expect_digest: str) -> dict[str, Any] | None:
     """The result of reusing ``dest`` as it is, or None (with a log line saying why not)."""
-    state = dest / STATE_DIR
-    manifest = local.read_manifest(state / local.MANIFEST)
+    manifest = local.read_manifest(state)
     if manifest is None:
         why: str | None = "there is no manifest"
     elif manifest.get("digest") != expect_digest:
-        why = f"the local copy has digest {manifest.get('digest')}"
-    elif local.Journal.pending(state / local.JOURNAL):
+        why = f"the local copy has digest {shown(manifest.get('digest'))}"
+    elif local.Journal.pending(state, local.JOURNAL):
         why = "a pull into it did not finish"
     else:
         why = local.verify(dest, manifest)
@@ -215,10 +239,11 @@ def _reusable(dest: Path, expect_digest: str) -> dict[str, Any] | None:
         return None
     assert manifest is not None
     event(logging.INFO, "reusing the local copy: its manifest has the expected digest", digest=expect_digest)
-    count = len(manifest.get("objects") or [])
+    objects = local.manifest_objects(manifest)
+    count = len(objects)
     return {
         "objects": count,
-        "totalBytes": int(manifest.get("totalBytes") or 0),
+        "totalBytes": sum(o.size for o in objects),
         "digest": expect_digest,
         "transferred": 0,
         "skipped": count,
@@ -229,19 +254,18 @@ def _reusable(dest: Path, expect_digest: str) -> dict[str, Any] | None:
 def _pull(
     source: Location,
     dest: Path,
+    state: local.StateDir,
     options: StoreOptions,
     include: Sequence[str],
     exclude: Sequence[str],
     expect_digest: str | None,
     workers: int,
 ) -> dict[str, Any]:
-    state = dest / STATE_DIR
     try:
         removed = local.remove_partials(dest)
     except OSError as exc:
         raise local.local_error(exc, f"prepare {dest}") from exc
     store = Store(source, options)
-    journal_path = state / local.JOURNAL
     transferred = 0
     listing: Listing | None = None
     for attempt in range(1, LIST_ATTEMPTS + 1):
@@ -264,7 +288,7 @@ def _pull(
                     current=listing.digest,
                 )
         try:
-            journal = local.Journal(journal_path)
+            journal = local.Journal(state, local.JOURNAL)
         except OSError as exc:
             raise local.local_error(exc, "open the journal") from exc
         try:
@@ -279,13 +303,13 @@ def _pull(
         break
     assert listing is not None
     try:
-        manifest = local.write_manifest(dest, source.uri, listing.objects)
+        manifest = local.write_manifest(state, source.uri, listing.objects)
     except OSError as exc:
         raise local.local_error(exc, "write the manifest") from exc
     why = local.verify(dest, manifest)
     if why is not None:
         raise SyncError("LocalError", f"the pulled copy in {dest} does not verify: {why}")
-    journal_path.unlink(missing_ok=True)  # the manifest now holds the same facts
+    state.unlink(local.JOURNAL)  # the manifest now holds the same facts
     return {
         "objects": len(listing.objects),
         "totalBytes": listing.total_bytes,
@@ -296,36 +320,127 @@ def _pull(
     }
 
 
-def local_files(root: Path, include: Sequence[str] = (), exclude: Sequence[str] = ()) -> list[tuple[str, Path]]:
-    """(key, path) of the regular files under ``root``, without our state and partial downloads."""
-    if not root.is_dir():
-        raise SyncError("LocalError", f"{root} is not a directory: nothing to upload")
+@dataclass(frozen=True)
+class LocalFile:
+    """A regular file found under ``root``, to be opened again below it (:func:`open_upload`)."""
+
+    key: str
+    root: Path
+    #: Below ``root``; none of them is followed when the file is opened.
+    parts: tuple[str, ...]
+    size: int
+
+    @property
+    def path(self) -> Path:
+        return self.root.joinpath(*self.parts)
+
+
+def skipped(path: Path, why: str) -> None:
+    event(logging.WARNING, f"not uploading {shown(path)}: {why}")
+
+
+def local_files(
+    root: Path, include: Sequence[str] = (), exclude: Sequence[str] = (), *, sub: Sequence[str] = ()
+) -> list[LocalFile]:
+    """The regular files under ``root/sub...`` (keys relative to that), without our state and
+    partial downloads. Links are not followed and are skipped with a warning, as is anything else
+    that is not a regular file or whose name is not UTF-8 (an object name is text).
+
+    ``root`` is followed; a link in ``sub`` raises :class:`UnsafePathError`."""
+    try:
+        top = beneath.open_dir(root, sub)
+    except (NotADirectoryError, FileNotFoundError):
+        raise SyncError("LocalError", f"{root.joinpath(*sub)} is not a directory: nothing to upload") from None
     out = []
-    for folder, dirs, files in os.walk(root):
-        dirs[:] = sorted(d for d in dirs if d != STATE_DIR)
-        for name in sorted(files):
-            path = Path(folder, name)
-            key = path.relative_to(root).as_posix()
-            if local.PARTIAL.match(name) or is_state_key(key) or not path.is_file():
-                continue
-            if selected(key, include, exclude):
-                out.append((key, path))
+    try:
+        for folder, dirs, files, fd in os.fwalk(".", dir_fd=top):
+            here = () if folder == "." else tuple(folder[2:].split("/"))
+            base = root.joinpath(*sub, *here)
+            keep = []
+            for name in sorted(dirs):
+                if name == STATE_DIR:
+                    continue
+                why = _unusable_dir(fd, name)
+                if why is None:
+                    keep.append(name)
+                else:
+                    skipped(base / name, why)
+            dirs[:] = keep  # fwalk would not enter a link anyway; it would not say so either
+            for name in sorted(files):
+                key = "/".join((*here, name))
+                if local.PARTIAL.match(name) or is_state_key(key):
+                    continue
+                if not _text(name):
+                    skipped(base / name, "its name is not UTF-8, and an object key is")
+                    continue
+                if not selected(key, include, exclude):
+                    continue
+                try:
+                    st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                if stat.S_ISLNK(st.st_mode):
+                    skipped(base / name, "it is a symbolic link, and datasync uploads no links")
+                elif not stat.S_ISREG(st.st_mode):
+                    skipped(base / name, "it is not a regular file")
+                else:
+                    out.append(LocalFile(key, root, (*sub, *here, name), st.st_size))
+    finally:
+        os.close(top)
     return out
 
 
-def upload_files(store: Store, dest: Location, files: Sequence[tuple[str, Path]], workers: int, what: str) -> int:
+def _text(name: str) -> bool:
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _unusable_dir(folder: int, name: str) -> str | None:
+    if not _text(name):
+        return "its name is not UTF-8, and an object key is"
+    try:
+        if stat.S_ISLNK(os.stat(name, dir_fd=folder, follow_symlinks=False).st_mode):
+            return "it is a symbolic link (to a directory), and datasync uploads no links"
+    except FileNotFoundError:
+        pass
+    return None
+
+
+def send(store: Store, fd: int, loc: Location, remote: RemoteObject | None) -> int | None:
+    """Upload the file ``fd`` to ``loc`` unless ``remote`` already holds its bytes; the size sent, or
+    None when it was already there."""
+    if store.same_content(remote, fd):
+        return None
+    store.upload(fd, loc)
+    return os.fstat(fd).st_size
+
+
+def upload_files(store: Store, dest: Location, files: Sequence[LocalFile], workers: int, what: str) -> int:
     """Upload ``files`` under ``dest``, skipping those whose remote copy has the same size and ETag
-    (as computed for our part size). Returns how many were sent."""
+    (as computed for our part size), and those that became links since they were listed. Returns
+    how many were sent."""
     remote = {o.key: o for o in store.list(dest)} if files else {}
 
-    def send(item: tuple[str, Path]) -> int:
-        key, path = item
-        if store.same_content(remote.get(key), path):
+    def one(item: LocalFile) -> int:
+        loc = dest.child(item.key)
+        if len(loc.prefix.encode("utf-8")) > MAX_KEY:
+            skipped(item.path, f"its object key would be longer than the {MAX_KEY} bytes a store takes")
             return -1
-        store.upload(path, dest.child(key))
-        return path.stat().st_size
+        try:
+            fd = beneath.open_file(item.root, item.parts)
+        except UnsafePathError as refused:
+            skipped(refused.path, f"it is {refused.what}")
+            return -1
+        try:
+            size = send(store, fd, loc, remote.get(item.key))
+        finally:
+            os.close(fd)
+        return -1 if size is None else size
 
-    sent = Progress(what, len(files), sum(p.stat().st_size for _, p in files))
+    sent = Progress(what, len(files), sum(f.size for f in files))
     count = 0
 
     def done(size: int) -> None:
@@ -334,7 +449,7 @@ def upload_files(store: Store, dest: Location, files: Sequence[tuple[str, Path]]
             count += 1
             sent.add(size)
 
-    run_parallel(send, files, workers, done)
+    run_parallel(one, files, workers, done)
     if count:
         sent.finish()
     return count
@@ -360,7 +475,7 @@ def push(
         raise SyncError("LocalError", f"{exc.filename} disappeared during the upload: run the push again") from exc
     return {
         "objects": len(files),
-        "totalBytes": sum(p.stat().st_size for _, p in files),
+        "totalBytes": sum(f.size for f in files),
         "transferred": transferred,
         "skipped": len(files) - transferred,
     }
@@ -390,29 +505,34 @@ def restore(
         event(logging.INFO, f"no complete checkpoint under {dest.uri}")
         return {"restored": None}
     step = marked[-1]
-    have = complete(directory)
+    have, _ = local.own_checkpoints(directory)
     if have and have[-1][0] >= step:
         event(logging.INFO, f"checkpoint-{have[-1][0]} is already here; nothing to restore", remote=step)
         return {"restored": None}
-    target = directory / f"checkpoint-{step}"
+    sub = (f"checkpoint-{step}",)
+    target = directory.joinpath(*sub)
     base = dest.child(f"checkpoint-{step}")
     objects = groups[step]
     marker = [o for o in objects if o.key == COMPLETE_MARKER]
     files = [o for o in objects if o.key != COMPLETE_MARKER]
-    journal_path = directory / STATE_DIR / f"restore-{step}.jsonl"
-    try:
-        target.mkdir(parents=True, exist_ok=True)
-        local.remove_partials(target)
-        journal = local.Journal(journal_path)
-    except OSError as exc:
-        raise local.local_error(exc, f"prepare {target}") from exc
-    try:
-        known = local.Journal.read(journal_path)
-        mirror(store, base, files, target, journal, known, workers, f"restore checkpoint-{step}")
-        mirror(store, base, marker, target, journal, {}, 1, f"restore checkpoint-{step} marker")
-    finally:
-        journal.close()
-    journal_path.unlink(missing_ok=True)
+    journal_name = f"restore-{step}.jsonl"
+    with local.StateDir.open(directory) as state:
+        try:
+            with beneath.opened_dir(directory, sub, create=True):
+                pass
+            local.remove_partials(directory, sub)
+            journal = local.Journal(state, journal_name)
+        except UnsafePathError as refused:
+            raise local.refusal(refused) from None
+        except OSError as exc:
+            raise local.local_error(exc, f"prepare {target}") from exc
+        try:
+            known = local.Journal.read(state, journal_name)
+            mirror(store, base, files, directory, journal, known, workers, f"restore checkpoint-{step}", sub)
+            mirror(store, base, marker, directory, journal, {}, 1, f"restore checkpoint-{step} marker", sub)
+        finally:
+            journal.close()
+        state.unlink(journal_name)
     local.remember_uploaded(directory, dest.uri, step)  # so the uploader does not send it back
     event(logging.INFO, f"restored checkpoint-{step} from {base.uri}", objects=len(objects))
     return {"restored": step}

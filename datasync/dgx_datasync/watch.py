@@ -12,13 +12,20 @@ archive if it is due, then exits 0; it starts no other checkpoint.
 
 What was uploaded is remembered in ``DIR/.kubedgx/uploaded.json`` (and a checkpoint whose marker is
 already remote counts as uploaded), so a restarted sidecar does not upload anything twice.
+
+DIR is the trainer's, and the trainer is not trusted with the sidecar's view of the file system:
+nothing below DIR is read through a link (:mod:`dgx_datasync.beneath`). A link inside a checkpoint
+or the model is skipped with a warning; a checkpoint directory, marker, ``adapter/`` or ``merged/``
+that is a link is not uploaded at all (a warning says so, once); a ``summary.json`` that is a link
+is not the training's summary, so nothing is archived.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
+import io
 import logging
+import os
 import random
 import signal
 import tarfile
@@ -31,25 +38,20 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Final, Literal, TypeVar
 
-from dgx_api.checkpoints import complete
 from dgx_api.progress import COMPLETE_MARKER
-from dgx_datasync import local, sync
-from dgx_datasync.errors import SyncError
+from dgx_datasync import beneath, local, sync
+from dgx_datasync.beneath import UnsafePathError
+from dgx_datasync.errors import SyncError, shown
 from dgx_datasync.logs import event
-from dgx_datasync.store import STATE_DIR, Location, Store, StoreOptions
+from dgx_datasync.store import Location, Store, StoreOptions
 
 T = TypeVar("T")
 
 SUMMARY: Final = "summary.json"
+#: The trainer's summary is a few kilobytes; a file far larger is not one.
+SUMMARY_LIMIT: Final = 16 * 2**20
+ARTIFACTS: Final = ("adapter", "merged")
 ArchiveFormat = Literal["files", "tar.gz"]
-
-
-def succeeded(directory: Path) -> bool:
-    try:
-        data = json.loads((directory / SUMMARY).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return isinstance(data, dict) and data.get("status") == "Succeeded"
 
 
 @dataclass
@@ -72,6 +74,8 @@ class Watcher:
 
     def __post_init__(self) -> None:
         self.stop = threading.Event()
+        #: Links already warned about: the sidecar scans every interval and says it once.
+        self.warned: set[Path] = set()
         self.state = local.load_uploaded(self.directory, self.dest.uri)
         self.store = Store(self.dest, self.options)
         self.archive_store = Store(self.archive, self.options) if self.archive is not None else None
@@ -114,14 +118,40 @@ class Watcher:
         )
         while True:
             self.scan()
-            if self.archive is not None and succeeded(self.directory):
+            summary = self.summary() if self.archive is not None else None
+            if self.archive is not None and summary is not None:
                 if not self._archived():
-                    self._retrying(self.do_archive, f"archive to {self.archive.uri}", interruptible=False)
+                    archive = partial(self.do_archive, summary)
+                    self._retrying(archive, f"archive to {self.archive.uri}", interruptible=False)
                 event(logging.INFO, "training succeeded and the model is archived: done")
                 return self.result()
             if self.once or self.stop.is_set():
                 return self.result()
             self.stop.wait(self.interval)
+
+    def summary(self) -> bytes | None:
+        """summary.json's bytes when it says the training succeeded. Read once and through no link:
+        these bytes are what the archive holds."""
+        try:
+            fd = beneath.open_file(self.directory, [SUMMARY])
+        except UnsafePathError as refused:
+            self._warn_once(refused.path, f"not archiving: {shown(refused.path)} is {refused.what}")
+            return None
+        except OSError:
+            return None
+        try:
+            data = beneath.read_fd(fd, SUMMARY_LIMIT + 1)
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+        parsed = local.parse_json(data) if len(data) <= SUMMARY_LIMIT else None
+        return data if isinstance(parsed, dict) and parsed.get("status") == "Succeeded" else None
+
+    def _warn_once(self, path: Path, message: str) -> None:
+        if path not in self.warned:
+            self.warned.add(path)
+            event(logging.WARNING, message)
 
     def result(self) -> dict[str, Any]:
         out: dict[str, Any] = {"checkpoints": list(self.state["checkpoints"])}
@@ -160,7 +190,10 @@ class Watcher:
         """Upload every complete checkpoint not uploaded yet, oldest first, until a stop request."""
         if not self.checkpoints:
             return
-        for step, path in complete(self.directory):
+        found, linked = local.own_checkpoints(self.directory)
+        for link in linked:
+            self._warn_once(link, f"not uploading {shown(link)}: it is a symbolic link, and datasync uploads no links")
+        for step, path in found:
             if self.stop.is_set():
                 return
             if step in self.state["checkpoints"]:
@@ -182,11 +215,21 @@ class Watcher:
     def upload_checkpoint(self, step: int, path: Path) -> bool:
         """Files, then the marker. False when the trainer deleted the checkpoint meanwhile."""
         base = self.dest.child(f"checkpoint-{step}")
+        sub = (path.name,)
         started = time.monotonic()
         try:
-            files = [(k, p) for k, p in sync.local_files(path) if k != COMPLETE_MARKER]
-            sync.upload_files(self.store, base, files, self.workers, f"upload checkpoint-{step}")
-            self.store.upload(path / COMPLETE_MARKER, base.child(COMPLETE_MARKER))
+            try:
+                files = [f for f in sync.local_files(self.directory, sub=sub) if f.key != COMPLETE_MARKER]
+                sync.upload_files(self.store, base, files, self.workers, f"upload checkpoint-{step}")
+                marker = beneath.open_file(self.directory, (*sub, COMPLETE_MARKER))
+            except UnsafePathError as refused:  # replaced by a link since the scan
+                event(logging.WARNING, f"not uploading checkpoint-{step}: {refused}")
+                self._remove_remote(base)
+                return False
+            try:
+                self.store.upload(marker, base.child(COMPLETE_MARKER))
+            finally:
+                os.close(marker)
         except (OSError, SyncError) as exc:
             if path.is_dir() and (path / COMPLETE_MARKER).is_file():
                 raise
@@ -197,7 +240,7 @@ class Watcher:
             )
             self._remove_remote(base)
             return False
-        size = sum(p.stat().st_size for _, p in files if p.exists())
+        size = sum(f.size for f in files)
         event(
             logging.INFO,
             f"uploaded checkpoint-{step}",
@@ -225,30 +268,52 @@ class Watcher:
             and record.get("format") == self.archive_format
         )
 
-    def do_archive(self) -> None:
-        """adapter/, merged/ (if any) and summary.json to the archive destination, summary last."""
+    def _artifacts(self) -> list[str]:
+        """adapter/ and merged/ where they are directories of DIR's own (a link is warned about)."""
+        parts = []
+        for name in ARTIFACTS:
+            path = self.directory / name
+            if path.is_symlink():
+                event(
+                    logging.WARNING,
+                    f"not archiving {shown(path)}: it is a symbolic link, and datasync uploads no links",
+                )
+            elif path.is_dir():
+                parts.append(name)
+            elif name == "adapter":
+                event(logging.WARNING, f"training succeeded but {path} is missing")
+        return parts
+
+    def _files(self, name: str) -> list[sync.LocalFile]:
+        try:
+            return sync.local_files(self.directory, sub=(name,))
+        except UnsafePathError as refused:  # replaced by a link since it was looked at
+            event(logging.WARNING, f"not archiving {name}: {refused}")
+            return []
+
+    def do_archive(self, summary: bytes) -> None:
+        """adapter/, merged/ (if any) and ``summary`` (summary.json's bytes) to the archive
+        destination, summary last."""
         assert self.archive is not None
         assert self.archive_store is not None
         archive, store = self.archive, self.archive_store
-        parts = [name for name in ("adapter", "merged") if (self.directory / name).is_dir()]
-        if "adapter" not in parts:
-            event(logging.WARNING, f"training succeeded but {self.directory / 'adapter'} is missing")
+        parts = self._artifacts()
         artifacts: list[dict[str, str]] = []
         started = time.monotonic()
         if self.archive_format == "files":
             for name in parts:
-                files = sync.local_files(self.directory / name)
+                files = self._files(name)
                 sync.upload_files(store, archive.child(name), files, self.workers, f"archive {name}")
                 artifacts.append({"name": name, "uri": archive.child(name).uri + "/"})
         else:
-            tarball = self.directory / STATE_DIR / "model.tar.gz"
-            self._make_tarball(tarball, parts)
+            target = archive.child("model.tar.gz")
+            tarball = self._make_tarball(parts, summary)
             try:
-                sync.upload_files(store, archive, [("model.tar.gz", tarball)], 1, "archive model.tar.gz")
+                sync.send(store, tarball, target, store.head(target))
             finally:
-                tarball.unlink(missing_ok=True)
-            artifacts.append({"name": "model.tar.gz", "uri": archive.child("model.tar.gz").uri})
-        store.upload(self.directory / SUMMARY, archive.child(SUMMARY))
+                os.close(tarball)
+            artifacts.append({"name": "model.tar.gz", "uri": target.uri})
+        store.put_bytes(archive.child(SUMMARY), summary)
         artifacts.append({"name": "summary", "uri": archive.child(SUMMARY).uri})
         self.state["archive"] = {"destination": archive.uri, "format": self.archive_format, "artifacts": artifacts}
         local.save_uploaded(self.directory, self.state)
@@ -259,15 +324,34 @@ class Watcher:
             seconds=round(time.monotonic() - started, 3),
         )
 
-    def _make_tarball(self, tarball: Path, parts: list[str]) -> None:
-        """adapter/, merged/ and summary.json in one gzip tarball (level 1: weights barely compress)."""
-        tarball.parent.mkdir(parents=True, exist_ok=True)
-        partial = tarball.with_name(tarball.name + ".partial")
-        with tarfile.open(partial, "w:gz", compresslevel=1) as tar:
-            for name in parts:
-                tar.add(self.directory / name, arcname=name)
-            tar.add(self.directory / SUMMARY, arcname=SUMMARY)
-        partial.replace(tarball)
+    def _make_tarball(self, parts: list[str], summary: bytes) -> int:
+        """adapter/, merged/ and summary.json in one gzip tarball (level 1: weights barely compress),
+        in an unlinked file under DIR/.kubedgx (returned open): the trainer can neither swap it for
+        a link before the upload nor find it left behind. Regular files only: tarfile.add would
+        store a link as a link, and read through one swapped in between its lstat and its open."""
+        with local.StateDir.open(self.directory) as state:
+            fd = state.scratch("model.tar.gz")
+        try:
+            with (
+                os.fdopen(os.dup(fd), "wb") as raw,
+                tarfile.open(fileobj=raw, mode="w:gz", compresslevel=1, dereference=True) as tar,
+            ):
+                for name in parts:
+                    for item in self._files(name):
+                        try:
+                            member = beneath.open_file(item.root, item.parts)
+                        except UnsafePathError as refused:
+                            sync.skipped(refused.path, f"it is {refused.what}")
+                            continue
+                        with os.fdopen(member, "rb") as f:
+                            tar.addfile(tar.gettarinfo(arcname=f"{name}/{item.key}", fileobj=f), f)
+                info = tarfile.TarInfo(SUMMARY)
+                info.size, info.mtime, info.mode = len(summary), int(time.time()), 0o644
+                tar.addfile(info, io.BytesIO(summary))
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
 
 
 def watch(

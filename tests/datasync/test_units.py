@@ -159,22 +159,22 @@ def test_local_paths_refuse_escapes(tmp_path: Path) -> None:
 def test_journal_records_and_withdrawals(tmp_path: Path) -> None:
     """A completion vouches for a file; a "replacing" line withdraws what an earlier record (or the
     manifest) said, until the new completion; a torn last line is ignored."""
-    from dgx_datasync.local import Journal
+    from dgx_datasync.local import Journal, StateDir
 
-    path = tmp_path / "journal.jsonl"
     manifest = {"a": (1, "e1"), "b": (2, "e2")}
-    journal = Journal(path)
-    journal.record(ObjectInfo("c", 3, "e3"))
-    journal.replacing("a")
-    journal.replacing("b")
-    journal.record(ObjectInfo("b", 2, "e2-new"))
-    journal.close()
-    with path.open("a") as f:
-        f.write('{"key": "d", "si')  # a kill in the middle of nothing we write, but be lenient
-    assert Journal.read(path, manifest) == {"b": (2, "e2-new"), "c": (3, "e3")}
-    assert manifest == {"a": (1, "e1"), "b": (2, "e2")}  # not modified
-    assert Journal.pending(path)
-    assert not Journal.pending(tmp_path / "none")
+    with StateDir.open(tmp_path) as state:
+        journal = Journal(state, "journal.jsonl")
+        journal.record(ObjectInfo("c", 3, "e3"))
+        journal.replacing("a")
+        journal.replacing("b")
+        journal.record(ObjectInfo("b", 2, "e2-new"))
+        journal.close()
+        with (tmp_path / ".kubedgx" / "journal.jsonl").open("a") as f:
+            f.write('{"key": "d", "si')  # a kill in the middle of nothing we write, but be lenient
+        assert Journal.read(state, "journal.jsonl", manifest) == {"b": (2, "e2-new"), "c": (3, "e3")}
+        assert manifest == {"a": (1, "e1"), "b": (2, "e2")}  # not modified
+        assert Journal.pending(state, "journal.jsonl")
+        assert not Journal.pending(state, "none")
 
 
 def test_termination_message_stays_whole_json() -> None:
