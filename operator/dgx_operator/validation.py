@@ -127,6 +127,9 @@ class Validator:
             return Outcome(
                 (Problem("apiVersion", f"unknown API version {api_version!r}: did you mean {API_VERSION!r}?"),)
             )
+        malformed = _malformed_type(api_version, kind)
+        if malformed:
+            return Outcome(malformed)
         outcome = self._validate_builtin(obj)
         meta = tuple(metadata_problems(obj.get("metadata"), types=False))
         return Outcome(tuple(sorted({*outcome.problems, *meta})), outcome.notes)
@@ -208,7 +211,7 @@ class Validator:
     def _validate_builtin(self, obj: Mapping[str, Any]) -> Outcome:
         try:
             kubernetes_validate.validate(dict(obj), self.kube_version, strict=True)
-        except kubernetes_validate.SchemaNotFoundError:
+        except (kubernetes_validate.SchemaNotFoundError, OSError):
             note = f"no schema for {obj['apiVersion']} {obj['kind']} in Kubernetes {self.kube_version}; not checked"
             return Outcome(notes=(note,))
         except jsonschema.ValidationError as first:
@@ -272,6 +275,29 @@ def immutable_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[Pr
         for name in IMMUTABLE_WHILE_RUNNING
         if old_spec.get(name) != new_spec.get(name)
     ]
+
+
+_API_VERSION = re.compile(
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?v[0-9]+((alpha|beta)[0-9]+)?$"
+)
+_KIND = re.compile(r"^[A-Za-z][A-Za-z0-9]{0,62}$")
+
+
+def _malformed_type(api_version: str, kind: str) -> tuple[Problem, ...]:
+    """apiVersion and kind that no API serves (kubectl: "no matches for kind"): said so, rather than
+    looked up as a file name in the schema collection."""
+    problems = []
+    if not _API_VERSION.match(api_version):
+        problems.append(
+            Problem(
+                "apiVersion", f"invalid value {_brief(api_version, 60)!r}: must be v1 or GROUP/VERSION, e.g. apps/v1"
+            )
+        )
+    if not _KIND.match(kind):
+        problems.append(
+            Problem("kind", f"invalid value {_brief(kind, 60)!r}: a kind is a letter and letters or digits")
+        )
+    return tuple(problems)
 
 
 def without_nulls(value: Any) -> Any:

@@ -346,3 +346,20 @@ def test_loader_messages_are_escaped() -> None:
 def test_bounds_are_what_the_docs_say() -> None:
     assert manifests.MAX_DOCUMENT_BYTES == 3 * 2**20
     assert manifests.MAX_DEPTH == 100
+
+
+@pytest.mark.parametrize(
+    ("api_version", "kind", "message"),
+    [
+        ("kub" + "[" * 300, "DGXTrainingJob", "apiVersion: invalid value 'kub[[[["),  # found by a generated run:
+        ("apps/v1/extra", "Deployment", "apiVersion: invalid value 'apps/v1/extra'"),  # ENAMETOOLONG / a path
+        ("v1", "Config Map", "kind: invalid value 'Config Map'"),
+    ],
+)
+def test_malformed_api_version_or_kind_is_a_problem_not_a_file_lookup(
+    api_version: str, kind: str, message: str, tmp_path: Path
+) -> None:
+    doc = {"apiVersion": api_version, "kind": kind, "metadata": {"name": "x"}}
+    code, out, err = validate_file(tmp_path, yaml.safe_dump(doc))
+    assert code == 1, (out, err)
+    assert any(message in line for line in out), out
