@@ -22,14 +22,13 @@ from typing import Any, ClassVar
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from dgx_operator.api import DGXTrainingJob
-from dgx_operator.api.datamount import DGXDataMount
 from dgx_operator.api.trainingjob import DGXTrainingJobStatus
 from dgx_operator.catalog import Catalog
 from dgx_operator.kube import ForeignObjectError, Kube, TransientError
 from dgx_operator.loop import RESYNC, Key, ReconcileLoop
 from dgx_operator.metrics import JOB_KIND, RESTART_REASONS, Metrics
-from dgx_operator.reconcile.mounts import mount_state
-from dgx_operator.reconcile.planner import Event, MountState, Observed, Plan, plan
+from dgx_operator.reconcile.mounts import mount_state, parse_mount
+from dgx_operator.reconcile.planner import UNREADABLE, Event, MountState, Observed, Plan, plan
 from dgx_operator.reconcile.pods import PodView, slim
 from dgx_operator.render import BuildContext
 from dgx_operator.render.names import FINALIZER, config_map_name, service_name
@@ -205,7 +204,10 @@ class Controller(ReconcileLoop):
             if body is None:
                 mounts[ref.name] = MountState(None)
                 continue
-            mount = DGXDataMount.model_validate(body)
+            mount, why = parse_mount(body)
+            if mount is None:
+                mounts[ref.name] = MountState(UNREADABLE, why)
+                continue
             specs[ref.name] = mount.spec
             phase, message, digest = mount_state(mount)
             mounts[ref.name] = MountState(phase, message)

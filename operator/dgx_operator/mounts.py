@@ -28,6 +28,7 @@ from dgx_operator.reconcile.mounts import (
     MOUNT_FINALIZER,
     Listed,
     needs_listing,
+    parse_mount,
     plan_mount,
     syncing,
     users,
@@ -78,12 +79,15 @@ class MountController(ReconcileLoop):
     failures: dict[Key, int] = field(default_factory=dict)
     #: Mounts whose "in use" warning was posted, so a waiting deletion does not repeat it.
     warned: set[Key] = field(default_factory=set)
+    #: Mounts whose "stored spec no longer parses" warning was posted (until it parses again).
+    unreadable: set[Key] = field(default_factory=set)
 
     def forget(self, namespace: str, name: str) -> None:
         key = (namespace, name)
         self.cancel_timer(key)
         self.failures.pop(key, None)
         self.warned.discard(key)
+        self.unreadable.discard(key)
         if self.metrics is not None:
             self.metrics.forget(self.kind, key)
 
@@ -103,7 +107,14 @@ class MountController(ReconcileLoop):
             )
             if not body:
                 return None
-        mount = DGXDataMount.model_validate(body)
+        mount, why = parse_mount(body)
+        if mount is None:
+            if key not in self.unreadable:
+                self.unreadable.add(key)
+                self.post_event(body, "Warning", "InvalidSpec", why)
+            log.warning("DGXDataMount %s/%s: %s", namespace, name, why)
+            return None
+        self.unreadable.discard(key)
         if not needs_listing(mount):
             self.observed(key, mount.status)
             return None

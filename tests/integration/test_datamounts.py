@@ -6,6 +6,7 @@ containers report when they end.
 
 from __future__ import annotations
 
+import copy
 import json
 from typing import Any
 
@@ -424,3 +425,44 @@ async def test_deleting_a_mount_in_use_waits_for_the_job_to_end(
     end_with_sync_report(emulator, worker(0), trainer_exit=0, init=[])
     await wait_phase(emulator, "Succeeded")
     await emulator.wait_for_absence(MOUNTS, NS, "data")
+
+
+async def test_a_stored_mount_the_model_refuses_is_reported_not_retried_for_ever(
+    emulator: Emulator, run_operator: RunOperator, s3: S3
+) -> None:
+    """A mount stored under an older, looser CRD (a negative PVC size, accepted before issue 12 made
+    quantities non-negative) no longer parses. Before, both controllers raised on it at every pass:
+    the mount's reconcile failed over and over and every job using it never got a status. Now the
+    mount gets one InvalidSpec warning, its jobs wait naming the field, and a fixed spec goes on."""
+    op = await start_operator(emulator, run_operator)
+    emulator.create("secrets", secret(SECRET))
+    bucket = s3.bucket(objects=FILES)
+    emulator.create(MOUNTS, mount_of(s3, bucket, **{"spec.cache": {"type": "pvc", "size": "1Gi"}}))
+    await wait_mount(emulator, "Ready")
+    # What the older apiserver stored, written past today's schema (the emulator's own commit).
+    old = emulator.get(MOUNTS, NS, "data")
+    assert old is not None
+    stale = copy.deepcopy(old)
+    stale["spec"]["cache"]["size"] = "-1Gi"
+    stale["metadata"]["generation"] = old["metadata"]["generation"] + 1
+    emulator._commit(emulator.kind(MOUNTS), "MODIFIED", stale, old)
+
+    def invalid() -> list[str]:
+        return [m for _, r, m in mount_events(emulator) if r == "InvalidSpec"]
+
+    await emulator.wait_for(lambda: bool(invalid()), message=lambda: f"an InvalidSpec event; {mount_events(emulator)}")
+    assert invalid()[0].startswith("its stored spec no longer parses (spec.cache.size")
+    assert invalid()[0].endswith("re-apply the DGXDataMount with a valid spec")
+
+    emulator.create(JOBS, job_using(("data", "/data")))
+    job = await wait_phase(
+        emulator, "WaitingForData", lambda s: "stored spec no longer parses" in condition(s, "DataReady")["message"]
+    )
+    assert condition(job, "DataReady")["message"].startswith("waiting for DGXDataMount data (its stored spec")
+    await op.settle()
+    assert len(invalid()) == 1  # one warning, not one per pass
+    assert emulator.select("pods", NS) == []
+
+    emulator.patch(MOUNTS, NS, "data", {"spec": {"cache": {"size": "2Gi"}}})
+    await wait_mount(emulator, "Ready")
+    await expect_pods(emulator, {worker(0): "0"})

@@ -14,6 +14,7 @@ from dgx_operator.reconcile.mounts import (
     human_bytes,
     mount_state,
     needs_listing,
+    parse_mount,
     plan_mount,
     syncing,
     users,
@@ -358,3 +359,16 @@ def test_mount_state_follows_a_fix_through_the_lifecycle() -> None:
     done, events, _ = after(edited, LISTED, T1)
     assert mount_state(done) == ("Ready", "3 objects, 1.5 KiB at s3://bucket/fixed", DIGEST)
     assert [(t, r) for t, r, _ in events] == [("Normal", "Ready")]
+
+
+def test_parse_mount_reads_a_broken_status_as_none_and_reports_a_broken_spec() -> None:
+    """A stored mount the model refuses: its status (only the operator writes it) is dropped; a spec
+    from an older, looser CRD is one printable line naming the field, never an exception."""
+    for status in ("x", {"phase": 5}, {"conditions": "none"}):
+        mount, why = parse_mount({**BASE_MOUNT, "status": status})
+        assert mount is not None
+        assert mount.status is None
+        assert why == ""
+    mount, why = parse_mount(with_changes(BASE_MOUNT, {"spec.cache": {"type": "pvc", "size": "-1Gi"}}))
+    assert mount is None
+    assert why.startswith("its stored spec no longer parses (spec.cache.size")

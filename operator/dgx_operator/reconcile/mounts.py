@@ -14,6 +14,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from pydantic import ValidationError
+
+from dgx_api.schema import join_path
+from dgx_api.text import printable
 from dgx_operator.api.datamount import DGXDataMount, DGXDataMountStatus
 from dgx_operator.reconcile.planner import set_condition
 
@@ -142,3 +146,27 @@ def mount_state(mount: DGXDataMount) -> tuple[str, str, str | None]:
     if status.phase in ("Ready", "Failed") and status.observed_generation != (mount.metadata.generation or 0):
         return "Syncing", "the spec changed; listing again", None
     return status.phase, message, status.manifest_digest if status.phase == "Ready" else None
+
+
+def parse_mount(body: Mapping[str, Any]) -> tuple[DGXDataMount | None, str]:
+    """The stored mount as the model, or ``None`` and why not (one printable line).
+
+    The API server validated the object when it was written, but against the CRD of that day: after
+    an upgrade whose schema is stricter (quantities became non-negative in issue 12), or with a
+    status someone wrote by hand, the model may refuse it. A status that does not parse is read as
+    no status (the operator writes a new one); a spec that does not parse is reported, never raised:
+    raising made every reconcile of the mount, and of each job using it, fail again and again."""
+    try:
+        return DGXDataMount.model_validate(body), ""
+    except ValidationError:
+        pass
+    try:
+        return DGXDataMount.model_validate({k: v for k, v in body.items() if k != "status"}), ""
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        path = ""
+        for part in err["loc"]:
+            path = join_path(path, part)
+        return None, printable(
+            f"its stored spec no longer parses ({path}: {err['msg']}): re-apply the DGXDataMount with a valid spec"
+        )

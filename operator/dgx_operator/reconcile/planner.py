@@ -50,6 +50,11 @@ ARCHIVED = "Archived"
 TERMINAL = ("Succeeded", "Failed")
 
 
+#: The phase a job sees for a mount whose stored spec the model refuses (see parse_mount): it waits
+#: for the fix, as for a mount not created yet.
+UNREADABLE = "Unreadable"
+
+
 @dataclass(frozen=True)
 class MountState:
     """A referenced DGXDataMount as observed: its phase (None when it does not exist)."""
@@ -307,6 +312,8 @@ class _Planner:
                 return self.finish("Failed", "DataMountFailed", f"DGXDataMount {ref.name} failed: {state.message}")
             if state.phase is None:
                 waiting.append(f"{ref.name} (not found)")
+            elif state.phase == UNREADABLE:
+                waiting.append(f"{ref.name} ({state.message})")
             elif state.phase != "Ready":
                 waiting.append(f"{ref.name} ({state.phase})")
         if waiting:
