@@ -30,6 +30,7 @@ from dgx_operator.metrics import JOB_KIND, RESTART_REASONS, Metrics
 from dgx_operator.reconcile.mounts import mount_state, parse_mount
 from dgx_operator.reconcile.planner import UNREADABLE, Event, MountState, Observed, Plan, plan
 from dgx_operator.reconcile.pods import PodView, slim
+from dgx_operator.reconcile.stored import parse_stored
 from dgx_operator.render import BuildContext
 from dgx_operator.render.names import FINALIZER, config_map_name, service_name
 from dgx_operator.render.resolved import Defaults
@@ -118,6 +119,8 @@ class Controller(ReconcileLoop):
     on_reconciled: Callable[[Key, Plan | None], Awaitable[None]] | None = None
     retry_base: float = 1.0
     metrics: Metrics | None = None
+    #: Jobs whose "stored spec no longer parses" warning was posted (until they parse again).
+    unreadable_jobs: set[Key] = field(default_factory=set)
 
     async def step(self, key: Key) -> float | None:
         result = await self.reconcile(*key)
@@ -133,8 +136,23 @@ class Controller(ReconcileLoop):
         self.expectations.pop(key, None)
         self.failures.pop(key, None)
         self.locks.pop(key, None)
+        self.unreadable_jobs.discard(key)
         if self.metrics is not None:
             self.metrics.forget(self.kind, key)
+
+    async def unreadable(self, key: Key, body: Mapping[str, Any], why: str) -> None:
+        """A job the model refuses (see :mod:`dgx_operator.reconcile.stored`): nothing can be planned
+        for it, so it is left as it is, with one warning; deleting it must still finish, so its
+        finalizer goes (its pods go with it through their owner references)."""
+        namespace, name = key
+        if key not in self.unreadable_jobs:
+            self.unreadable_jobs.add(key)
+            self.post_event(body, "Warning", "InvalidSpec", why)
+        log.warning("DGXTrainingJob %s/%s: %s", namespace, name, why)
+        finalizers = list(body["metadata"].get("finalizers") or [])
+        if body["metadata"].get("deletionTimestamp") and FINALIZER in finalizers:
+            remaining = [f for f in finalizers if f != FINALIZER]
+            await self.kube.set_finalizers(namespace, name, body["metadata"].get("resourceVersion"), remaining)
 
     # -- one pass ------------------------------------------------------------------------------
 
@@ -154,7 +172,13 @@ class Controller(ReconcileLoop):
                 )
                 if not body:
                     return None
-            job = DGXTrainingJob.model_validate(body)
+            job, why = parse_stored(DGXTrainingJob, body)
+            if job is None:
+                await self.unreadable(key, body, why)
+                if self.on_reconciled is not None:
+                    await self.on_reconciled(key, None)
+                return None
+            self.unreadable_jobs.discard(key)
             observed = await self.observe(key, job)
             ctx = BuildContext(
                 catalog=self.catalog, defaults=self.defaults, data_mounts=observed[1], data_digests=observed[2]

@@ -351,3 +351,53 @@ def test_explicit_nulls_are_pruned_and_accepted(control_plane: ControlPlane, crd
     assert "nodeSelector" not in answer["spec"]
     assert "backoffLimit" not in answer["spec"]  # pruned (the CRD has no defaults: the models default it)
     assert Validator(catalog).validate(doc).ok
+
+
+def test_a_value_the_crd_no_longer_allows_is_ratcheted_on_update(
+    control_plane: ControlPlane, crds: dict[str, Installed], kubectl: Kubectl, test_namespace: str
+) -> None:
+    """A job stored under an older CRD that allowed negative memory (before issue 12): after the upgrade
+    the apiserver still takes updates that leave the value alone (validation ratcheting: the operator's
+    finalizer removal, a label), and refuses one that writes another bad value. The operator, for its part,
+    reads such a job without raising (tests/integration: InvalidSpec), so its deletion can finish."""
+    ready(crds, "DGXTrainingJob")
+    path = next(p for p in CRD_FILES if "dgxtrainingjobs" in p.name)
+    current = _crd(path)
+    loose = json.loads(json.dumps(current))
+    memory = loose["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["resources"][
+        "properties"
+    ]["memory"]
+    memory["pattern"] = memory["pattern"].replace(r"^\+?", r"^(\+|-)?", 1)
+    memory.pop("minimum", None)
+    group_version, plural = RESOURCES["DGXTrainingJob"]
+    jobs = f"/apis/{group_version}/namespaces/{test_namespace}/{plural}"
+    doc = in_namespace(BASE_JOB, test_namespace)
+    doc["metadata"]["name"] = "ratchet"
+    doc["spec"]["resources"] = {"memory": "-1Gi"}
+
+    def refuses_negative_memory(expected: bool) -> bool:
+        status, _ = control_plane.request("POST", jobs + "?dryRun=All", doc)
+        return (status == 422) == expected
+
+    try:
+        kubectl.run("apply", "--server-side", "--force-conflicts", f"--field-manager={MANAGER}", "-f", "-",
+                    input=json.dumps(loose))  # fmt: skip
+        wait_for("the loose schema served", lambda: refuses_negative_memory(False), timeout=60, interval=0.3)
+        status, answer = control_plane.request("POST", jobs, doc)
+        assert status == 201, answer
+    finally:
+        kubectl.run("apply", "--server-side", "--force-conflicts", f"--field-manager={MANAGER}", "-f", str(path))
+    wait_for("the current schema served", lambda: refuses_negative_memory(True), timeout=60, interval=0.3)
+
+    merge = "application/merge-patch+json"
+    status, answer = control_plane.request(
+        "PATCH", f"{jobs}/ratchet", {"metadata": {"labels": {"touched": "yes"}}}, content_type=merge
+    )
+    assert status == 200, answer
+    status, answer = control_plane.request(
+        "PATCH", f"{jobs}/ratchet", {"spec": {"resources": {"memory": "-2Gi"}}}, content_type=merge
+    )
+    assert status == 422, answer
+    assert any(c.field == "spec.resources.memory" for c in causes(answer)), answer
+    status, answer = control_plane.request("DELETE", f"{jobs}/ratchet")
+    assert status == 200, answer

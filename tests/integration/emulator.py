@@ -19,7 +19,8 @@ handling, which cannot be extended in place, with the API server's semantics:
   a stale metadata.resourceVersion -> 409 Conflict; PUT of a custom resource without one -> 422; a write that
   changes nothing is not written (no new resourceVersion, no watch event); status-subresource isolation.
 * Custom resources are pruned of unknown fields (Warning header; ``fieldValidation=Strict`` -> 400) and
-  validated with ``dgx_api.schema.validate`` (OpenAPI + CEL, ``old=`` on updates): 422 Invalid + causes.
+  validated with ``dgx_api.schema.validate`` (OpenAPI + CEL, ``old=`` on updates): 422 Invalid + causes;
+  on updates, errors at values the update did not change are ratcheted away, as since Kubernetes 1.33.
 * DELETE: finalizers (deletionTimestamp, removal when the last one goes, none added while terminating),
   preconditions, propagationPolicy
   Background/Foreground/Orphan, ownerReference garbage collection, namespaces and CRDs that take their
@@ -45,7 +46,7 @@ and ``delete`` replace kmock's HTTP shortcuts of those names (raw HTTP: an aioht
 
 Deliberately not emulated: authentication and RBAC (any token works); admission webhooks (a Python hook in
 ``admission`` plays a validating webhook); server-side apply and managedFields; dryRun; strategic-merge list
-semantics (patchMergeKey, ``$patch``); defaulting, conversion, CEL cost limits, validation ratcheting; schemas
+semantics (patchMergeKey, ``$patch``); defaulting, conversion, CEL cost limits; schemas
 of built-in kinds (only their names are checked); LIST at an older resourceVersion and list snapshots (a list is
 the current state; a continue token pages through the current state); the orphan finalizer (Orphan drops the
 owner references at once); the asynchrony of the garbage collector and namespace controller (here they act
@@ -568,6 +569,23 @@ def json_patch(doc: Body, ops: Any) -> Body:
     if not isinstance(result, dict):
         raise JsonPatchError("the patched document is not an object")
     return result
+
+
+_MISSING = object()
+_PATH_PART = re.compile(r"\.?([A-Za-z_][A-Za-z0-9_]*)|\[(\d+)\]|\[(\"(?:[^\"\\\\]|\\\\.)*\")\]")
+
+
+def _value_at(obj: Any, path: str) -> Any:
+    """The value at a Problem's path (``spec.env[1].name``, ``spec.nodeSelector["a b"]``); a sentinel
+    when absent (two absences are equal: an unchanged missing field)."""
+    node = obj
+    for name, index, quoted in _PATH_PART.findall(path):
+        key: Any = name or (int(index) if index else json.loads(quoted))
+        try:
+            node = node[key]
+        except (KeyError, IndexError, TypeError):
+            return _MISSING
+    return node
 
 
 def prune(schema: Mapping[str, Any], value: Any, path: str = "") -> list[str]:
@@ -1173,6 +1191,11 @@ class Emulator(kmock.KubernetesEmulator):
             if validation != "Ignore":
                 warnings = [f'unknown field \\"{p}\\"' for p in dropped]
             problems = validate(kind.schema, new, old=old)
+            if old is not None:
+                # Validation ratcheting (CRDValidationRatcheting, GA in 1.33): on an update, an error
+                # at a value the update did not change is not raised, so an object stored under a
+                # looser schema can still get its finalizer removed or its status written.
+                problems = [p for p in problems if _value_at(new, p.path) != _value_at(old, p.path)]
             if problems:
                 raise invalid(kind, new["metadata"]["name"], problems)
         for hook in self.admission:

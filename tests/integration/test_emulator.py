@@ -103,6 +103,20 @@ async def test_generation_bumps_only_when_the_spec_changes(emulator: Emulator) -
     assert [o["metadata"]["generation"] for o in (job, labelled, with_status, respecced)] == [1, 1, 1, 2]
 
 
+async def test_updates_ratchet_errors_at_unchanged_values(emulator: Emulator) -> None:
+    """As the API server since 1.33 (tests/cluster/test_crds.py proves it there): a value stored under
+    a looser schema survives updates that leave it alone, and another bad value is refused."""
+    old = emulator.create("dgxtrainingjobs", with_changes(BASE_JOB, {"spec.resources.memory": "1Gi"}))
+    stale = json.loads(json.dumps(old))
+    stale["spec"]["resources"]["memory"] = "-1Gi"
+    emulator._commit(emulator.kind("dgxtrainingjobs"), "MODIFIED", stale, old)  # what an older CRD allowed
+    labelled = emulator.patch("dgxtrainingjobs", "ml", "job", {"metadata": {"labels": {"team": "a"}}})
+    assert labelled["spec"]["resources"]["memory"] == "-1Gi"
+    with pytest.raises(ApiError) as refused:
+        emulator.patch("dgxtrainingjobs", "ml", "job", {"spec": {"resources": {"memory": "-2Gi"}}})
+    assert refused.value.code == 422
+
+
 async def test_a_write_that_changes_nothing_is_not_written(emulator: Emulator) -> None:
     first = emulator.patch(
         "dgxtrainingjobs", "ml", emulator.create("dgxtrainingjobs", BASE_JOB)["metadata"]["name"], {}

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import copy
 import json
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
@@ -1246,3 +1247,32 @@ async def test_a_new_job_waits_for_the_pods_of_a_deleted_job_of_the_same_name(
     assert counts(status) == ("Running", 0, 0, "1/1", (1, 1, 1, 0))
     await final_pods(op, {worker(0): "0"})
     await expect_events(emulator, [("Normal", "WorkersPending"), ("Normal", "AllWorkersRunning")])
+
+
+async def test_a_stored_job_the_model_refuses_is_one_warning_and_can_be_deleted(
+    emulator: Emulator, run_operator: RunOperator
+) -> None:
+    """A job stored under an older, looser CRD (negative memory, accepted before issue 12) no longer
+    parses: before, every reconcile raised, for ever, and its deletion hung on the finalizer. Now it
+    gets one InvalidSpec warning naming the field, is left alone, and deleting it finishes."""
+    op = await start_operator(emulator, run_operator)
+    emulator.create(JOBS, job_with({"spec.resources.memory": "1Ti"}))
+    await expect_pods(emulator, {worker(0): "0"})
+    old = get_job(emulator)
+    stale = copy.deepcopy(old)
+    stale["spec"]["resources"]["memory"] = "-1Gi"
+    stale["metadata"]["generation"] = old["metadata"]["generation"] + 1
+    emulator._commit(emulator.kind(JOBS), "MODIFIED", stale, old)  # what the older apiserver stored
+
+    def invalid() -> list[str]:
+        return [m for _, r, m in job_events(emulator) if r == "InvalidSpec"]
+
+    await emulator.wait_for(lambda: bool(invalid()), message=lambda: f"an InvalidSpec event; {job_events(emulator)}")
+    assert invalid()[0].startswith("its stored spec no longer parses (spec.resources.memory")
+    assert invalid()[0].endswith("re-apply the DGXTrainingJob with a valid spec")
+    await op.settle()
+    assert len(invalid()) == 1
+    assert live_pods(emulator) == {worker(0): "0"}  # left as it is
+
+    emulator.delete(JOBS, NS, JOB)
+    await emulator.wait_for_absence(JOBS, NS, JOB)

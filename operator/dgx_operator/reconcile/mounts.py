@@ -14,12 +14,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from pydantic import ValidationError
-
-from dgx_api.schema import join_path
-from dgx_api.text import printable
 from dgx_operator.api.datamount import DGXDataMount, DGXDataMountStatus
 from dgx_operator.reconcile.planner import set_condition
+from dgx_operator.reconcile.stored import parse_stored
 
 READY = "Ready"
 #: Held on every DGXDataMount so that deleting one a running job uses waits for the job to end.
@@ -149,24 +146,5 @@ def mount_state(mount: DGXDataMount) -> tuple[str, str, str | None]:
 
 
 def parse_mount(body: Mapping[str, Any]) -> tuple[DGXDataMount | None, str]:
-    """The stored mount as the model, or ``None`` and why not (one printable line).
-
-    The API server validated the object when it was written, but against the CRD of that day: after
-    an upgrade whose schema is stricter (quantities became non-negative in issue 12), or with a
-    status someone wrote by hand, the model may refuse it. A status that does not parse is read as
-    no status (the operator writes a new one); a spec that does not parse is reported, never raised:
-    raising made every reconcile of the mount, and of each job using it, fail again and again."""
-    try:
-        return DGXDataMount.model_validate(body), ""
-    except ValidationError:
-        pass
-    try:
-        return DGXDataMount.model_validate({k: v for k, v in body.items() if k != "status"}), ""
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        path = ""
-        for part in err["loc"]:
-            path = join_path(path, part)
-        return None, printable(
-            f"its stored spec no longer parses ({path}: {err['msg']}): re-apply the DGXDataMount with a valid spec"
-        )
+    """The stored mount as the model, or ``None`` and why not (see :func:`parse_stored`)."""
+    return parse_stored(DGXDataMount, body)
