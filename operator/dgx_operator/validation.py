@@ -27,6 +27,8 @@ from pydantic import ValidationError
 
 from dgx_api.schema import Problem, explain, join_path, validate
 from dgx_api.text import printable
+from dgx_datasync.errors import SyncError
+from dgx_datasync.store import check_endpoint, check_region
 from dgx_operator.api import API_VERSION, GROUP, VERSION, DGXDataMount, DGXDataMountSpec, DGXTrainingJob
 from dgx_operator.catalog import Catalog, UnknownInstanceError
 from dgx_operator.crdgen import KINDS, kind_by_name, openapi_schema
@@ -170,7 +172,7 @@ class Validator:
             return Outcome(tuple(_pydantic_problems(exc)))
         if isinstance(model, DGXTrainingJob):
             return Outcome(tuple(self.semantic_problems(model)))
-        return Outcome()
+        return Outcome(tuple(mount_problems(model.spec)))
 
     def semantic_problems(self, job: DGXTrainingJob) -> list[Problem]:
         """Rules that depend on the instance catalog, which admins may change and a CRD therefore
@@ -220,6 +222,24 @@ class Validator:
             errors = list(validator.iter_errors(dict(obj))) if validator is not None else [first]
             return Outcome(tuple(sorted({p for e in errors for p in explain(e)})))
         return Outcome()
+
+
+def mount_problems(spec: DGXDataMountSpec) -> list[Problem]:
+    """What the data plane would refuse at its first request (exit 2, the job failed on its nodes):
+    an endpoint URL no request can go to (a port past 65535, a user:password in it, no host) or a
+    region that is no region. The CRD's pattern cannot say it all; the data plane's own checks can."""
+    problems = []
+    for path, value, check in (
+        ("spec.endpoint", spec.endpoint, check_endpoint),
+        ("spec.region", spec.region, check_region),
+    ):
+        if value is None:
+            continue
+        try:
+            check(value)
+        except SyncError as err:
+            problems.append(Problem(path, err.message))
+    return problems
 
 
 def reference_problems(catalog: Catalog, objects: Iterable[tuple[Mapping[str, Any], Any]]) -> list[tuple[Any, Problem]]:
