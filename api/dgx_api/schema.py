@@ -291,7 +291,8 @@ def _validator(schema_json: str) -> jsonschema.Draft4Validator:
     return jsonschema.Draft4Validator(_strict_copy(json.loads(schema_json)))
 
 
-def _kind_of(value: Any) -> str:
+def json_type(value: Any) -> str:
+    """The JSON type name of a decoded value, as the apiserver's messages name it."""
     if isinstance(value, bool):
         return "boolean"
     if isinstance(value, int):
@@ -315,7 +316,7 @@ def _show(value: Any, limit: int = 60) -> str:
     """``value`` as JSON, cut at ``limit`` characters; containers are summarised before they are
     serialised, so a huge value costs no more than a small one."""
     if isinstance(value, Mapping | list) and len(value) > limit:
-        return f"{_kind_of(value)} of {len(value)} {'entries' if isinstance(value, Mapping) else 'items'}"
+        return f"{json_type(value)} of {len(value)} {'entries' if isinstance(value, Mapping) else 'items'}"
     text = json.dumps(value, default=str)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
@@ -374,10 +375,10 @@ def explain(error: jsonschema.ValidationError, root: str = "") -> Iterator[Probl
                 yield Problem(join_path(path, name), f"unknown field{extra}")
     elif keyword == "type":
         wanted = " or ".join([expected] if isinstance(expected, str) else expected)
-        got = "null (an empty value)" if value is None else f"{_kind_of(value)} {_show(value)}"
+        got = "null (an empty value)" if value is None else f"{json_type(value)} {_show(value)}"
         yield Problem(path, f"must be of type {wanted}, got {got}")
     elif keyword == "anyOf" and isinstance(error.schema, Mapping) and error.schema.get("x-kubernetes-int-or-string"):
-        got = "null (an empty value)" if value is None else f"{_kind_of(value)} {_show(value)}"
+        got = "null (an empty value)" if value is None else f"{json_type(value)} {_show(value)}"
         yield Problem(path, f"must be an integer or a string, got {got}")
     elif keyword == "enum":
         options = ", ".join(json.dumps(v, default=str) for v in expected)

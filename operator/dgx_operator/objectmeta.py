@@ -16,7 +16,7 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any, Final
 
-from dgx_api.schema import Problem, join_path
+from dgx_api.schema import Problem, join_path, json_type
 
 _NAME_PART: Final = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
 _LABEL_VALUE: Final = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
@@ -132,27 +132,11 @@ def label_problems(labels: Mapping[Any, Any], path: str) -> Iterator[Problem]:
                 yield Problem(path, invalid(value, why))
 
 
-def _json_type(value: Any) -> str:
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, Mapping):
-        return "object"
-    if isinstance(value, list):
-        return "array"
-    return "null"
-
-
 def metadata_problems(meta: Any, *, types: bool = True) -> list[Problem]:
     """What the API server refuses in ``metadata``. ``types``: also unknown fields and wrong types
     (for built-in kinds kubernetes-validate's strict schemas already report those)."""
     if not isinstance(meta, Mapping):
-        return [Problem("metadata", f"must be of type object, got {_json_type(meta)}")] if types else []
+        return [Problem("metadata", f"must be of type object, got {json_type(meta)}")] if types else []
     problems: list[Problem] = []
     for field, value in meta.items():
         where = join_path("metadata", field)
@@ -161,7 +145,7 @@ def metadata_problems(meta: Any, *, types: bool = True) -> list[Problem]:
             if types:
                 problems.append(Problem(where, "unknown field"))
             continue
-        got = _json_type(value)
+        got = json_type(value)
         if got != expected and value is not None:
             if types:
                 problems.append(Problem(where, f"must be of type {expected}, got {got}"))
@@ -169,10 +153,10 @@ def metadata_problems(meta: Any, *, types: bool = True) -> list[Problem]:
         if field in ("labels", "annotations") and isinstance(value, Mapping):
             for key, item in value.items():
                 if not isinstance(item, str) and types:
-                    problems.append(Problem(join_path(where, key), f"must be of type string, got {_json_type(item)}"))
+                    problems.append(Problem(join_path(where, key), f"must be of type string, got {json_type(item)}"))
         if field in ("finalizers",) and isinstance(value, list) and types:
             problems.extend(
-                Problem(join_path(where, i), f"must be of type string, got {_json_type(item)}")
+                Problem(join_path(where, i), f"must be of type string, got {json_type(item)}")
                 for i, item in enumerate(value)
                 if not isinstance(item, str)
             )

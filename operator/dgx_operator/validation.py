@@ -25,7 +25,7 @@ import kubernetes_validate.utils
 import referencing
 from pydantic import ValidationError
 
-from dgx_api.schema import Problem, explain, join_path, validate
+from dgx_api.schema import Problem, explain, join_path, json_type, validate
 from dgx_api.text import printable
 from dgx_datasync.errors import SyncError
 from dgx_datasync.store import check_endpoint, check_region
@@ -108,14 +108,14 @@ class Validator:
 
     def validate(self, obj: Any, *, old: Any = None) -> Outcome:
         if not isinstance(obj, Mapping):
-            return Outcome((Problem("", f"must be an object (a mapping), got {_json_kind(obj)}"),))
+            return Outcome((Problem("", f"must be an object (a mapping), got {json_type(obj)}"),))
         obj = without_nulls(obj)
         api_version, kind = obj.get("apiVersion"), obj.get("kind")
         missing = [Problem(f, "Required value") for f, v in (("apiVersion", api_version), ("kind", kind)) if not v]
         if missing:
             return Outcome(tuple(missing))
         wrong = [
-            Problem(f, f"must be of type string, got {_json_kind(v)}")
+            Problem(f, f"must be of type string, got {json_type(v)}")
             for f, v in (("apiVersion", api_version), ("kind", kind))
             if not isinstance(v, str)
         ]
@@ -329,22 +329,6 @@ def without_nulls(value: Any) -> Any:
     if isinstance(value, list):
         return [without_nulls(v) for v in value]
     return value
-
-
-def _json_kind(value: Any) -> str:
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "array"
-    if isinstance(value, Mapping):
-        return "object"
-    return "null"
 
 
 def _pydantic_problems(exc: ValidationError) -> list[Problem]:
