@@ -613,7 +613,7 @@ async def test_exit_code_policy_retries_signals_and_fails_on_other_codes(
     run_pod(emulator, worker(0))
     await wait_phase(emulator, "Running")
 
-    exit_pod(emulator, worker(0), 137, reason="OOMKilled")  # in the default retryableExitCodes (128-255)
+    exit_pod(emulator, worker(0), 137, reason="OOMKilled")  # in the default retryableExitCodes (129-255)
     await expect_pods(emulator, {worker(0): "1"})
     status = get_job(emulator)["status"]
     assert (status["restarts"], status["attempt"]) == (1, 1)

@@ -1036,7 +1036,8 @@ def test_backoff_limit_zero_fails_on_the_first_failure(ctx: BuildContext) -> Non
     [
         (None, 137, True),
         (None, 143, True),
-        (None, 128, True),
+        (None, 128, False),  # StartError: the container could not start (a spec problem), not a signal
+        (None, 129, True),
         (None, 255, True),
         (None, 1, False),
         (None, 127, False),

@@ -1104,8 +1104,8 @@ def test_resolve_interactive_implies_debug() -> None:
 def test_retryable_exit_codes_default_to_signals_under_exit_code() -> None:
     spec = DGXTrainingJob.model_validate(job_obj({"spec.restartPolicy": "ExitCode"})).spec
     codes = resolve(spec, CATALOG).retryable_exit_codes
-    assert codes == tuple(range(128, 256))
-    assert (codes[0], codes[-1], len(codes)) == (128, 255, 128)
+    assert codes == tuple(range(129, 256))
+    assert (codes[0], codes[-1], len(codes)) == (129, 255, 127)
 
 
 def test_retryable_exit_codes_sorted_and_unique() -> None:

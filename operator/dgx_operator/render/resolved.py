@@ -16,8 +16,10 @@ from dgx_operator.api.datamount import DGXDataMountSpec
 from dgx_operator.api.trainingjob import DGXTrainingJob, DGXTrainingJobSpec, Elastic, Resources
 from dgx_operator.catalog import Catalog, Instance
 
-#: restartPolicy ExitCode without retryableExitCodes: retry only deaths by signal (128 + n).
-SIGNAL_EXIT_CODES = tuple(range(128, 256))
+#: restartPolicy ExitCode without retryableExitCodes: retry only deaths by signal (128 + n, n >= 1).
+#: Not 128 itself: the kubelet reports a container that could not start (StartError: a bad command,
+#: a missing binary) as exit 128, a spec problem that a new pod repeats.
+SIGNAL_EXIT_CODES = tuple(range(129, 256))
 
 DEFAULT_TRAINER_IMAGE = "ghcr.io/kubedgx/trainer:0.1.0"
 
