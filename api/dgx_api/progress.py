@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import sys
 import time
@@ -38,6 +39,29 @@ def write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def _finite_float(text: str) -> float | None:
+    value = float(text)
+    return value if math.isfinite(value) else None
+
+
+def loads_finite(text: str) -> Any:
+    """``json.loads`` that reads ``NaN``, ``Infinity`` and numbers too large for a double (``1e999``)
+    as null. Python's json reads and writes them, JSON does not: a status patch carrying one is
+    refused by the API server on every pass, so they must not get past where reports are read."""
+    return json.loads(text, parse_constant=lambda _: None, parse_float=_finite_float)
+
+
+def finite(value: Any) -> Any:
+    """``value`` with every non-finite float (a diverged loss is NaN) replaced by null, for writing."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite(v) for v in value]
+    return value
+
+
 def parse_event(line: str) -> dict[str, Any] | None:
     """A progress-contract line (``{"event": ...}``) read back, or None for any other output (the
     libraries underneath print their own lines, some of them dicts)."""
@@ -45,7 +69,7 @@ def parse_event(line: str) -> dict[str, Any] | None:
     if not (text.startswith("{") and text.endswith("}")):
         return None
     try:
-        value = json.loads(text)
+        value = loads_finite(text)
     except ValueError:
         return None
     return value if isinstance(value, dict) and "event" in value else None
@@ -70,7 +94,7 @@ def termination_message(report: dict[str, Any], path: Path | None) -> str:
     )
     text = ""
     for candidate in candidates:
-        text = json.dumps(candidate, separators=(",", ":"), default=str)
+        text = json.dumps(finite(candidate), separators=(",", ":"), default=str, allow_nan=False)
         if len(text.encode("utf-8")) <= TERMINATION_LIMIT:
             break
     else:
@@ -110,7 +134,7 @@ class Reporter:
 
     def emit(self, event: str, payload: dict[str, Any]) -> None:
         if self.enabled:
-            self.stream.write(json.dumps({"event": event, **payload}, default=str) + "\n")
+            self.stream.write(json.dumps(finite({"event": event, **payload}), default=str, allow_nan=False) + "\n")
             self.stream.flush()
 
     def start(self, step: int, total: int) -> None:
@@ -144,4 +168,6 @@ class Reporter:
         self.last = report
         self.emit("progress", report)
         if self.enabled:
-            write_atomic(self.output_dir / "progress.json", json.dumps(report, indent=2) + "\n")
+            write_atomic(
+                self.output_dir / "progress.json", json.dumps(finite(report), indent=2, allow_nan=False) + "\n"
+            )

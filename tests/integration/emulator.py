@@ -1790,8 +1790,13 @@ def _pod_spec_view(spec: Body, old: Body) -> Body:
 def _json_body(body: bytes) -> Any:
     if not body:
         return None
+
+    def not_json(constant: str) -> Any:
+        raise ValueError(f"{constant} is not a JSON value")
+
     try:
-        return json.loads(body)
+        # The apiserver's decoder is Go's: NaN and Infinity (which Python's json writes) are errors.
+        return json.loads(body, parse_constant=not_json)
     except ValueError as exc:
         raise bad_request(f"the body of the request is not JSON: {exc}") from None
 

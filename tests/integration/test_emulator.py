@@ -838,3 +838,16 @@ async def test_demo_operator_logs_in_and_stops_cleanly(emulator: Emulator, run_o
     assert emulator.open_watches() == 0
     first = emulator.log[0]
     assert (first.method, first.status) == ("GET", 200)  # discovery, with the kubeconfig's credentials
+
+
+async def test_a_body_with_nan_is_400_as_the_apiservers_decoder_says(http: aiohttp.ClientSession) -> None:
+    """Python's json writes NaN and Infinity; Go's decoder refuses them, and so does the emulator."""
+    created = await http.post(JOBS, json=BASE_JOB)
+    assert created.status == 201
+    async with http.patch(
+        f"{JOBS}/job/status",
+        data='{"status": {"progress": {"loss": NaN}}}',
+        headers={"Content-Type": "application/merge-patch+json"},
+    ) as resp:
+        assert resp.status == 400
+        assert "not JSON" in (await resp.json())["message"]

@@ -1276,3 +1276,20 @@ async def test_a_stored_job_the_model_refuses_is_one_warning_and_can_be_deleted(
 
     emulator.delete(JOBS, NS, JOB)
     await emulator.wait_for_absence(JOBS, NS, JOB)
+
+
+async def test_a_progress_report_with_nan_does_not_wedge_the_status(
+    emulator: Emulator, run_operator: RunOperator
+) -> None:
+    """A diverged loss (NaN) and an overflowing rate (Infinity) in worker 0's report: the status write
+    used to carry them, which is not JSON, and the apiserver (and now the emulator, whose decoder is as
+    strict) refused it on every pass. They are read as null; the rest of the report is mirrored."""
+    await start_operator(emulator, run_operator)
+    emulator.create(JOBS, job_with({}))
+    await expect_pods(emulator, {worker(0): "0"})
+    run_pods(emulator, worker(0))
+    await wait_phase(emulator, "Running")
+    report = '{"step": 12, "totalSteps": 100, "loss": NaN, "tokensPerSecond": Infinity}'
+    emulator.patch("pods", NS, worker(0), {"metadata": {"annotations": {PROGRESS: report}}})
+    status = await wait_phase(emulator, "Running", lambda s: (s.get("progress") or {}).get("step") == 12)
+    assert status["progress"] == {"step": 12, "totalSteps": 100}

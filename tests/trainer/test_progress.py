@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from dgx_api import progress
-from dgx_api.progress import TERMINATION_LIMIT, Reporter, termination_message, write_atomic
+from dgx_api.progress import TERMINATION_LIMIT, Reporter, finite, loads_finite, termination_message, write_atomic
 from tests.trainer.conftest import RESUME_CHANGES, Baseline
 
 ISO_Z = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
@@ -279,3 +279,32 @@ def test_summary_json_and_the_termination_message(baseline_run: Baseline) -> Non
     assert len(raw) <= TERMINATION_LIMIT
     termination = json.loads(raw)
     assert termination == {"status": "Succeeded", "progress": last, "summary": summary}
+
+
+def test_non_finite_values_are_written_as_null(tmp_path: Path) -> None:
+    """A diverged loss is NaN: what the trainer writes (progress lines, progress.json, the termination
+    message) stays JSON, and what is read back treats NaN, Infinity and 1e999 as null."""
+    assert finite({"loss": float("nan"), "lr": [float("inf"), 1.0], "step": 3}) == {
+        "loss": None,
+        "lr": [None, 1.0],
+        "step": 3,
+    }
+    assert loads_finite('{"a": NaN, "b": -Infinity, "c": 1e999, "d": 2.5}') == {
+        "a": None,
+        "b": None,
+        "c": None,
+        "d": 2.5,
+    }
+    text = termination_message({"status": "Failed", "progress": {"loss": float("nan")}}, tmp_path / "term")
+    assert json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} in {text}")) == {
+        "status": "Failed",
+        "progress": {"loss": None},
+    }
+    stream = io.StringIO()
+    reporter = Reporter(
+        tmp_path, precision="fp32", quantization="none", samples_per_step=1, enabled=True, stream=stream
+    )
+    reporter.log(1, 10, 0.1, {"loss": float("nan"), "learning_rate": float("inf")})
+    for line in [*stream.getvalue().splitlines(), (tmp_path / "progress.json").read_text()]:
+        assert "NaN" not in line
+        assert "Infinity" not in line

@@ -476,6 +476,22 @@ def test_read_progress(
     assert read_progress(_progress_view(ctx, message=message, annotation=annotation)) == expected
 
 
+def test_non_finite_progress_values_are_read_as_null(ctx: BuildContext) -> None:
+    """A diverged loss is NaN and Python's json writes it: a status carrying it is not JSON, and the
+    apiserver refused the status patch on every pass (issue 13, item 6)."""
+    annotation = '{"step": 5, "loss": NaN, "learningRate": Infinity, "samplesPerSecond": -Infinity, "epoch": 1e999}'
+    report = read_progress(_progress_view(ctx, annotation=annotation))
+    assert report == {"step": 5, "loss": None, "learningRate": None, "samplesPerSecond": None, "epoch": None}
+    sim = sim_of(ctx, {})
+    start_running(sim, 1)
+    running = sim.pod(0, "running")
+    running["metadata"].setdefault("annotations", {})["kubedgx.io/progress"] = annotation
+    sim.reconcile([running], at_s=200)
+    assert sim.status.progress is not None
+    assert sim.status.progress.step == 5
+    json.dumps(sim.status.model_dump(mode="json", by_alias=True), allow_nan=False)  # raises on NaN
+
+
 # --- the decision table ------------------------------------------------------------------------------
 
 #: Elastic 2..3 workers, data mount, deadline 2h, maxPending 30m, TTL 10m: every rule can fire.

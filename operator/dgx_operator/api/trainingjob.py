@@ -297,7 +297,8 @@ class DGXTrainingJobSpec(KubeModel):
         default=None,
         min_length=1,
         max_length=256,
-        description="Exit codes that restart under restartPolicy ExitCode. Defaults to 129-255 (killed by a signal; 128 is a container that could not start).",
+        description="Exit codes that restart under restartPolicy ExitCode. Defaults to 129-255 (killed by a signal; "
+        "128 is a container that could not start).",
         json_schema_extra={"x-kubernetes-list-type": "set"},
     )
     backoff_limit: int = Field(

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from dgx_api.progress import loads_finite
 from dgx_operator.render.datasync import SIDECAR_PREFIX
 from dgx_operator.render.names import ATTEMPT_LABEL, CONTAINER_NAME, INDEX_LABEL
 
@@ -267,7 +268,7 @@ def read_progress(pod: PodView) -> dict[str, Any] | None:
         if not text:
             continue
         try:
-            data = json.loads(text)
+            data = loads_finite(text)  # NaN/Infinity would make the status patch not JSON
         except ValueError:
             continue
         if isinstance(data, dict):
