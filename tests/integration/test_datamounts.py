@@ -325,7 +325,7 @@ async def test_artifacts_are_listed_when_the_job_succeeds(
     uid = get_job(emulator)["metadata"]["uid"]
     run = f"job-{uid.replace('-', '')[:8]}"
     containers = init_containers(emulator, worker(0))
-    assert list(containers) == ["restore-0", "checkpoints-0"]
+    assert list(containers) == ["prepare-cache", "restore-0", "checkpoints-0"]
     checkpoints = f"s3://{bucket}/prefix/{run}/checkpoints"
     assert containers["restore-0"]["args"][:3] == ["restore", checkpoints, "/out/run"]
     sidecar = containers["checkpoints-0"]

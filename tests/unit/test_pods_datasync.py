@@ -143,7 +143,12 @@ def view(shape: str) -> PodView:
 
 def test_the_pod_under_test_has_these_init_containers() -> None:
     pod = one_pod(REFS, mounts=MOUNTS)
-    assert [c["name"] for c in pod["spec"]["initContainers"]] == ["data-in-0", "restore-1", "checkpoints-1"]
+    assert [c["name"] for c in pod["spec"]["initContainers"]] == [
+        "prepare-cache",
+        "data-in-0",
+        "restore-1",
+        "checkpoints-1",
+    ]
 
 
 # shape -> (phase, failed, running, exit_code, failed_init, reason, message, disrupted, deadline, termination_message)

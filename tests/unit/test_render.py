@@ -1140,3 +1140,56 @@ def test_pure_modules_import_no_torch_kopf_or_kubernetes_client() -> None:
     match = re.search(r"^LOADED:(.*)$", proc.stdout, re.MULTILINE)
     assert match is not None, proc.stdout
     assert match[1] == "", f"banned modules imported: {match[1]}"
+
+
+# --- volumes the trainer's user can write (issue 13, item 1) ------------------------------------------
+
+
+def _pod_with_mounts(cache: dict[str, Any] | None) -> dict[str, Any]:
+    mount: dict[str, Any] = {"source": "s3://bucket/prefix", "direction": "In"}
+    out: dict[str, Any] = {"source": "s3://bucket/out", "direction": "Out"}
+    if cache is not None:
+        mount["cache"] = out["cache"] = cache
+    job = DGXTrainingJob.model_validate(
+        job_obj(
+            {
+                "spec.dataMounts": [{"name": "data", "mountPath": "/data"}, {"name": "out", "mountPath": "/out"}],
+                "spec.trainer.output": {"dir": "/out/run"},
+            }
+        )
+    )
+    ctx = BuildContext(
+        catalog=CATALOG,
+        data_mounts={"data": DGXDataMountSpec.model_validate(mount), "out": DGXDataMountSpec.model_validate(out)},
+    )
+    (pod,) = [c for c in build_children(job, ctx) if c["kind"] == "Pod"][:1]
+    return pod
+
+
+def test_worker_pods_get_an_fs_group_for_kubelet_made_volumes() -> None:
+    """A fresh PVC or emptyDir is root's: fsGroup 10001 (the trainer image's group) makes the kubelet
+    give it to the trainer, checking only the top directory when it is already right."""
+    pod = _pod_with_mounts({"type": "pvc", "size": "10Gi"})
+    assert pod["spec"]["securityContext"] == {"fsGroup": 10001, "fsGroupChangePolicy": "OnRootMismatch"}
+    assert "prepare-cache" not in {c["name"] for c in pod["spec"]["initContainers"]}  # no hostPath: none needed
+
+
+def test_hostpath_caches_are_given_to_the_trainer_before_anything_writes_them() -> None:
+    """fsGroup does not apply to hostPath, and the kubelet creates a missing directory as root 0755:
+    the first init container chowns each cache's top directory to 10001:10001 (2775), as root with
+    only CHOWN and FOWNER, before the pulls and restores (which run as 10001) write there."""
+    pod = _pod_with_mounts(None)
+    inits = pod["spec"]["initContainers"]
+    prepare = inits[0]
+    assert prepare["name"] == "prepare-cache"
+    hostpaths = {v["name"] for v in pod["spec"]["volumes"] if "hostPath" in v}
+    assert hostpaths == {"data-0", "data-1"}
+    assert {m["name"] for m in prepare["volumeMounts"]} == hostpaths
+    assert prepare["args"] == [f"/kubedgx/prepare/{name}" for name in ("data-0", "data-1")]
+    assert "chown 10001:10001" in prepare["command"][2]
+    assert "chmod 2775" in prepare["command"][2]
+    assert prepare["securityContext"]["runAsUser"] == 0
+    assert prepare["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN", "FOWNER"]}
+    assert prepare["securityContext"]["allowPrivilegeEscalation"] is False
+    assert "restartPolicy" not in prepare  # a plain init container: it ends before the pulls start
+    assert [c["name"] for c in inits[1:]][:1] == ["data-in-0"]

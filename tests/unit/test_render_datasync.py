@@ -90,8 +90,13 @@ def pod_of(changes: Mapping[str, Any] | None = None, **kwargs: Any) -> dict[str,
 
 
 def inits(pod: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """The pod's init containers by name, in their order."""
-    return {c["name"]: c for c in pod["spec"].get("initContainers", [])}
+    """The pod's data sync init containers by name, in their order (prepare-cache, which only
+    prepares the hostPath caches, has tests of its own in test_render.py)."""
+    return {c["name"]: c for c in sync_inits(pod)}
+
+
+def sync_inits(pod: dict[str, Any]) -> list[dict[str, Any]]:
+    return [c for c in pod["spec"].get("initContainers", []) if c["name"] != "prepare-cache"]
 
 
 def plan_for(mount_path: str, spec: Mapping[str, Any] | None = None, index: int = 0) -> MountPlan:
@@ -264,7 +269,7 @@ def test_watched_dir_of_nested_out_mounts_is_the_deepest_holder() -> None:
 
 def test_in_mount_gets_one_pull_init_container() -> None:
     pod = pod_of(refs(("data", "/data")), mounts={"data": {}})
-    assert pod["spec"]["initContainers"] == [
+    assert sync_inits(pod) == [
         {
             "name": "data-in-0",
             "image": DEFAULT_TRAINER_IMAGE,
@@ -361,7 +366,7 @@ def test_out_mount_gets_a_restore_and_a_native_sidecar() -> None:
         "terminationMessagePath": "/dev/termination-log",
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
-    assert pod["spec"]["initContainers"] == [
+    assert sync_inits(pod) == [
         {
             **base,
             "name": "restore-0",
@@ -424,7 +429,7 @@ def test_out_mount_options(mount: dict[str, Any], names: list[str], watch_tail: 
     pod = pod_of({**refs(("ckpt", "/out")), **OUT_RUN}, mounts={"ckpt": {**OUT, **mount}})
     assert list(inits(pod)) == names
     if watch_tail is None:
-        assert "initContainers" not in pod["spec"]
+        assert sync_inits(pod) == []
         return
     head = ["watch", "/out/run", f"s3://bucket/out/{RUN}/checkpoints", "--interval", "30"]
     assert inits(pod)["checkpoints-0"]["args"] == [*head, *watch_tail, *COMMON]
@@ -705,7 +710,7 @@ def test_valid_scenarios_cover_every_kind_of_mount() -> None:
         for direction in ("In", "Out")
         for cache in ("hostPath", "pvc")
     }
-    assert containers == {"data-in-", "restore-", "checkpoints-"}
+    assert containers == {"prepare-cache", "data-in-", "restore-", "checkpoints-"}
 
 
 def test_one_pod_helper_agrees() -> None:

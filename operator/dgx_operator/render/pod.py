@@ -238,6 +238,41 @@ def volumes_and_mounts(
     return volumes, mounts
 
 
+#: Where the prepare-cache init container sees each hostPath cache.
+PREPARE_ROOT = "/kubedgx/prepare"
+PREPARE_CONTAINER = "prepare-cache"
+
+
+def prepare_cache_container(volumes: list[dict[str, Any]], ctx: BuildContext) -> dict[str, Any] | None:
+    """An init container that gives the hostPath caches to the trainer's user: the kubelet creates a
+    missing hostPath directory (DirectoryOrCreate) as root, 0755, and fsGroup does not apply to
+    hostPath, so pulls and checkpoint writes as UID 10001 failed with permission denied. It runs as
+    root with only CHOWN and FOWNER, changes the top directory of each cache (owner, group, 2775)
+    and nothing below it; None when the pod has no hostPath volume."""
+    paths = [v["name"] for v in volumes if "hostPath" in v]
+    if not paths:
+        return None
+    owner = f"{ctx.defaults.run_as_user}:{ctx.defaults.fs_group}"
+    script = f'for d in "$@"; do chown {owner} "$d" && chmod 2775 "$d" || exit 1; done'
+    return {
+        "name": PREPARE_CONTAINER,
+        "image": ctx.defaults.datasync_image or ctx.defaults.trainer_image,
+        "imagePullPolicy": ctx.defaults.image_pull_policy,
+        "command": ["/bin/sh", "-c", script, PREPARE_CONTAINER],
+        "args": [posixpath.join(PREPARE_ROOT, name) for name in paths],
+        "securityContext": {
+            "runAsUser": 0,
+            "runAsNonRoot": False,
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"], "add": ["CHOWN", "FOWNER"]},
+        },
+        "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"cpu": "100m", "memory": "64Mi"}},
+        "volumeMounts": [{"name": name, "mountPath": posixpath.join(PREPARE_ROOT, name)} for name in paths],
+        "terminationMessagePath": "/dev/termination-log",
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+
+
 def container_command(spec: DGXTrainingJobSpec, r: Resolved, ctx: BuildContext) -> dict[str, list[str]]:
     if r.interactive:
         return {"command": list(IDLE_COMMAND)}
@@ -267,6 +302,9 @@ def worker_pod(
     plans: list[MountPlan] = []
     volumes, mounts = volumes_and_mounts(job, spec, ctx, r, plans)
     init_containers, sync_volumes = sync_containers(job, spec, plans, ctx)
+    prepare = prepare_cache_container(volumes, ctx)
+    if prepare is not None:
+        init_containers.insert(0, prepare)
     volumes += sync_volumes
     container: dict[str, Any] = {
         "name": CONTAINER_NAME,
@@ -297,6 +335,9 @@ def worker_pod(
         "tolerations": [*r.instance.tolerations, *(t.to_manifest() for t in spec.tolerations)],
         "containers": [container],
         "volumes": volumes,
+        # Volumes the kubelet creates (a fresh PVC, an emptyDir) are root's; with fsGroup it makes them
+        # group-writable for the trainer's group, checking only the top directory when it is right.
+        "securityContext": {"fsGroup": ctx.defaults.fs_group, "fsGroupChangePolicy": "OnRootMismatch"},
     }
     if init_containers:
         pod_spec["initContainers"] = init_containers

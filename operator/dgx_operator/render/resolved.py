@@ -49,6 +49,11 @@ class Defaults:
     #: Grace period of workers whose sidecar archives the final model: SIGTERM reaches the sidecar when
     #: the trainer exits, and it finishes the upload in flight and the archive within this time.
     archive_grace_seconds: int = 900
+    #: The trainer image's user and group (Dockerfile.trainer): volumes are made writable for them.
+    #: fsGroup covers the volumes the kubelet can chown (emptyDir, PVCs); hostPath caches get the
+    #: prepare-cache init container.
+    run_as_user: int = 10001
+    fs_group: int = 10001
 
 
 @dataclass(frozen=True)
