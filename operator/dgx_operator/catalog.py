@@ -49,6 +49,14 @@ class PerGpu(_Model):
     shm_gi: int = Field(ge=1)
 
 
+class NodeSize(_Model):
+    """What the node model named in ``description`` has allocatable for pods (after the kubelet's and
+    the system's reservations): the largest shape's requests must fit it."""
+
+    cpu: int = Field(ge=1)
+    memory_gi: int = Field(ge=1)
+
+
 class GpuFamily(_Model):
     family: str = Field(pattern=r"^[a-z0-9]+$")
     memory_gi_b: int = Field(ge=1, alias="memoryGiB")
@@ -58,6 +66,32 @@ class GpuFamily(_Model):
     per_gpu: PerGpu
     multi_node_nvlink: bool = False
     nvlink_domain_nodes: int | None = Field(default=None, ge=1)
+    node: NodeSize | None = None
+
+    @model_validator(mode="after")
+    def _fits_the_node(self) -> GpuFamily:
+        """A shape whose requests exceed the node never schedules: the job would wait Pending for
+        ever (the shipped GB200 tray asked for 1600Gi on a node of about 860Gi allocatable)."""
+        per = self.per_gpu
+        if per.shm_gi > per.memory_gi:
+            raise ValueError(
+                f"perGpu.shmGi {per.shm_gi} exceeds perGpu.memoryGi {per.memory_gi}: /dev/shm is memory of the "
+                "worker (it counts against its limit)"
+            )
+        if self.node is None:
+            return self
+        gpus = max(self.shapes)
+        for what, asked, has, key in (
+            ("cpu", per.cpu * gpus, self.node.cpu, "cpu"),
+            ("memory", per.memory_gi * gpus, self.node.memory_gi, "memoryGi"),
+        ):
+            if asked > has:
+                unit = "Gi" if what == "memory" else ""
+                raise ValueError(
+                    f"{self.key}: the {gpus}-GPU shape asks for {asked}{unit} of {what} per node, but node has "
+                    f"{has}{unit} allocatable: lower perGpu.{key} to at most {has // gpus}, or correct node.{key}"
+                )
+        return self
 
     @property
     def key(self) -> str:

@@ -385,9 +385,10 @@ def dgx_node(name: str, inst: Instance, *, clique: str | None = None, lossy: boo
     if lossy:
         labels[LOSSY_LABEL] = "true"
         taints.append(dict(LOSSY_TAINT))
+    node = inst.family.node  # the node model's allocatable, when the catalog gives it: the scheduler checks the fit
     capacity = {
-        "cpu": str(max(int(inst.cpu) * 2, 16)),
-        "memory": "4Ti",
+        "cpu": str(node.cpu) if node is not None else str(max(int(inst.cpu) * 2, 16)),
+        "memory": f"{node.memory_gi}Gi" if node is not None else "4Ti",
         "pods": "110",
         "ephemeral-storage": "30Ti",
         GPU_RESOURCE: str(inst.gpus),

@@ -30,7 +30,7 @@ FAMILIES: dict[str, tuple[tuple[str, ...], int, tuple[int, ...], tuple[int, int,
         (1, 2, 4, 8),
         (24, 220, 16),
     ),
-    "gb200.186g": (("NVIDIA-GB200",), 186, (1, 2, 4), (32, 400, 24)),
+    "gb200.186g": (("NVIDIA-GB200",), 186, (1, 2, 4), (32, 200, 16)),
 }
 SINGLE_NODE_NVLINK = ("a100.40g", "a100.80g", "h100.80g", "h200.141g", "b200.180g")
 CAPACITIES = ("norm", "spot", "debug")
@@ -391,3 +391,50 @@ def test_out_of_range_shape_is_a_catalog_error(shape: int) -> None:
     with pytest.raises(CatalogError) as info:
         Catalog.from_mapping(data)
     assert "gpus.0.shapes.0" in str(info.value)
+
+
+# -- the catalog fits real nodes (issue 13, item 9) -----------------------------------------------
+
+
+def test_every_shipped_family_names_its_node_and_every_shape_fits_it(catalog: Catalog) -> None:
+    for family in catalog.spec.gpus:
+        assert family.node is not None, f"{family.key}: no node size"
+        for inst in (i for i in catalog.instances.values() if i.family is family):
+            assert int(inst.cpu) <= family.node.cpu, inst.name
+            assert _gi(inst.memory) <= family.node.memory_gi, inst.name
+            assert _gi(inst.shm) <= _gi(inst.memory), inst.name
+
+
+def test_gb200_tray_fits_its_960_gb_node(catalog: Catalog) -> None:
+    """The shipped GB200 tray asked for 4 x 400Gi = 1600Gi of memory on a node of 960 GB."""
+    inst = catalog.get("dgxgb200.186g.4.norm")
+    assert _gi(inst.memory) <= 860
+    assert int(inst.cpu) <= 144
+
+
+def test_a_shape_that_cannot_fit_its_node_is_refused(tmp_path: Path) -> None:
+    data = default_catalog_data()
+    family_entry(data, "gb200.186g")["perGpu"]["memoryGi"] = 400  # the old value
+    with pytest.raises(CatalogError) as info:
+        Catalog.load(write_catalog(tmp_path, data))
+    message = str(info.value)
+    assert "gb200.186g: the 4-GPU shape asks for 1600Gi of memory per node, but node has 860Gi allocatable" in message
+    assert "lower perGpu.memoryGi to at most 215, or correct node.memoryGi" in message
+
+
+def test_cpu_beyond_the_node_and_shm_beyond_memory_are_refused(tmp_path: Path) -> None:
+    data = default_catalog_data()
+    family_entry(data, "h100.80g")["perGpu"]["cpu"] = 30  # 240 > 224
+    with pytest.raises(CatalogError, match=r"asks for 240 of cpu per node, but node has 224 allocatable"):
+        Catalog.load(write_catalog(tmp_path, data))
+    data = default_catalog_data()
+    family_entry(data, "h100.80g")["perGpu"]["shmGi"] = 300
+    with pytest.raises(CatalogError, match=r"perGpu.shmGi 300 exceeds perGpu.memoryGi 220"):
+        Catalog.load(write_catalog(tmp_path, data))
+
+
+def test_a_family_without_a_node_size_is_not_checked_against_one(tmp_path: Path) -> None:
+    """Admins' own catalogs from before `node` existed still load."""
+    data = default_catalog_data()
+    del family_entry(data, "h100.80g")["node"]
+    assert Catalog.load(write_catalog(tmp_path, data)).spec.gpus
