@@ -93,30 +93,21 @@ def qualified_name_errors(key: str) -> list[str]:
         return [QUALIFIED_NAME_MESSAGE]
     if not name:
         return ["name part must be non-empty"]
-    errors = []
-    if len(name) > 63:
-        errors.append("name part must be no more than 63 characters")
-    if not _NAME_PART.match(name):
-        errors.append(NAME_PART_MESSAGE)
-    return errors
+    return _errors(name, _NAME_PART, NAME_PART_MESSAGE, "name part ")
+
+
+def _errors(value: str, pattern: re.Pattern[str], message: str, prefix: str = "") -> list[str]:
+    """apimachinery's two checks of a 63-character name: its length, then its characters."""
+    errors = [f"{prefix}must be no more than 63 characters"] if len(value) > 63 else []
+    return errors if pattern.match(value) else [*errors, message]
 
 
 def label_value_errors(value: str) -> list[str]:
-    errors = []
-    if len(value) > 63:
-        errors.append("must be no more than 63 characters")
-    if not _LABEL_VALUE.match(value):
-        errors.append(LABEL_VALUE_MESSAGE)
-    return errors
+    return _errors(value, _LABEL_VALUE, LABEL_VALUE_MESSAGE)
 
 
 def dns1123_label_errors(value: str) -> list[str]:
-    errors = []
-    if len(value) > 63:
-        errors.append("must be no more than 63 characters")
-    if not _DNS1123_LABEL.match(value):
-        errors.append(DNS1123_LABEL_MESSAGE)
-    return errors
+    return _errors(value, _DNS1123_LABEL, DNS1123_LABEL_MESSAGE)
 
 
 def label_problems(labels: Mapping[Any, Any], path: str) -> Iterator[Problem]:
