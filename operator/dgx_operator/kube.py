@@ -10,6 +10,7 @@ transient and raised as :class:`TransientError` for the caller's backoff.
 from __future__ import annotations
 
 import base64
+import json
 import logging
 import os
 from collections.abc import Awaitable, Callable, Mapping
@@ -45,6 +46,61 @@ class ForeignObjectError(Exception):
 
 
 CreateOutcome = Literal["created", "exists", "blocked"]
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """The apiserver said no to a write, for a reason waiting will not change (``permanent``) or
+    one that is the cluster's to lift (``quota``: a ResourceQuota or LimitRange that an admin or the
+    end of other jobs frees). ``message`` is the apiserver's own sentence (Status.message), never
+    the HTTP dump with its headers."""
+
+    kind: Literal["permanent", "quota"]
+    code: int
+    reason: str
+    message: str
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def status_of(exc: ApiException) -> tuple[str, str]:
+    """(Status.reason, Status.message) from an ApiException's body, or ("", the HTTP reason)."""
+    body = exc.body
+    if isinstance(body, bytes):
+        body = body.decode("utf-8", "replace")
+    try:
+        status: Any = json.loads(body) if isinstance(body, str) and body else {}
+    except ValueError:
+        status = {}
+    if not isinstance(status, dict):
+        status = {}
+    reason = status.get("reason")
+    message = status.get("message")
+    return (
+        reason if isinstance(reason, str) else "",
+        message if isinstance(message, str) and message else str(exc.reason or f"HTTP {exc.status}"),
+    )
+
+
+def refusal(exc: ApiException) -> Refusal | None:
+    """Classify a refused create; None when retrying may help (429, 5xx, 409, 404, a namespace
+    being deleted, and a 403 from RBAC, which is the operator's installation to fix, not the job's).
+
+    Permanent: 400 and 422 (the object is invalid, or an admission webhook denied it), and the
+    remaining 403s, which admission plugins answer (PodSecurity, Priority's "no PriorityClass with
+    name", LimitRanger's per-container maximum...). Quota: a 403 whose message says a ResourceQuota
+    is exceeded: other jobs ending frees it."""
+    reason, message = status_of(exc)
+    if exc.status == 403:
+        if "NamespaceTerminating" in str(exc.body or "") or " cannot create resource " in message:
+            return None
+        if "exceeded quota" in message:
+            return Refusal("quota", exc.status, reason, message)
+        return Refusal("permanent", exc.status, reason, message)
+    if exc.status in (400, 422):
+        return Refusal("permanent", exc.status, reason, message)
+    return None
 
 
 def _transient(exc: ApiException, what: str) -> TransientError:
