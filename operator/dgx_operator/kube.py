@@ -66,7 +66,7 @@ class Refusal:
 
 def status_of(exc: ApiException) -> tuple[str, str]:
     """(Status.reason, Status.message) from an ApiException's body, or ("", the HTTP reason)."""
-    body = exc.body
+    body: Any = exc.body
     if isinstance(body, bytes):
         body = body.decode("utf-8", "replace")
     try:
