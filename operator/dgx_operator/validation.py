@@ -32,9 +32,15 @@ from dgx_datasync.store import check_endpoint, check_region
 from dgx_operator.api import API_VERSION, GROUP, VERSION, DGXDataMount, DGXDataMountSpec, DGXTrainingJob
 from dgx_operator.catalog import Catalog, UnknownInstanceError
 from dgx_operator.crdgen import KINDS, kind_by_name, openapi_schema
-from dgx_operator.objectmeta import label_problems, metadata_problems
+from dgx_operator.objectmeta import (
+    invalid,
+    label_problems,
+    label_value_errors,
+    metadata_problems,
+    qualified_name_errors,
+)
 from dgx_operator.render import BuildContext, BuildError, build_children
-from dgx_operator.render.resolved import resolve
+from dgx_operator.render.resolved import Defaults, Resolved, resolve
 
 DEFAULT_KUBE_VERSION = "1.34"
 OUR_KINDS = tuple(k.kind for k in KINDS)
@@ -102,9 +108,14 @@ class Outcome:
 class Validator:
     """Validates single objects; :func:`reference_problems` adds the rules across documents."""
 
-    def __init__(self, catalog: Catalog, kube_version: str = DEFAULT_KUBE_VERSION) -> None:
+    def __init__(
+        self, catalog: Catalog, kube_version: str = DEFAULT_KUBE_VERSION, defaults: Defaults | None = None
+    ) -> None:
         self.catalog = catalog
         self.kube_version = kube_version
+        #: The operator's settings that shape the children (the master port): the rules of
+        #: :func:`children_problems` compare the spec with them.
+        self.defaults = defaults or Defaults()
 
     def validate(self, obj: Any, *, old: Any = None) -> Outcome:
         if not isinstance(obj, Mapping):
@@ -206,6 +217,7 @@ class Validator:
                         f"is decided by spec.instance ({inst.name}); change the instance type instead",
                     )
                 )
+        problems.extend(children_problems(job, r, self.defaults))
         return problems
 
     # -- everything else ----------------------------------------------------------------------
@@ -222,6 +234,134 @@ class Validator:
             errors = list(validator.iter_errors(dict(obj))) if validator is not None else [first]
             return Outcome(tuple(sorted({p for e in errors for p in explain(e)})))
         return Outcome()
+
+
+#: The largest activeDeadlineSeconds the API server takes for a pod (a Go int32 bound).
+MAX_ACTIVE_DEADLINE_S = 2**31 - 1
+#: The pod fields an environment variable can read through fieldRef (the API server's list for env,
+#: core/validation validEnvDownwardAPIFieldPathExpressions); spec.host is its old name of
+#: spec.nodeName, which it still converts.
+ENV_FIELD_PATHS = (
+    "metadata.name",
+    "metadata.namespace",
+    "metadata.uid",
+    "spec.nodeName",
+    "spec.serviceAccountName",
+    "status.hostIP",
+    "status.hostIPs",
+    "status.podIP",
+    "status.podIPs",
+)
+_ENV_FIELD_ALIASES = {"spec.host": "spec.nodeName"}
+#: ... and the container resources through resourceFieldRef, plus hugepages-<size> under either.
+ENV_RESOURCES = (
+    "limits.cpu",
+    "limits.ephemeral-storage",
+    "limits.memory",
+    "requests.cpu",
+    "requests.ephemeral-storage",
+    "requests.memory",
+)
+_SUBSCRIPT = re.compile(r"^(?P<path>.+?)\['(?P<key>.*)'\]$")
+
+
+def children_problems(job: DGXTrainingJob, r: Resolved, defaults: Defaults) -> list[Problem]:
+    """What the API server would refuse in the children built from a spec that it accepts as a
+    DGXTrainingJob: the spec is stored, and only the operator's create of the Service or the pods
+    fails, long after `kubectl apply` said yes. Each names the spec field to change. The webhook
+    also dry-runs the children (admission.py) for what only the cluster knows (PodSecurity,
+    PriorityClasses); these are the rules `kubedgx validate` can apply offline."""
+    spec = job.spec
+    problems: list[Problem] = []
+    if r.rdzv_port == defaults.master_port:
+        problems.append(
+            Problem(
+                "spec.elastic.rendezvous.port",
+                f"must differ from {defaults.master_port}, the master port kubedgx opens on every worker "
+                "(MASTER_PORT): the job's Service would list that port twice, which the API server refuses; "
+                "pick another port",
+            )
+        )
+    if r.max_duration_s is not None and r.max_duration_s > MAX_ACTIVE_DEADLINE_S:
+        problems.append(
+            Problem(
+                "spec.maxDuration",
+                f"must be at most {MAX_ACTIVE_DEADLINE_S}s (about 68 years): it becomes each worker's "
+                "activeDeadlineSeconds, which the API server bounds there; shorten it, or leave maxDuration out "
+                "for no deadline",
+            )
+        )
+    for i, toleration in enumerate(spec.tolerations):
+        path = f"spec.tolerations[{i}]"
+        if toleration.key:
+            problems += [
+                Problem(f"{path}.key", invalid(toleration.key, why)) for why in qualified_name_errors(toleration.key)
+            ]
+        elif toleration.operator != "Exists":
+            problems.append(
+                Problem(
+                    f"{path}.operator",
+                    "must be Exists when key is empty (a toleration without a key matches every taint): "
+                    "set a key, or operator: Exists",
+                )
+            )
+        if toleration.operator != "Exists" and toleration.value:
+            problems += [
+                Problem(f"{path}.value", invalid(toleration.value, why)) for why in label_value_errors(toleration.value)
+            ]
+    for i, var in enumerate(spec.env):
+        source = var.value_from
+        if source is None:
+            continue
+        if source.field_ref is not None:
+            ref = source.field_ref
+            problems += _field_ref_problems(f"spec.env[{i}].valueFrom.fieldRef", ref.field_path, ref.api_version)
+        if source.resource_field_ref is not None:
+            resource = source.resource_field_ref.resource
+            hugepages = resource.startswith(("limits.hugepages-", "requests.hugepages-"))
+            if resource not in ENV_RESOURCES and not hugepages:
+                problems.append(
+                    Problem(
+                        f"spec.env[{i}].valueFrom.resourceFieldRef.resource",
+                        f"{invalid(resource, 'not a container resource the API server exposes')}; supported: "
+                        f"{', '.join(ENV_RESOURCES)}, limits.hugepages-<size>, requests.hugepages-<size>",
+                    )
+                )
+    return problems
+
+
+def _field_ref_problems(path: str, field_path: str, api_version: str | None) -> list[Problem]:
+    """apimachinery's check of an env var's fieldRef: version v1, a supported field, or a label or
+    annotation by key (``metadata.labels['team']``)."""
+    if api_version not in (None, "v1"):
+        return [
+            Problem(f"{path}.apiVersion", f"{invalid(api_version, 'unsupported pod version')}; use v1 or leave it out")
+        ]
+    subscripted = _SUBSCRIPT.match(field_path)
+    if subscripted:
+        base, key = subscripted["path"], subscripted["key"]
+        if base not in ("metadata.labels", "metadata.annotations"):
+            return [
+                Problem(
+                    f"{path}.fieldPath",
+                    invalid(
+                        field_path,
+                        f"{base} has no keys to select; only metadata.labels['KEY'] and metadata.annotations['KEY'] do",
+                    ),
+                )
+            ]
+        key = key.lower() if base == "metadata.annotations" else key
+        return [Problem(f"{path}.fieldPath", invalid(key, why)) for why in qualified_name_errors(key)]
+    if _ENV_FIELD_ALIASES.get(field_path, field_path) not in ENV_FIELD_PATHS:
+        supported = ", ".join(ENV_FIELD_PATHS)
+        return [
+            Problem(
+                f"{path}.fieldPath",
+                f"{invalid(field_path, 'not a pod field an environment variable can read')}; supported: {supported}, "
+                "metadata.labels['KEY'], metadata.annotations['KEY']",
+            )
+        ]
+    return []
 
 
 def mount_problems(spec: DGXDataMountSpec) -> list[Problem]:

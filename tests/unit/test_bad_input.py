@@ -111,6 +111,31 @@ ROWS: tuple[Row, ...] = (
     Row("node-selector-value-invalid", "job", {"spec.nodeSelector": {"example.com/gpu": "h100 sxm"}},
         "spec.nodeSelector", 'Invalid value: "h100 sxm": a valid label must be an empty string', "webhook",
         "webhook"),
+    # The Service would list the master port twice (422 Duplicate value) and no worker would be made.
+    Row("rendezvous-port-is-the-master-port", "job", {"spec.elastic.rendezvous.port": 23456},
+        "spec.elastic.rendezvous.port", "must differ from 23456, the master port kubedgx opens", "webhook",
+        "webhook"),
+    # 999999h (the schema's largest part) is 3.6e9 s: past the int32 of a pod's activeDeadlineSeconds.
+    Row("max-duration-past-the-pod-deadline", "job", {"spec.maxDuration": "999999h"}, "spec.maxDuration",
+        "must be at most 2147483647s", "webhook", "webhook"),
+    Row("toleration-key-with-space", "job", {"spec.tolerations": [{"key": "gpu type", "operator": "Exists"}]},
+        "spec.tolerations[0].key", 'Invalid value: "gpu type": name part must consist', "webhook", "webhook"),
+    Row("toleration-without-key-not-exists", "job", {"spec.tolerations": [{"value": "x", "effect": "NoSchedule"}]},
+        "spec.tolerations[0].operator", "must be Exists when key is empty", "webhook", "webhook"),
+    Row("toleration-value-invalid", "job", {"spec.tolerations": [{"key": "team", "value": "ml team"}]},
+        "spec.tolerations[0].value", 'Invalid value: "ml team": a valid label must be', "webhook", "webhook"),
+    Row("env-field-ref-unsupported", "job",
+        {"spec.env": [{"name": "PHASE", "valueFrom": {"fieldRef": {"fieldPath": "status.phase"}}}]},
+        "spec.env[0].valueFrom.fieldRef.fieldPath", 'Invalid value: "status.phase": not a pod field', "webhook",
+        "webhook"),
+    Row("env-field-ref-bad-label-key", "job",
+        {"spec.env": [{"name": "TEAM", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['a b']"}}}]},
+        "spec.env[0].valueFrom.fieldRef.fieldPath", 'Invalid value: "a b": name part must consist', "webhook",
+        "webhook"),
+    Row("env-resource-field-ref-unsupported", "job",
+        {"spec.env": [{"name": "GPUS", "valueFrom": {"resourceFieldRef": {"resource": "limits.nvidia.com/gpu"}}}]},
+        "spec.env[0].valueFrom.resourceFieldRef.resource", "not a container resource the API server exposes",
+        "webhook", "webhook"),
     # -- DGXTrainingJob: CEL cross-field rules ---------------------------------------------------
     Row("min-nodes-above-max", "job", {"spec.elastic": {"minNodes": 3, "maxNodes": 2}}, "spec.elastic.minNodes",
         "must be <= spec.elastic.maxNodes", "crd", "cel"),
@@ -308,6 +333,40 @@ def test_validator_rejects_validator_rows(row: Row, catalog: Catalog) -> None:
     at_path = [p for p in outcome.problems if p.path == row.path]
     assert at_path, f"expected a problem at {row.path}, got {[str(p) for p in outcome.problems]}"
     assert any(row.message in p.message for p in at_path)
+
+
+#: Next to each webhook row, what the API server takes in the same field: the rules must not refuse it.
+ACCEPTED_NEAR_WEBHOOK_ROWS = {
+    "rendezvous-port-next-to-the-master-port": {"spec.elastic.rendezvous.port": 23457},
+    "max-duration-at-the-pod-deadline": {"spec.maxDuration": "596523h14m7s"},
+    "toleration-of-every-taint": {"spec.tolerations": [{"operator": "Exists"}]},
+    "toleration-equal-empty-value": {"spec.tolerations": [{"key": "example.com/team", "effect": "NoSchedule"}]},
+    "env-field-refs": {
+        "spec.env": [
+            {"name": f"F{i}", "valueFrom": {"fieldRef": {"fieldPath": path, **extra}}}
+            for i, (path, extra) in enumerate(
+                [
+                    ("status.podIP", {}),
+                    ("spec.host", {}),  # the old name of spec.nodeName, which the API server still converts
+                    ("metadata.labels['example.com/team']", {"apiVersion": "v1"}),
+                    ("metadata.annotations['Example.com/Note']", {}),  # annotation keys are compared lower-cased
+                ]
+            )
+        ]
+    },
+    "env-resource-field-refs": {
+        "spec.env": [
+            {"name": "MEM", "valueFrom": {"resourceFieldRef": {"resource": "limits.memory"}}},
+            {"name": "HUGE", "valueFrom": {"resourceFieldRef": {"resource": "requests.hugepages-2Mi"}}},
+        ]
+    },
+}
+
+
+@pytest.mark.parametrize("changes", ACCEPTED_NEAR_WEBHOOK_ROWS.values(), ids=ACCEPTED_NEAR_WEBHOOK_ROWS)
+def test_validator_accepts_what_the_pods_take(changes: dict[str, Any], catalog: Catalog) -> None:
+    outcome = Validator(catalog).validate(with_changes(BASE_JOB, changes))
+    assert outcome.ok, [str(p) for p in outcome.problems]
 
 
 def test_catalog_rules_follow_the_catalog(tmp_path: Path, catalog: Catalog) -> None:
