@@ -19,6 +19,7 @@ from typing import Literal, cast
 import kopf
 
 from dgx_operator.catalog import Catalog
+from dgx_operator.render.names import JOB_LABEL
 from dgx_operator.render.resolved import DEFAULT_TRAINER_IMAGE, Defaults
 
 PREFIX = "kubedgx.io"
@@ -31,6 +32,11 @@ DEFAULT_PRIORITY_CLASSES: Mapping[str, str] = {"low": "kubedgx-low", "normal": "
 PRIORITIES = ("low", "normal", "high")
 PULL_POLICIES = ("Always", "IfNotPresent", "Never")
 FAILURE_POLICIES = ("Fail", "Ignore")
+#: The core/v1 kinds of child the operator watches (kopf indexes in handlers.py): only those that
+#: carry JOB_LABEL, selected by the API server (see :func:`configure`).
+CHILD_RESOURCES = ("pods", "services", "configmaps")
+#: Objects per page of kopf's initial LIST of every watched resource (limit/continue).
+DEFAULT_LIST_CHUNK_SIZE = 500
 #: Where a pod finds its own namespace (the self-signed webhook's default KUBEDGX_WEBHOOK_NAMESPACE).
 SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
@@ -79,6 +85,10 @@ class WebhookConfig:
     #: garbage collector removes the configuration with the release instead of leaving a webhook
     #: that refuses every write (finalizer removals included) once no operator serves it.
     owner_cluster_role: str | None = None
+    #: Dry-run a job's children (worker 0, its Service and ConfigMap) against the apiserver at
+    #: admission, so that `kubectl apply` refuses a job whose pods PodSecurity or a missing
+    #: PriorityClass would refuse (admission.py); KUBEDGX_WEBHOOK_DRY_RUN=0 turns it off.
+    dry_run: bool = True
 
     @property
     def mode(self) -> WebhookMode:
@@ -117,6 +127,9 @@ class OperatorConfig:
     #: Seconds; an integer, since the API server rejects timeoutSeconds=300.0 with 400.
     watch_timeout: int = 300
     request_timeout: float = 30.0
+    #: kopf's initial LISTs ask for pages of this many objects, so that neither the API server nor
+    #: the operator builds one response of every object at once; 0: one unpaged LIST.
+    list_chunk_size: int = DEFAULT_LIST_CHUNK_SIZE
     webhook: WebhookConfig | None = None
     event_component: str = "kubedgx-operator"
     #: kopf's delays between retries of failed API calls, and the first delay of the
@@ -248,6 +261,7 @@ class _Env:
         service = self.name("KUBEDGX_WEBHOOK_SERVICE", _DNS_LABEL, 63, "Service name")
         namespace = self.name("KUBEDGX_WEBHOOK_NAMESPACE", _DNS_LABEL, 63, "namespace name")
         owner = self.name("KUBEDGX_WEBHOOK_OWNER_CLUSTERROLE", _DNS_SUBDOMAIN, 253, "ClusterRole name")
+        dry_run = self.flag("KUBEDGX_WEBHOOK_DRY_RUN") if self.text("KUBEDGX_WEBHOOK_DRY_RUN") else True
         if not port:
             return None
         if bool(certfile) != bool(pkeyfile):
@@ -290,6 +304,7 @@ class _Env:
             configuration=configuration or DEFAULT_WEBHOOK_CONFIGURATION,
             failure_policy=cast(FailurePolicy, policy),
             owner_cluster_role=owner if self_signed else None,
+            dry_run=dry_run,
         )
 
 
@@ -302,7 +317,17 @@ def _own_namespace() -> str | None:
 
 
 def configure(settings: kopf.OperatorSettings, config: OperatorConfig) -> None:
-    """Our finalizer and annotation prefix, bounded watches and requests, quick error backoffs.
+    """Our finalizer and annotation prefix, bounded watches and requests, quick error backoffs, and
+    watches of children that scale with kubedgx's objects rather than with the cluster's.
+
+    The handlers' ``labels=`` filters are applied by kopf after it has received an object: without a
+    server-side selector, kopf lists and watches every pod, Service and ConfigMap of the cluster and
+    keeps per-object state for each (thousands of other workloads' pods in a real cluster). So the API
+    server is asked for only those with our job label, on the initial LIST and on every WATCH; the
+    handlers keep their client-side filters as well. The selector is keyed by group and version
+    (core v1) so that it never narrows a custom resource that happens to share a plural. The initial
+    LISTs (children, jobs, mounts) are paged, which bounds the size of each response.
+
     The webhook server is set up by the startup handler (it needs the API client in self-signed mode)."""
     # The controller adds and removes our finalizer itself (one write, no diff-base annotation);
     # kopf's own, should any handler ever need one, gets our prefix too.
@@ -317,6 +342,9 @@ def configure(settings: kopf.OperatorSettings, config: OperatorConfig) -> None:
     settings.watching.server_timeout = config.watch_timeout
     settings.watching.client_timeout = config.watch_timeout + 30
     settings.watching.connect_timeout = 10
+    for plural in CHILD_RESOURCES:
+        settings.watching.label_selectors["", "v1", plural] = JOB_LABEL
+    settings.watching.chunk_size = config.list_chunk_size or None
     settings.networking.request_timeout = config.request_timeout
     settings.networking.connect_timeout = 10
     settings.networking.error_backoffs = config.error_backoffs
