@@ -3,6 +3,7 @@
     python benchmarks/operator_scale.py            # N = 1, 100, 1000
     python benchmarks/operator_scale.py 1 100      # chosen sizes
     python benchmarks/operator_scale.py --cluster 100 1000   # on the real control plane (tests/cluster)
+    python benchmarks/operator_scale.py --unrelated 0        # without the cluster's other pods
 
 For each N, two runs side by side on fresh emulators (tests/integration/emulator.py):
 
@@ -11,9 +12,16 @@ For each N, two runs side by side on fresh emulators (tests/integration/emulator
 - operator: `kubedgx operator` in a subprocess (the real CLI, standalone), the N jobs created at
   once, until every job has its 8 pods and a status that says so (workers.active == 8).
 
-Reported: seconds to done for both and their ratio; the operator's peak RSS (VmHWM); its write
-amplification = writes it made / minimum writes (N x 11), with and without the Kubernetes Events it
-posts. Targets: amplification <= 1.2, time ratio <= 2, RSS < 250 MB at N = 1000.
+Both runs start on an API server that already holds ``--unrelated`` pods (default 5,000) that are no
+business of kubedgx: ordinary workload pods (three containers, env, probes, volumes, a Running
+status), spread over four other namespaces and the jobs' own. The operator watches every namespace
+(``-A``, the chart's default), so each of those pods is in its scope unless it filters them out
+server-side; the baseline never reads them.
+
+Reported: seconds to done for both and their ratio; the operator's peak RSS (VmHWM); seconds from
+its start until its watches are open ("ready"); its write amplification = writes it made / minimum
+writes (N x 11), with and without the Kubernetes Events it posts. Targets: amplification <= 1.2,
+time ratio <= 2, RSS < 200 MB at N = 1000 with the 5,000 unrelated pods.
 
 ``--cluster``: the same two clients on a real Kubernetes control plane (tests/cluster/controlplane.py:
 etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok), one fresh cluster per N with
@@ -66,6 +74,9 @@ from tests.e2e.kubectl import Kubectl  # noqa: E402
 from tests.integration.emulator import Emulator  # noqa: E402
 
 NAMESPACE = "bench"
+#: Where the unrelated pods live: the jobs' namespace and four others, round-robin.
+UNRELATED_NAMESPACES = (NAMESPACE, "team-a", "team-b", "team-c", "team-d")
+DEFAULT_UNRELATED = 5000
 WORKERS = 8
 MIN_WRITES_PER_JOB = WORKERS + 3  # pods + Service + ConfigMap + one status write
 TIMEOUT = 900.0
@@ -107,14 +118,128 @@ def kubeconfig(api: Emulator, directory: Path) -> Path:
     return path
 
 
+def unrelated_pod(i: int, namespace: str) -> dict[str, Any]:
+    """A Running pod of someone else's Deployment, as a cluster is full of: no kubedgx label, the size
+    of a real workload pod (an app, a proxy sidecar and a log shipper; env, probes, a few volumes;
+    once stored with the API server's defaults and a status, about 6 KB of JSON)."""
+    app = f"web-{i % 50:02d}"
+    env = [{"name": f"APP_SETTING_{k}", "value": f"value-{k}-{app}"} for k in range(8)] + [
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+    ]
+    probe = {"httpGet": {"path": "/healthz", "port": 8080}, "periodSeconds": 10, "failureThreshold": 3}
+    resources = {"requests": {"cpu": "250m", "memory": "256Mi"}, "limits": {"cpu": "1", "memory": "512Mi"}}
+    mounts = [{"name": "config", "mountPath": "/etc/app"}, {"name": "tmp", "mountPath": "/tmp"}]
+    containers = [
+        {
+            "name": "app",
+            "image": f"registry.example/{app}:1.4.2",
+            "ports": [{"name": "http", "containerPort": 8080}],
+            "env": env,
+            "resources": resources,
+            "readinessProbe": probe,
+            "livenessProbe": probe,
+            "volumeMounts": mounts,
+        },
+        {
+            "name": "proxy",
+            "image": "registry.example/envoy:1.31.0",
+            "args": ["--config-path", "/etc/envoy/envoy.yaml", "--log-level", "warn"],
+            "ports": [{"name": "proxy", "containerPort": 15001}],
+            "resources": resources,
+            "volumeMounts": [{"name": "envoy", "mountPath": "/etc/envoy"}],
+        },
+        {
+            "name": "logs",
+            "image": "registry.example/fluent-bit:3.1.0",
+            "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "128Mi"}},
+            "volumeMounts": [{"name": "tmp", "mountPath": "/tmp", "readOnly": True}],
+        },
+    ]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": f"{app}-7d9f8c6b5-{i:05d}",
+            "namespace": namespace,
+            "labels": {"app": app, "pod-template-hash": "7d9f8c6b5", "tier": "frontend"},
+            "annotations": {"prometheus.io/scrape": "true", "prometheus.io/port": "8080"},
+            "ownerReferences": [
+                {
+                    "apiVersion": "apps/v1",
+                    "kind": "ReplicaSet",
+                    "name": f"{app}-7d9f8c6b5",
+                    "uid": f"00000000-0000-4000-8000-{i % 50:012d}",
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+        },
+        "spec": {
+            "containers": containers,
+            "volumes": [
+                {"name": "config", "configMap": {"name": f"{app}-config"}},
+                {"name": "envoy", "configMap": {"name": "envoy-config"}},
+                {"name": "tmp", "emptyDir": {}},
+            ],
+            "nodeName": f"node-{i % 200:03d}",
+        },
+    }
+
+
+def unrelated_status(pod: dict[str, Any], i: int) -> dict[str, Any]:
+    """What a kubelet reports for it: Running, every container ready."""
+    started = "2025-01-01T00:00:00Z"
+    conditions = [
+        {"type": t, "status": "True", "lastTransitionTime": started}
+        for t in ("PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady", "PodScheduled")
+    ]
+    statuses = [
+        {
+            "name": c["name"],
+            "image": c["image"],
+            "imageID": f"{c['image'].split(':')[0]}@sha256:{i:064d}",
+            "containerID": f"containerd://{i:064x}",
+            "ready": True,
+            "started": True,
+            "restartCount": 0,
+            "state": {"running": {"startedAt": started}},
+        }
+        for c in pod["spec"]["containers"]
+    ]
+    ip = f"10.{100 + i // 65536}.{i // 256 % 256}.{i % 256}"
+    return {
+        "phase": "Running",
+        "conditions": conditions,
+        "hostIP": f"192.168.0.{i % 200}",
+        "podIP": ip,
+        "podIPs": [{"ip": ip}],
+        "startTime": started,
+        "qosClass": "Burstable",
+        "containerStatuses": statuses,
+    }
+
+
+def add_unrelated(api: Emulator, count: int) -> None:
+    """``count`` unrelated pods, stored (with a status) before either run starts."""
+    for name in UNRELATED_NAMESPACES:
+        if api.get("namespaces", None, name) is None:
+            api.create_namespace(name)
+    for i in range(count):
+        namespace = UNRELATED_NAMESPACES[i % len(UNRELATED_NAMESPACES)]
+        pod = api.create("pods", unrelated_pod(i, namespace))
+        api.patch_status("pods", namespace, pod["metadata"]["name"], unrelated_status(pod, i))
+
+
 def reported(job: Any) -> bool:
     return bool(((job.get("status") or {}).get("workers") or {}).get("active") == WORKERS)
 
 
-def done(api: Emulator, n: int) -> bool:
+def done(api: Emulator, n: int, unrelated: int) -> bool:
     """Every job has its pods and a status that says so. Re-checked after every change, so the
-    cheap test (a count) goes first; the emulator holds only this run's objects."""
-    return api.count("pods") >= n * WORKERS and api.count("dgxtrainingjobs", NAMESPACE, reported) >= n
+    cheap test (a count) goes first; the emulator holds only this run's objects and the
+    ``unrelated`` pods, which nothing deletes."""
+    return api.count("pods") >= n * WORKERS + unrelated and api.count("dgxtrainingjobs", NAMESPACE, reported) >= n
 
 
 def writes(api: Emulator, since: int) -> tuple[int, int]:
@@ -156,11 +281,12 @@ async def minimal_writes(core: Any, custom: Any, catalog: Catalog, body: Any) ->
     )
 
 
-async def baseline(n: int) -> dict[str, float]:
+async def baseline(n: int, unrelated: int) -> dict[str, float]:
     catalog = Catalog.load()
     async with Emulator(keep_requests=False) as api, kmock.Server(api):
         api.install_crds(sorted((ROOT / "crds").glob("*.yaml")))
         api.create_namespace(NAMESPACE)
+        add_unrelated(api, unrelated)
         with tempfile.TemporaryDirectory() as tmp:
             configuration = client.Configuration()
             path = str(kubeconfig(api, Path(tmp)))
@@ -177,7 +303,7 @@ async def baseline(n: int) -> dict[str, float]:
                     await minimal_writes(core, custom, catalog, body)
 
                 await asyncio.gather(*(one(i) for i in range(n)))
-                await api.wait_for(lambda: done(api, n), timeout=TIMEOUT)
+                await api.wait_for(lambda: done(api, n, unrelated), timeout=TIMEOUT)
                 elapsed = time.perf_counter() - start
                 total, _ = writes(api, mark)
     return {"seconds": elapsed, "writes": total}
@@ -198,12 +324,14 @@ def rss_mb(pid: int, field: str = "VmHWM") -> float:
     return float("nan")
 
 
-async def operator(n: int) -> dict[str, float]:
+async def operator(n: int, unrelated: int) -> dict[str, float]:
     async with Emulator(keep_requests=False) as api, kmock.Server(api):
         api.install_crds(sorted((ROOT / "crds").glob("*.yaml")))
         api.create_namespace(NAMESPACE)
+        add_unrelated(api, unrelated)
         with tempfile.TemporaryDirectory() as tmp:
             env = {**os.environ, "KUBECONFIG": str(kubeconfig(api, Path(tmp)))}
+            launched = time.perf_counter()
             proc = subprocess.Popen(
                 [
                     sys.executable,
@@ -211,8 +339,7 @@ async def operator(n: int) -> dict[str, float]:
                     "dgx_operator.cli",
                     "operator",
                     "--standalone",
-                    "-n",
-                    NAMESPACE,
+                    "-A",
                     "--liveness",
                     f"http://127.0.0.1:{free_port()}/healthz",
                 ],
@@ -221,13 +348,17 @@ async def operator(n: int) -> dict[str, float]:
                 stderr=open(Path(tmp) / "operator.log", "w"),  # noqa: SIM115
             )
             try:
-                # Ready when its watches are open: kopf lists and watches both kinds of child.
-                await api.wait_for(lambda: api.open_watches("dgxtrainingjobs") and api.open_watches("pods"), timeout=60)
+                # Ready when its watches are open: kopf lists and watches both kinds of child (all it
+                # lists is handled first, so an operator that lists the cluster's pods is late here).
+                await api.wait_for(
+                    lambda: api.open_watches("dgxtrainingjobs") and api.open_watches("pods"), timeout=TIMEOUT
+                )
+                ready = time.perf_counter() - launched
                 mark = len(api.log)
                 start = time.perf_counter()
                 for i in range(n):
                     api.create("dgxtrainingjobs", job_manifest(i), namespace=NAMESPACE)
-                await api.wait_for(lambda: done(api, n), timeout=TIMEOUT)
+                await api.wait_for(lambda: done(api, n, unrelated), timeout=TIMEOUT)
                 elapsed = time.perf_counter() - start
                 # kopf posts Events in the background: count the writes once each job's first
                 # Event (its WorkersPending transition) has arrived, so none is missed.
@@ -240,7 +371,7 @@ async def operator(n: int) -> dict[str, float]:
             finally:
                 proc.terminate()
                 proc.wait(timeout=30)
-    return {"seconds": elapsed, "writes": total, "writes_no_events": without_events, "rss_mb": rss}
+    return {"seconds": elapsed, "writes": total, "writes_no_events": without_events, "rss_mb": rss, "ready": ready}
 
 
 # -- on the real control plane (--cluster) ---------------------------------------------------------
@@ -639,19 +770,20 @@ async def cluster_main(sizes: list[int], keep: Path | None) -> None:
         )
 
 
-async def main(sizes: list[int]) -> None:
+async def main(sizes: list[int], unrelated: int) -> None:
+    print(f"{unrelated} unrelated pods in {len(UNRELATED_NAMESPACES)} namespaces, the jobs' included", flush=True)
     print(
         f"{'N':>5} {'baseline s':>11} {'operator s':>11} {'time ratio':>10} {'writes':>7} {'minimum':>8} "
-        f"{'ampl.':>6} {'ampl. w/o events':>16} {'peak RSS MB':>11}"
+        f"{'ampl.':>6} {'ampl. w/o events':>16} {'peak RSS MB':>11} {'ready s':>7}"
     )
     for n in sizes:
-        base = await baseline(n)
-        op = await operator(n)
+        base = await baseline(n, unrelated)
+        op = await operator(n, unrelated)
         minimum = n * MIN_WRITES_PER_JOB
         print(
             f"{n:>5} {base['seconds']:>11.2f} {op['seconds']:>11.2f} {op['seconds'] / base['seconds']:>10.2f} "
             f"{op['writes']:>7.0f} {minimum:>8} {op['writes'] / minimum:>6.2f} "
-            f"{op['writes_no_events'] / minimum:>16.2f} {op['rss_mb']:>11.1f}",
+            f"{op['writes_no_events'] / minimum:>16.2f} {op['rss_mb']:>11.1f} {op['ready']:>7.1f}",
             flush=True,
         )
 
@@ -661,8 +793,19 @@ if __name__ == "__main__":
     parser.add_argument("sizes", nargs="*", type=int, help="values of N (default 1 100 1000; --cluster: 100 1000)")
     parser.add_argument("--cluster", action="store_true", help="on the real control plane of tests/cluster")
     parser.add_argument("--keep", type=Path, help="--cluster: keep each cluster's files (logs, audit log) here")
+    parser.add_argument(
+        "--unrelated",
+        type=int,
+        metavar="N",
+        help=f"pods without kubedgx labels stored before the runs (default {DEFAULT_UNRELATED}; not with --cluster)",
+    )
     args = parser.parse_args()
+    if args.unrelated is not None and args.unrelated < 0:
+        parser.error("--unrelated: a number of pods, 0 or more")
     if args.cluster:
+        if args.unrelated:
+            parser.error("--unrelated is for the emulator runs only")
         asyncio.run(cluster_main(args.sizes or [100, 1000], args.keep))
     else:
-        asyncio.run(main(args.sizes or [1, 100, 1000]))
+        unrelated = DEFAULT_UNRELATED if args.unrelated is None else args.unrelated
+        asyncio.run(main(args.sizes or [1, 100, 1000], unrelated))
