@@ -39,7 +39,17 @@ from pydantic import ValidationError
 
 from dgx_api.schema import Problem, join_path
 from dgx_operator.api import GROUP, VERSION, DGXDataMount, DGXTrainingJob
-from dgx_operator.kube import Kube, TransientError
+from dgx_operator.catalog import UnknownInstanceError
+from dgx_operator.kube import Kube, Refusal, TransientError, refusal, status_of
+from dgx_operator.render import (
+    BuildContext,
+    BuildError,
+    JobIdentity,
+    headless_service,
+    resolve,
+    trainer_config_map,
+    worker_pod,
+)
 from dgx_operator.settings import WebhookConfig
 from dgx_operator.validation import Validator, immutable_changes, object_label, reference_problems
 
@@ -87,6 +97,9 @@ MAX_REVIEW_BYTES = 2 * 3 * 2**20 + 2**20
 #: under the configuration's timeoutSeconds (10), so that a slow API server gets our answer (refused,
 #: retry) rather than the apiserver's timeout, which failurePolicy turns into something else.
 MOUNT_LOOKUP_TIMEOUT_S = 4.0
+#: How long a review waits for the apiserver's dry-run of a job's children (sent at once, after the
+#: mount lookups): with MOUNT_LOOKUP_TIMEOUT_S, still under the configuration's timeoutSeconds (10).
+DRY_RUN_TIMEOUT_S = 3.0
 #: Not the job's fault: retrying the same write may succeed (a dependency of the webhook failed).
 RETRY_CODE = 503
 
@@ -160,6 +173,13 @@ async def _review(
                     found.append((mount, 1))
         if not unchecked:
             problems += [p for key, p in reference_problems(validator.catalog, found) if key == 0]
+        if not problems and not unchecked and _dry_runs(memo):
+            mounts = {m["metadata"]["name"]: DGXDataMount.model_validate(m).spec for m, key in found if key == 1}
+            ctx = BuildContext(catalog=validator.catalog, defaults=memo.config.defaults(), data_mounts=mounts)
+            earlier = _previous_job(previous) if operation == "UPDATE" else None
+            denied, notes = await dry_run(memo.kube, job, ctx, earlier)
+            problems += denied
+            warnings += notes
     return problems, unchecked
 
 
@@ -208,6 +228,129 @@ def _unreadable(index: int, mount: dict[str, Any]) -> str | None:
             "re-apply the mount with a valid spec"
         )
     return None
+
+
+# -- the children, dry-run -------------------------------------------------------------------------
+
+
+def _dry_runs(memo: kopf.Memo) -> bool:
+    """A served webhook dry-runs children unless configured not to; a review without one (tests,
+    callers of :func:`review` with no WebhookConfig) or without a cluster client does not."""
+    config = memo.get("config")
+    hook = getattr(config, "webhook", None)
+    return "kube" in memo and isinstance(hook, WebhookConfig) and hook.dry_run
+
+
+def _previous_job(previous: dict[str, Any] | None) -> DGXTrainingJob | None:
+    """The stored job an UPDATE replaces, when this kubedgx can read it."""
+    if previous is None:
+        return None
+    try:
+        return DGXTrainingJob.model_validate(previous)
+    except ValidationError:
+        return None
+
+
+def children(job: DGXTrainingJob, ctx: BuildContext) -> list[tuple[str, dict[str, Any]]]:
+    """(what to call it, the object) of each child the operator creates first: the trainer ConfigMap,
+    the Service and worker 0, rendered by the operator's own builders, without ownerReferences (a
+    job being created has no uid yet, and the apiserver checks that an owner exists). Worker 0 only
+    when every DGXDataMount it references was found: without one it cannot be rendered, and the
+    job waits for the mount anyway."""
+    ident = JobIdentity.of(job)
+    r = resolve(job.spec, ctx.catalog)
+    out: list[tuple[str, dict[str, Any]]] = []
+    config = trainer_config_map(ident, job.spec)
+    if config is not None:
+        out.append((f"ConfigMap {config['metadata']['name']}", config))
+    service = headless_service(ident, r, ctx.defaults.master_port)
+    out.append((f"Service {service['metadata']['name']}", service))
+    if all(ref.name in ctx.data_mounts for ref in job.spec.data_mounts):
+        pod = worker_pod(ident, job.spec, 0, r, ctx)
+        out.append((f"worker pod {pod['metadata']['name']}", pod))
+    for _, obj in out:
+        obj["metadata"].pop("ownerReferences", None)
+    return out
+
+
+#: The answer to one dry-run: passed (None), the apiserver's refusal, or why it could not be asked.
+Answer = Refusal | str | None
+
+
+async def _ask(kube: Kube, obj: dict[str, Any]) -> Answer:
+    try:
+        await kube.dry_run_create(obj)
+    except ApiException as exc:
+        if exc.status == 409:  # the name is taken: checked after validation and admission, which passed
+            return None
+        found = refusal(exc)
+        return found if found is not None else f"HTTP {exc.status}: {status_of(exc)[1]}"
+    except Exception as exc:  # whatever else failed, the child is not checked: admitted without it
+        return _lookup_failure(exc)
+    return None
+
+
+def _waits(found: Refusal) -> bool:
+    """Refusals the cluster lifts without a change of the spec, which must not stop `kubectl apply`:
+    any of ResourceQuota's (exceeded, or not yet computed for a new quota: "status unknown for
+    quota"), and a ServiceAccount not created yet (applied after the job, or a namespace's
+    "default" in the moment after the namespace was made)."""
+    return found.kind == "quota" or "quota" in found.message or "error looking up service account" in found.message
+
+
+async def dry_run(
+    kube: Kube, job: DGXTrainingJob, ctx: BuildContext, previous: DGXTrainingJob | None = None
+) -> tuple[list[Problem], list[str]]:
+    """(problems, warnings): each child of :func:`children` created with ``dryRun=All``, all at once
+    and within DRY_RUN_TIMEOUT_S. A permanent refusal is a problem at ``spec`` quoting the apiserver;
+    on an UPDATE, only if the stored spec's same child is not refused as well: then the cause is the
+    cluster's (a namespace labelled for PodSecurity later, a PriorityClass deleted), and refusing
+    would pin the job, suspending it too. Everything else admits the job with a warning: quota, an
+    answer that retrying may change (5xx, 429, RBAC's 403 of the operator), no answer in time."""
+    problems: list[Problem] = []
+    warnings: list[str] = []
+    bound = asyncio.timeout(DRY_RUN_TIMEOUT_S)
+    try:
+        async with bound:
+            built = children(job, ctx)
+            answers = await asyncio.gather(*(_ask(kube, obj) for _, obj in built))
+            refused = [i for i, a in enumerate(answers) if isinstance(a, Refusal) and not _waits(a)]
+            before: dict[str, Answer] = {}
+            if refused and previous is not None:
+                try:
+                    old = dict(children(previous, ctx))
+                except (BuildError, UnknownInstanceError):  # the stored spec cannot be built now: no excuse
+                    old = {}
+                labels = [built[i][0] for i in refused if built[i][0] in old]
+                before = dict(zip(labels, await asyncio.gather(*(_ask(kube, old[k]) for k in labels)), strict=True))
+    except TimeoutError:
+        if not bound.expired():
+            raise
+        name = f"{job.metadata.namespace}/{job.metadata.name}"
+        log.warning("webhook: dry-run of the children of %s: no answer within %gs", name, DRY_RUN_TIMEOUT_S)
+        return [], [
+            f"spec: the apiserver did not answer the dry-run of the job's children within {DRY_RUN_TIMEOUT_S:g}s; "
+            "admitted without that check"
+        ]
+    for (label, _), answer in zip(built, answers, strict=True):
+        if answer is None:
+            continue
+        if isinstance(answer, str):
+            log.warning("webhook: could not dry-run %s: %s", label, answer)
+            warnings.append(f"spec: could not dry-run {label} ({answer}); admitted without that check")
+        elif _waits(answer):
+            warnings.append(
+                f"spec: the apiserver would not create {label} now: {answer.message}; admitted, since the "
+                "cluster lifts this without a change of the spec (quota freed, the ServiceAccount created)"
+            )
+        elif isinstance(before.get(label), Refusal):
+            warnings.append(
+                f"spec: the apiserver would refuse {label}: {answer.message} (it refuses the job's previous "
+                "spec too, so this change is not refused for it)"
+            )
+        else:
+            problems.append(Problem("spec", f"the apiserver would refuse {label}: {answer.message}"))
+    return problems, warnings
 
 
 def _without_status(obj: dict[str, Any]) -> dict[str, Any]:

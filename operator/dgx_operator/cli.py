@@ -302,6 +302,7 @@ OPERATOR_FLAGS = {
     "webhook_configuration": "KUBEDGX_WEBHOOK_CONFIGURATION",
     "webhook_failure_policy": "KUBEDGX_WEBHOOK_FAILURE_POLICY",
     "webhook_owner_clusterrole": "KUBEDGX_WEBHOOK_OWNER_CLUSTERROLE",
+    "webhook_dry_run": "KUBEDGX_WEBHOOK_DRY_RUN",
 }
 WEBHOOK_MODE_VARIABLES = (
     "KUBEDGX_WEBHOOK_CERT",
@@ -497,6 +498,12 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--webhook-namespace", metavar="NS", help="the Service's namespace (default: the operator's)")
     o.add_argument("--webhook-configuration", metavar="NAME", help="ValidatingWebhookConfiguration to manage (kubedgx)")
     o.add_argument("--webhook-failure-policy", choices=("Fail", "Ignore"), help="its failurePolicy (Fail)")
+    o.add_argument(
+        "--webhook-dry-run",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="dry-run a job's children against the apiserver at admission (on)",
+    )
     o.add_argument(
         "--webhook-owner-clusterrole",
         metavar="NAME",

@@ -250,6 +250,25 @@ class Kube:
             "delete it or rename the job"
         )
 
+    async def dry_run_create(self, obj: Mapping[str, Any]) -> None:
+        """Ask whether the apiserver would create a child (``dryRun=All``: validation and every
+        admission plugin and webhook run, nothing is stored). Returns when it would; a refusal is
+        raised as the ApiException it is, for :func:`refusal` to classify. 409 means the name is
+        taken, which the apiserver checks last: the object passed everything else."""
+        kind, namespace = obj["kind"], obj["metadata"]["namespace"]
+        create: Any = {
+            "Pod": self.core.create_namespaced_pod,
+            "Service": self.core.create_namespaced_service,
+            "ConfigMap": self.core.create_namespaced_config_map,
+        }[kind]
+        try:
+            await _unparsed(create(namespace, dict(obj), dry_run="All", _preload_content=False))
+        except ApiException as exc:
+            # Only the failures of the call itself count as API errors; a refusal is its answer.
+            if self.on_error is not None and exc.status != 409 and refusal(exc) is None:
+                self.on_error("create", exc.status)
+            raise
+
     async def delete_pod(self, namespace: str, name: str) -> bool:
         """Delete a pod; False if it was already gone."""
         try:

@@ -29,10 +29,14 @@ handling, which cannot be extended in place, with the API server's semantics:
   metadata.namespace and a few kind-specific fields), limit/continue. WATCH: ADDED/MODIFIED/DELETED for every
   write, resourceVersion replay, 410 Expired past the retained history, timeoutSeconds, bookmarks,
   sendInitialEvents, and selector transitions (an object leaving a watch's selector is DELETED for it).
+* Request bodies of up to 3 MiB, as the API server reads (aiohttp's own limit is 1 MiB); larger ones get 413.
 * Pods and Services get the API server's common defaults and admission additions (restartPolicy, dnsPolicy,
   imagePullPolicy, requests from limits, default tolerations, the service-account token volume; a cluster
   IP), since an operator comparing desired and stored specs meets them in a cluster; a pod's spec is
   immutable but for images, deadlines, tolerations and a first nodeName (422 otherwise).
+* ``dryRun=All`` on a create (POST): everything a create does (defaults, validation, the ``admission`` hooks),
+  the name checked last (409 after admission, as the API server orders it), then nothing stored: no
+  resourceVersion, no watch event. Other dryRun values answer 422. Not on updates, patches or deletes.
 * Pods get status.phase Pending on create; there is no scheduler or kubelet: tests play them
   (:meth:`Emulator.patch_status`). DELETE removes a pod at once unless it has finalizers, or unless
   ``hold_pod_deletion`` is set: then it stays Terminating until :meth:`Emulator.finish_pod_deletion`.
@@ -45,8 +49,8 @@ and ``delete`` replace kmock's HTTP shortcuts of those names (raw HTTP: an aioht
 ``emulator.objects`` is kmock's record of every stored version, to read, not to write.
 
 Deliberately not emulated: authentication and RBAC (any token works); admission webhooks (a Python hook in
-``admission`` plays a validating webhook); server-side apply and managedFields; dryRun; strategic-merge list
-semantics (patchMergeKey, ``$patch``); defaulting, conversion, CEL cost limits; schemas
+``admission`` plays a validating webhook); server-side apply and managedFields; dryRun but on creates (above);
+strategic-merge list semantics (patchMergeKey, ``$patch``); defaulting, conversion, CEL cost limits; schemas
 of built-in kinds (only their names are checked); LIST at an older resourceVersion and list snapshots (a list is
 the current state; a continue token pages through the current state); the orphan finalizer (Orphan drops the
 owner references at once); the asynchrony of the garbage collector and namespace controller (here they act
@@ -627,6 +631,9 @@ _NAMESPACE_FINALIZER = "kubernetes"
 _CRD_FINALIZER = "customresourcecleanup.apiextensions.k8s.io"
 _FOREGROUND = "foregroundDeletion"
 
+#: The largest request body the API server reads (its MaxRequestBodyBytes, 3 MiB); more is answered 413.
+MAX_REQUEST_BYTES = 3 * 2**20
+
 #: A validating admission hook: (operation "CREATE"/"UPDATE", kind, new object, old object or None).
 #: Raise :class:`ApiError` to deny the request.
 AdmissionHook = Callable[[str, Kind, Body, Body | None], None]
@@ -1026,7 +1033,9 @@ class Emulator(kmock.KubernetesEmulator):
     # Create, update, patch
     # ----------------------------------------------------------------------------------------
 
-    def _create(self, kind: Kind, namespace: str | None, body: Any, validation: str) -> tuple[Body, list[str]]:
+    def _create(
+        self, kind: Kind, namespace: str | None, body: Any, validation: str, *, dry_run: bool = False
+    ) -> tuple[Body, list[str]]:
         if not isinstance(body, dict) or not isinstance(body.setdefault("metadata", {}), dict):
             raise bad_request("the body of the request is not a JSON object with metadata")
         self._check_type(kind, body)
@@ -1044,7 +1053,8 @@ class Emulator(kmock.KubernetesEmulator):
             meta["name"] = self._generate_name(kind, namespace, str(meta["generateName"]))
         name = meta.get("name")
         self._check_name(kind, name)
-        if self._current(kind, namespace, name) is not None:
+        exists = self._current(kind, namespace, name) is not None
+        if exists and not dry_run:
             raise already_exists(kind, name)
         for key in (*_SYSTEM_META, "resourceVersion", "selfLink", "managedFields"):
             meta.pop(key, None)
@@ -1055,6 +1065,12 @@ class Emulator(kmock.KubernetesEmulator):
             body.pop("status", None)  # status is ignored on create where it is a subresource
         self._initialize(kind, body)
         warnings = self._admit("CREATE", kind, body, None, validation)
+        if dry_run:
+            # As the API server's dry-run: validation and admission ran; the name is checked last; nothing
+            # is stored, no resourceVersion is used, no watch hears of it.
+            if exists:
+                raise already_exists(kind, name)
+            return body, warnings
         self._commit(kind, "ADDED", body, None)
         if kind.plural == "customresourcedefinitions":
             self._register_crd(body)
@@ -1543,6 +1559,8 @@ class Emulator(kmock.KubernetesEmulator):
         kmock 0.8's path parser raises ValueError on ``/api/v1/namespaces`` (kopf lists namespaces), which kmock
         answers with a 500 before any reaction sees the request.
         """
+        # Bodies of up to the API server's limit (aiohttp's default is 1 MiB): a pod of 2 MiB is a pod.
+        raw_request = raw_request.clone(client_max_size=MAX_REQUEST_BYTES)
         body = await raw_request.read()
         route = parse_route(raw_request.path)
         group_only = re.fullmatch(r"/apis/([^/]+)/?", raw_request.path)
@@ -1676,7 +1694,11 @@ class Emulator(kmock.KubernetesEmulator):
         if verb == "list":
             return self._list(kind, namespace, params), 200, []
         if verb == "create" and name is None:
-            obj, warnings = self._create(kind, namespace, data, validation)
+            dry_run = params.get("dryRun")
+            if dry_run not in (None, "All"):
+                message = f'CreateOptions.meta.k8s.io "" is invalid: dryRun: Unsupported value: ["{dry_run}"]: '
+                raise ApiError(422, "Invalid", message + 'supported values: "All"')
+            obj, warnings = self._create(kind, namespace, data, validation, dry_run=dry_run == "All")
             return obj, 201, warnings
         if verb == "update" and name:
             obj, warnings = self._update(kind, namespace, name, data, route.subresource, validation, put=True)

@@ -41,7 +41,7 @@ from dgx_operator import admission
 from dgx_operator.settings import OperatorConfig, WebhookConfig
 from tests.conftest import BASE_JOB, BASE_MOUNT, DELETE, with_changes
 from tests.integration.conftest import RunOperator
-from tests.integration.emulator import Emulator
+from tests.integration.emulator import ApiError, Emulator
 
 pytestmark = pytest.mark.asyncio
 
@@ -406,3 +406,74 @@ async def test_a_wrong_typed_status_does_not_block_a_spec_change(webhook: Webhoo
     await webhook.allowed(JOB_PATH, "UPDATE", with_changes(old, {"spec.elastic.maxNodes": 2}), old)
     old = with_changes(old, {"status": {"phase": 5}})
     await webhook.allowed(JOB_PATH, "UPDATE", with_changes(old, {"spec.instance": "dgxh100.80g.8.norm"}), old)
+
+
+# -- the children, dry-run against the API server ---------------------------------------------------------------
+
+BASELINE = (
+    'pods "job-worker-0" is forbidden: violates PodSecurity "baseline:latest": hostPath volumes (volume "data-0")'
+)
+
+
+def pod_security_baseline(operation: str, kind: Any, new: Body, old: Body | None) -> None:
+    """The emulator's stand-in for PodSecurity enforcing baseline in namespace ml: no hostPath volumes."""
+    if kind.plural == "pods" and new["metadata"]["namespace"] == "ml":
+        host_paths = [v["name"] for v in new["spec"].get("volumes", []) if "hostPath" in v]
+        if host_paths:
+            message = f'pods "{new["metadata"]["name"]}" is forbidden: violates PodSecurity "baseline:latest": '
+            raise ApiError(403, "Forbidden", message + f'hostPath volumes (volume "{host_paths[0]}")')
+
+
+def dry_runs(emulator: Emulator) -> list[tuple[str | None, str | None]]:
+    """(resource, namespace) of every dry-run create the emulator served."""
+    return [(c.resource, c.namespace) for c in emulator.calls("create") if c.params.get("dryRun") == "All"]
+
+
+async def test_a_job_has_its_children_dry_run_and_none_is_stored(webhook: Webhook, emulator: Emulator) -> None:
+    await webhook.allowed(JOB_PATH, "CREATE", stored(BASE_JOB))
+    assert dry_runs(emulator) == [("configmaps", "ml"), ("services", "ml"), ("pods", "ml")]
+    assert emulator.select("pods", "ml") == []
+    assert emulator.select("services", "ml") == []
+    assert emulator.select("configmaps", "ml", labels={"kubedgx.io/job-name": "job"}) == []
+
+
+async def test_a_job_whose_worker_the_api_server_refuses_is_refused_with_its_message(
+    webhook: Webhook, emulator: Emulator
+) -> None:
+    emulator.admission.append(pod_security_baseline)
+    job = stored(data_job("/output"))
+    await webhook.allowed(JOB_PATH, "CREATE", job)  # no mount yet: worker 0 cannot be rendered, nor refused
+    emulator.create("dgxdatamounts", BASE_MOUNT)  # an input mount: a hostPath cache on the node
+    assert await webhook.refused(JOB_PATH, "CREATE", job) == [
+        f"spec: the apiserver would refuse worker pod job-worker-0: {BASELINE}"
+    ]
+    # A mount cached on an ephemeral volume instead is fine under baseline.
+    emulator.patch("dgxdatamounts", "ml", "data", {"spec": {"cache": {"type": "pvc", "size": "10Gi"}}})
+    await webhook.allowed(JOB_PATH, "CREATE", job)
+
+
+async def test_a_worker_the_quota_or_the_api_server_cannot_take_now_admits_with_a_warning(
+    webhook: Webhook, emulator: Emulator
+) -> None:
+    quota = (
+        'pods "job-worker-0" is forbidden: exceeded quota: compute, requested: pods=1, used: pods=2, limited: pods=2'
+    )
+
+    def exhausted(operation: str, kind: Any, new: Body, old: Body | None) -> None:
+        if kind.plural == "pods":
+            raise ApiError(403, "Forbidden", quota)
+
+    emulator.admission.append(exhausted)
+    answer = await webhook.post(JOB_PATH, review_request("CREATE", stored(BASE_JOB)))
+    assert answer["response"]["allowed"] is True
+    (warning,) = answer["response"]["warnings"]
+    assert warning.startswith(f"spec: the apiserver would not create worker pod job-worker-0 now: {quota}; admitted")
+
+    emulator.admission.remove(exhausted)
+    emulator.fail("create", "services", code=500)
+    answer = await webhook.post(JOB_PATH, review_request("CREATE", stored(BASE_JOB)))
+    assert answer["response"]["allowed"] is True
+    assert answer["response"]["warnings"] == [
+        "spec: could not dry-run Service job (HTTP 500: injected 500 InternalError for POST "
+        "/api/v1/namespaces/ml/services); admitted without that check"
+    ]

@@ -325,6 +325,44 @@ async def test_admission_hooks_can_deny(emulator: Emulator) -> None:
     assert denied.value.code == 403
 
 
+async def test_a_dry_run_create_is_checked_and_admitted_but_never_stored(
+    http: aiohttp.ClientSession, emulator: Emulator
+) -> None:
+    """The webhook's dry-run of a job's children (kube.Kube.dry_run_create) meets the API server's order: the
+    admission hooks run, the name is checked after them, and nothing is written or watched."""
+    seen: list[str] = []
+
+    def no_host_path(operation: str, kind: Any, new: Body, old: Body | None) -> None:
+        seen.append(new["metadata"]["name"])
+        if kind.plural == "pods" and any("hostPath" in v for v in new["spec"].get("volumes", [])):
+            raise ApiError(403, "Forbidden", f'pods "{new["metadata"]["name"]}" is forbidden: hostPath volumes')
+
+    emulator.admission.append(no_host_path)
+    first = int(emulator.create("pods", pod("first"))["metadata"]["resourceVersion"])
+    code, created = await send(http, "POST", f"{PODS}?dryRun=All", pod("p"))
+    assert code == 201
+    assert created["metadata"]["uid"]
+    assert created["spec"]["restartPolicy"] == "Always"  # defaulted as a stored pod would be
+    assert emulator.get("pods", "ml", "p") is None
+    assert [c for c in emulator.calls("create", "pods") if c.params.get("dryRun") == "All"]
+    host_path = with_changes(pod("h"), {"spec.volumes": [{"name": "cache", "hostPath": {"path": "/raid"}}]})
+    code, status = await send(http, "POST", f"{PODS}?dryRun=All", host_path)
+    assert (code, status["message"]) == (403, 'pods "h" is forbidden: hostPath volumes')
+    emulator.create("pods", pod("taken"))
+    code, status = await send(http, "POST", f"{PODS}?dryRun=All", host_path | {"metadata": {"name": "taken"}})
+    assert code == 403  # admission first, as the API server orders it ...
+    code, status = await send(http, "POST", f"{PODS}?dryRun=All", pod("taken"))
+    assert (code, status["reason"]) == (409, "AlreadyExists")  # ... then the name
+    code, status = await send(http, "POST", f"{PODS}?dryRun=Some", pod("q"))
+    assert (code, status["reason"]) == (422, "Invalid")
+    assert emulator.get("pods", "ml", "q") is None
+    last = int(emulator.create("pods", pod("last"))["metadata"]["resourceVersion"])
+    assert seen == ["first", "p", "h", "taken", "taken", "taken", "last"]
+    # Only the real creates were written: the dry-runs took no resourceVersion (no write, no watch event).
+    assert int(emulator.get("pods", "ml", "taken")["metadata"]["resourceVersion"]) == first + 1
+    assert last == first + 2
+
+
 # --------------------------------------------------------------------------------------------
 # Deletion: finalizers, garbage collection, pods, namespaces
 # --------------------------------------------------------------------------------------------

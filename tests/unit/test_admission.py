@@ -8,18 +8,22 @@ dict, as :class:`dgx_operator.kube.Kube` answers from the cluster (None for 404)
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+import copy
+import json
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import kopf
 import pytest
 import yaml
+from kubernetes_asyncio.client.exceptions import ApiException
 
 from dgx_operator import admission
 from dgx_operator.catalog import Catalog
 from dgx_operator.render.names import FINALIZER
-from dgx_operator.settings import OperatorConfig
+from dgx_operator.settings import OperatorConfig, WebhookConfig
 from dgx_operator.validation import immutable_changes
 from tests.conftest import BASE_JOB, BASE_MOUNT, DELETE, with_changes
 
@@ -351,3 +355,287 @@ def test_removing_the_finalizer_of_a_deleting_job_is_never_refused(cause: str, t
     )
     new = edited(old, {"metadata.finalizers": []})
     assert review(new, old, "UPDATE", memo) is None
+
+
+# -- the children, dry-run against the apiserver --------------------------------------------------------------
+
+
+def status_error(code: int, reason: str, message: str) -> ApiException:
+    """An ApiException as kubernetes_asyncio raises it for an apiserver's answer: a metav1 Status body."""
+    exc = ApiException(status=code, reason=reason)
+    status = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": message, "reason": reason}
+    exc.body = json.dumps({**status, "code": code}).encode()
+    return exc
+
+
+POD_SECURITY = (
+    'pods "job-worker-0" is forbidden: violates PodSecurity "baseline:latest": hostPath volumes (volume "data-0")'
+)
+NO_PRIORITY_CLASS = 'pods "job-worker-0" is forbidden: no PriorityClass with name kubedgx-high was found'
+EXCEEDED_QUOTA = (
+    'pods "job-worker-0" is forbidden: exceeded quota: compute, requested: pods=1, used: pods=4, limited: pods=4'
+)
+RBAC = (
+    'pods is forbidden: User "system:serviceaccount:kubedgx:kubedgx" cannot create resource "pods" in API group "" '
+    'in the namespace "ml"'
+)
+
+
+class DryRunKube(FakeKube):
+    """A FakeKube that also answers ``dry_run_create`` as :class:`dgx_operator.kube.Kube` does: None when the
+    apiserver would create the object, else what ``refuse`` says it raises (an ApiException, another exception,
+    or ``HANG``: no answer ever)."""
+
+    HANG = object()
+
+    def __init__(
+        self,
+        refuse: Callable[[Body], BaseException | object | None] = lambda obj: None,
+        mounts: Mapping[tuple[str, str], Body] | None = None,
+    ) -> None:
+        super().__init__(mounts)
+        self.refuse = refuse
+        self.sent: list[Body] = []
+
+    async def dry_run_create(self, obj: Body) -> None:
+        self.sent.append(copy.deepcopy(obj))
+        answer = self.refuse(obj)
+        if answer is DryRunKube.HANG:
+            await asyncio.Event().wait()
+        if isinstance(answer, BaseException):
+            raise answer
+
+    def kinds(self) -> list[tuple[str, str]]:
+        return [(o["kind"], o["metadata"]["name"]) for o in self.sent]
+
+
+def serving(kube: FakeKube, *, dry_run: bool = True, **config: Any) -> kopf.Memo:
+    """The memo of an operator that serves the webhook (dry-runs are on by default)."""
+    hook = WebhookConfig(host="127.0.0.1", port=9443, insecure=True, dry_run=dry_run)
+    return memo_for(kube, OperatorConfig(webhook=hook, **config))
+
+
+def pods(answer: BaseException | object) -> Callable[[Body], BaseException | object | None]:
+    return lambda obj: answer if obj["kind"] == "Pod" else None
+
+
+def warned(body: Body, memo: kopf.Memo, old: Body | None = None, operation: str = "CREATE") -> list[str]:
+    """The warnings of a review that let ``body`` through (fails the test if it refused)."""
+    warnings: list[str] = []
+    asyncio.run(admission.review(memo, body, old, operation, warnings))
+    return warnings
+
+
+def test_a_created_job_has_its_config_map_service_and_worker_0_dry_run_without_owner() -> None:
+    kube = DryRunKube()
+    assert warned(BASE_JOB, serving(kube)) == []
+    assert kube.kinds() == [("ConfigMap", "job-trainer"), ("Service", "job"), ("Pod", "job-worker-0")]
+    assert all("ownerReferences" not in o["metadata"] for o in kube.sent)
+    assert all(o["metadata"]["namespace"] == "ml" for o in kube.sent)
+    pod = kube.sent[2]
+    # The operator's own builders, with its own settings: the PriorityClass of spec.priority (normal).
+    assert pod["spec"]["priorityClassName"] == "kubedgx-normal"
+
+
+def status_of_refusal(body: Body, memo: kopf.Memo) -> tuple[int | None, str]:
+    error = review(body, memo=memo)
+    assert error is not None, "the job was allowed"
+    return error.code, str(error)
+
+
+@pytest.mark.parametrize(
+    ("error", "kind", "child"),
+    [
+        pytest.param(status_error(403, "Forbidden", POD_SECURITY), "Pod", "worker pod job-worker-0", id="pod-security"),
+        pytest.param(
+            status_error(403, "Forbidden", NO_PRIORITY_CLASS), "Pod", "worker pod job-worker-0", id="priority"
+        ),
+        pytest.param(
+            status_error(422, "Invalid", 'Service "job" is invalid: spec.ports[1]: Duplicate value: "23456/TCP"'),
+            "Service",
+            "Service job",
+            id="invalid",
+        ),
+        pytest.param(
+            status_error(400, "BadRequest", 'ConfigMap "job-trainer" is invalid: data: Too long'),
+            "ConfigMap",
+            "ConfigMap job-trainer",
+            id="bad-request",
+        ),
+    ],
+)
+def test_a_permanent_refusal_of_a_child_refuses_the_job_quoting_the_apiserver(
+    error: ApiException, kind: str, child: str
+) -> None:
+    kube = DryRunKube(lambda obj: error if obj["kind"] == kind else None)
+    code, message = status_of_refusal(BASE_JOB, serving(kube))
+    assert code == 422
+    assert message == f"spec: the apiserver would refuse {child}: {json.loads(error.body)['message']}"
+
+
+def test_the_refusal_is_invalid_and_names_the_child_as_in_the_docs() -> None:
+    kube = DryRunKube(pods(status_error(403, "Forbidden", POD_SECURITY)))
+    assert status_of_refusal(BASE_JOB, serving(kube)) == (
+        422,
+        "spec: the apiserver would refuse worker pod job-worker-0: " + POD_SECURITY,
+    )
+
+
+@pytest.mark.parametrize(
+    ("answer", "warning"),
+    [
+        pytest.param(
+            status_error(403, "Forbidden", EXCEEDED_QUOTA),
+            "spec: the apiserver would not create worker pod job-worker-0 now: " + EXCEEDED_QUOTA,
+            id="quota-exceeded",
+        ),
+        pytest.param(
+            status_error(403, "Forbidden", 'pods "job-worker-0" is forbidden: status unknown for quota: compute'),
+            "spec: the apiserver would not create worker pod job-worker-0 now:",
+            id="quota-not-computed-yet",
+        ),
+        pytest.param(
+            status_error(
+                403,
+                "Forbidden",
+                'pods "job-worker-0" is forbidden: error looking up service account ml/trainer: serviceaccount '
+                '"trainer" not found',
+            ),
+            "spec: the apiserver would not create worker pod job-worker-0 now:",
+            id="service-account-to-come",
+        ),
+        pytest.param(
+            status_error(403, "Forbidden", RBAC),
+            f"spec: could not dry-run worker pod job-worker-0 (HTTP 403: {RBAC}); admitted without that check",
+            id="rbac-of-the-operator",
+        ),
+        pytest.param(
+            status_error(500, "InternalError", "etcdserver: request timed out"),
+            "spec: could not dry-run worker pod job-worker-0 (HTTP 500: etcdserver: request timed out); admitted "
+            "without that check",
+            id="server-error",
+        ),
+        pytest.param(
+            status_error(429, "TooManyRequests", "too many requests"),
+            "spec: could not dry-run worker pod job-worker-0 (HTTP 429: too many requests)",
+            id="throttled",
+        ),
+        pytest.param(
+            aiohttp.ClientConnectionError("Cannot connect to host 10.96.0.1:443"),
+            "spec: could not dry-run worker pod job-worker-0 (Cannot connect to host 10.96.0.1:443)",
+            id="connection",
+        ),
+        pytest.param(
+            TimeoutError(),
+            "spec: could not dry-run worker pod job-worker-0 (the request to the API server timed out)",
+            id="client-timeout",
+        ),
+    ],
+)
+def test_what_the_spec_cannot_cure_admits_the_job_with_a_warning(answer: BaseException, warning: str) -> None:
+    kube = DryRunKube(pods(answer))
+    (line,) = warned(BASE_JOB, serving(kube))
+    assert line.startswith(warning)
+    assert "\n" not in line
+
+
+def test_a_taken_name_means_the_child_passed_and_says_nothing() -> None:
+    """409 AlreadyExists comes after validation and admission: on a job's UPDATE its children exist."""
+    exists = status_error(409, "AlreadyExists", 'pods "job-worker-0" already exists')
+    kube = DryRunKube(lambda obj: exists)
+    old = job_in("Running")
+    assert warned(edited(old, {"spec.elastic.maxNodes": 2}), serving(kube), old, "UPDATE") == []
+    assert len(kube.sent) == 3
+
+
+def test_no_answer_in_time_admits_the_job_with_a_warning(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(admission, "DRY_RUN_TIMEOUT_S", 0.05)
+    kube = DryRunKube(pods(DryRunKube.HANG))
+    assert warned(BASE_JOB, serving(kube)) == [
+        "spec: the apiserver did not answer the dry-run of the job's children within 0.05s; admitted without that check"
+    ]
+
+
+def test_an_update_is_refused_only_for_what_the_stored_spec_did_not_have_already() -> None:
+    """Raising spec.priority to a class that does not exist is the edit's fault; a namespace labelled for
+    PodSecurity after the job was made is not, and must not stop the job from being edited (suspended)."""
+    missing_high = DryRunKube(
+        lambda obj: (
+            status_error(403, "Forbidden", NO_PRIORITY_CLASS)
+            if obj["kind"] == "Pod" and obj["spec"].get("priorityClassName") == "kubedgx-high"
+            else None
+        )
+    )
+    old = job_in("Running")
+    new = edited(old, {"spec.priority": "high"})
+    error = review(new, old, "UPDATE", serving(missing_high))
+    assert error is not None
+    assert str(error) == "spec: the apiserver would refuse worker pod job-worker-0: " + NO_PRIORITY_CLASS
+    # The new spec's worker, then the stored spec's: only the refused child is asked about again.
+    assert [o["spec"].get("priorityClassName") for o in missing_high.sent if o["kind"] == "Pod"] == [
+        "kubedgx-high",
+        "kubedgx-normal",
+    ]
+
+    everything = DryRunKube(pods(status_error(403, "Forbidden", POD_SECURITY)))
+    (line,) = warned(edited(old, {"spec.suspend": True}), serving(everything), old, "UPDATE")
+    assert line == (
+        f"spec: the apiserver would refuse worker pod job-worker-0: {POD_SECURITY} (it refuses the job's "
+        "previous spec too, so this change is not refused for it)"
+    )
+    # A CREATE has no previous spec to excuse it.
+    assert review(with_changes(BASE_JOB, {"spec.suspend": True}), memo=serving(everything)) is not None
+
+
+def test_worker_0_is_dry_run_only_when_its_mounts_were_found() -> None:
+    """Without the mount the pod cannot be rendered (the job waits for it); with it, the pod carries its
+    hostPath cache, which is what PodSecurity baseline refuses."""
+    job = data_job("/output")
+    kube = DryRunKube()
+    assert warned(job, serving(kube)) == []
+    assert kube.kinds() == [("ConfigMap", "job-trainer"), ("Service", "job")]
+
+    kube = DryRunKube(mounts={("ml", "data"): BASE_MOUNT})
+    assert warned(job, serving(kube)) == []
+    pod = kube.sent[-1]
+    assert pod["kind"] == "Pod"
+    assert [v["name"] for v in pod["spec"]["volumes"] if "hostPath" in v] == ["data-0"]
+
+
+def test_a_command_job_has_no_config_map_to_dry_run() -> None:
+    kube = DryRunKube()
+    assert warned(command_job(), serving(kube)) == []
+    assert kube.kinds() == [("Service", "job"), ("Pod", "job-worker-0")]
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["switched-off", "invalid-job", "metadata-only-update", "delete", "mount", "no-webhook-config"],
+)
+def test_no_dry_run_when_it_is_off_or_has_nothing_to_add(case: str) -> None:
+    kube = DryRunKube(lambda obj: status_error(403, "Forbidden", POD_SECURITY))
+    old = job_in("Running")
+    if case == "switched-off":
+        assert review(BASE_JOB, memo=serving(kube, dry_run=False)) is None
+    elif case == "invalid-job":  # its own problems are the answer; the children would only repeat them
+        assert refusal(with_changes(BASE_JOB, {"spec.elastic.minNodes": 0}), memo=serving(kube)).startswith(
+            "spec.elastic.minNodes:"
+        )
+    elif case == "metadata-only-update":
+        assert review(edited(old, {"metadata.labels": {"team": "nlp"}}), old, "UPDATE", serving(kube)) is None
+    elif case == "delete":
+        assert review(old, old, "DELETE", serving(kube)) is None
+    elif case == "mount":
+        assert review(BASE_MOUNT, memo=serving(kube)) is None
+    else:
+        assert review(BASE_JOB, memo=memo_for(kube)) is None
+    assert kube.sent == []
+
+
+def test_the_dry_run_follows_the_operators_priority_classes() -> None:
+    """The same mapping as the operator's: a priority the admin mapped to no class sends no priorityClassName."""
+    kube = DryRunKube()
+    memo = serving(kube, priority_classes={"normal": "team-normal"})
+    assert warned(with_changes(BASE_JOB, {"spec.priority": "normal"}), memo) == []
+    assert warned(with_changes(BASE_JOB, {"spec.priority": "high"}), memo) == []
+    assert [o["spec"].get("priorityClassName") for o in kube.sent if o["kind"] == "Pod"] == ["team-normal", None]

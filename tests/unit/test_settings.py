@@ -206,6 +206,25 @@ def test_flags_override_the_variables() -> None:
     assert (self_signed.mode, self_signed.certfile, self_signed.dns_names[0]) == ("self-signed", None, "hook.ops.svc")
 
 
+def test_the_dry_run_of_children_is_on_unless_turned_off_by_variable_or_flag() -> None:
+    env = {"KUBEDGX_WEBHOOK_PORT": "9443", "KUBEDGX_WEBHOOK_INSECURE": "1"}
+
+    def dry_run(config: OperatorConfig) -> bool:
+        assert config.webhook is not None
+        return config.webhook.dry_run
+
+    assert dry_run(parse(**env)) is True
+    assert dry_run(parse(**env, KUBEDGX_WEBHOOK_DRY_RUN="")) is True
+    assert dry_run(parse(**env, KUBEDGX_WEBHOOK_DRY_RUN="0")) is False
+    assert dry_run(parse(**env, KUBEDGX_WEBHOOK_DRY_RUN="true")) is True
+    assert dry_run(flags_over(env, "--no-webhook-dry-run")) is False
+    assert dry_run(flags_over({**env, "KUBEDGX_WEBHOOK_DRY_RUN": "0"}, "--webhook-dry-run")) is True
+    assert dry_run(flags_over({**env, "KUBEDGX_WEBHOOK_DRY_RUN": "off"})) is False
+    assert refused(**env, KUBEDGX_WEBHOOK_DRY_RUN="sometimes") == (
+        "KUBEDGX_WEBHOOK_DRY_RUN: must be 1 or 0 (true/false), got 'sometimes'"
+    )
+
+
 @pytest.mark.parametrize(
     ("env", "argv", "expected"),
     [
