@@ -32,7 +32,7 @@ from dgx_operator.reconcile.planner import UNREADABLE, Event, MountState, Observ
 from dgx_operator.reconcile.pods import PodView, slim
 from dgx_operator.reconcile.stored import parse_stored
 from dgx_operator.render import BuildContext
-from dgx_operator.render.names import FINALIZER, config_map_name, service_name
+from dgx_operator.render.names import FINALIZER, JOB_LABEL, config_map_name, detached_value, service_name
 from dgx_operator.render.resolved import Defaults
 
 log = logging.getLogger("kubedgx")
@@ -84,12 +84,15 @@ class Expectations:
 
     created: dict[str, tuple[float, dict[str, Any]]] = field(default_factory=dict)
     deleted: dict[str, float] = field(default_factory=dict)
+    #: Pods relabelled "<job>.detached" whose new label the cache may not show yet.
+    detached: dict[str, float] = field(default_factory=dict)
 
     def settle(self, present: set[str], now: float) -> None:
         """Drop what the caches now show (or what is older than the TTL: then a lost event must
         not pin a phantom child forever; the next create simply answers 409)."""
         self.created = {k: v for k, v in self.created.items() if k not in present and now - v[0] < EXPECTATION_TTL}
         self.deleted = {k: t for k, t in self.deleted.items() if k in present and now - t < EXPECTATION_TTL}
+        self.detached = {k: t for k, t in self.detached.items() if now - t < EXPECTATION_TTL}
 
 
 PodSource = Callable[[str, str], list[Mapping[str, Any]]]
@@ -204,7 +207,8 @@ class Controller(ReconcileLoop):
     async def observe(self, key: Key, job: DGXTrainingJob) -> tuple[Observed, dict[str, Any], dict[str, str]]:
         """Children from the caches, corrected by this process's expectations; mounts read fresh."""
         namespace, name = key
-        raw = list(self.pods_of(namespace, name))
+        # Pods let go of (see Plan.detach) still hold their names: the planner must see them.
+        raw = [*self.pods_of(namespace, name), *self.pods_of(namespace, detached_value(name))]
         present = {f"Pod/{p['metadata']['name']}" for p in raw}
         if self.has_service(namespace, service_name(name)):
             present.add(f"Service/{service_name(name)}")
@@ -273,6 +277,11 @@ class Controller(ReconcileLoop):
                 kept = slim(obj) if obj["kind"] == "Pod" else {}
                 exp.created[f"{obj['kind']}/{obj['metadata']['name']}"] = (time.monotonic(), kept)
 
+        # A stuck pod leaves the job's Service (DNS) before its replacement starts.
+        for pod in result.detach:
+            if f"Pod/{pod}" not in exp.detached:
+                await self.kube.patch_pod_labels(namespace, pod, {JOB_LABEL: detached_value(name)})
+                exp.detached[f"Pod/{pod}"] = time.monotonic()
         # The ConfigMap and Service first (workers mount and resolve them), then the workers all at
         # once, as the Job controller does; every success is remembered even if another fails.
         shared = [o for o in result.create if o["kind"] != "Pod"]

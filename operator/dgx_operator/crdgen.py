@@ -79,6 +79,19 @@ KINDS: tuple[Kind, ...] = (
                 "description": "Restarts counted against backoffLimit.",
             },
             {
+                "name": "Reason",
+                "type": "string",
+                "jsonPath": '.status.conditions[?(@.type=="Running")].reason',
+                "description": "Why the job is in its phase (the Running condition's reason, e.g. ImagePullBackOff).",
+            },
+            {
+                "name": "Message",
+                "type": "string",
+                "jsonPath": '.status.conditions[?(@.type=="Running")].message',
+                "priority": 1,
+                "description": "The Running condition's message: which worker waits for what.",
+            },
+            {
                 "name": "Step",
                 "type": "integer",
                 "jsonPath": ".status.progress.step",

@@ -269,6 +269,25 @@ class Kube:
                 self.on_error("create", exc.status)
             raise
 
+    async def patch_pod_labels(self, namespace: str, name: str, labels: Mapping[str, str | None]) -> bool:
+        """Merge ``labels`` into a pod's (None removes one); False if the pod is gone. Allowed on a
+        pod being deleted: metadata stays writable until the object is removed."""
+        try:
+            await _unparsed(
+                self.core.patch_namespaced_pod(
+                    name,
+                    namespace,
+                    {"metadata": {"labels": dict(labels)}},
+                    _content_type=MERGE_PATCH,  # type: ignore[call-arg]
+                    _preload_content=False,
+                )
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            self._raise("patch", exc, f"patch pod {namespace}/{name}")
+        return True
+
     async def delete_pod(self, namespace: str, name: str) -> bool:
         """Delete a pod; False if it was already gone."""
         try:

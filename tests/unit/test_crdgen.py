@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from collections.abc import Iterator, Mapping
@@ -150,8 +151,13 @@ def test_crd_shape(kind: Kind) -> None:
 
 
 def schema_at(root: Node, json_path: str) -> Node | None:
+    """The schema node a printer column's JSONPath reads; a filter (``[?(@.type=="Running")]``) on
+    a list selects items, so it is checked against the items' properties and then dropped."""
     node: Node | None = root
-    for part in json_path.strip(".").split("."):
+    for filtered in re.findall(r"\[\?\(@\.(\w+)==", json_path):
+        if schema_at(root, re.sub(r"\[\?.*", "", json_path) + "." + filtered) is None:
+            return None
+    for part in re.sub(r"\[\?\([^]]*\)\]", "", json_path).strip(".").split("."):
         if node is None:
             return None
         while node.get("type") == "array":
@@ -173,10 +179,10 @@ def test_printer_columns_point_at_typed_fields(kind: Kind) -> None:
         assert node["type"] == col["type"], col
 
 
-def test_job_columns_show_phase_instance_nodes_restarts_age() -> None:
+def test_job_columns_show_phase_instance_nodes_restarts_reason_age() -> None:
     job = next(k for k in KINDS if k.kind == "DGXTrainingJob")
     names = [c["name"] for c in crd(job)["spec"]["versions"][0]["additionalPrinterColumns"] if "priority" not in c]
-    assert names == ["Phase", "Instance", "Nodes", "Restarts", "Age"]
+    assert names == ["Phase", "Instance", "Nodes", "Restarts", "Reason", "Age"]
 
 
 def all_rules(root: Node) -> Iterator[tuple[str, dict[str, str]]]:

@@ -89,7 +89,7 @@ def _terminated(code: int, reason: str, message: str | None) -> dict[str, Any]:
         "exitCode": code,
         "reason": reason,
         "startedAt": "2025-03-01T12:00:00Z",
-        "finishedAt": "2025-03-01T12:30:00Z",
+        "finishedAt": "2025-03-01T12:00:00Z",  # T0: before any restart a test decides
     }
     if message is not None:
         out["message"] = message
@@ -209,11 +209,17 @@ def make_pod(
     attempt: int | None = None,
     exit_code: int | None = None,
     message: str | None = None,
-    terminating: bool = False,
+    terminating: bool | datetime = False,
     annotations: Mapping[str, str] | None = None,
     owner: Mapping[str, Any] | None = None,
+    disruption_target: str | None = None,
+    name: str | None = None,
+    finished: datetime | None = None,
 ) -> dict[str, Any]:
-    """A realistic worker pod of ``job``: the builders' output plus a status for ``state``."""
+    """A realistic worker pod of ``job``: the builders' output plus a status for ``state``.
+
+    ``terminating``: True for a pod being deleted whose grace period ends long after every step of
+    these tests (its kubelet is fine), or the deletionTimestamp (the end of the grace period)."""
     if attempt is None:
         attempt = job.status.attempt if job.status is not None else 0
     pod = worker_pod(JobIdentity.of(job), job.spec, index, resolve(job.spec, ctx.catalog), ctx, attempt=attempt)
@@ -222,10 +228,21 @@ def make_pod(
     pod["metadata"]["annotations"].update(annotations or {})
     if owner is not None:
         pod["metadata"]["ownerReferences"] = [dict(owner)]
+    if name is not None:
+        pod["metadata"]["name"] = name
     if terminating:
-        pod["metadata"]["deletionTimestamp"] = "2025-03-01T12:00:30Z"
+        end = terminating if isinstance(terminating, datetime) else T0 + timedelta(days=1)
+        pod["metadata"]["deletionTimestamp"] = end.strftime("%Y-%m-%dT%H:%M:%SZ")
         pod["metadata"]["deletionGracePeriodSeconds"] = 120
     pod["status"] = pod_status(state, index, exit_code, message)
+    if finished is not None:
+        for c in pod["status"].get("containerStatuses") or []:
+            if "terminated" in c["state"]:
+                c["state"]["terminated"]["finishedAt"] = finished.strftime("%Y-%m-%dT%H:%M:%SZ")
+    if disruption_target is not None:
+        pod["status"].setdefault("conditions", []).append(
+            {"type": "DisruptionTarget", "status": "True", "reason": disruption_target}
+        )
     return pod
 
 
@@ -755,9 +772,9 @@ TABLE: list[tuple[str, str, Expect]] = [
     # Pending
     ("Pending", "all_running", E("Running", "AllWorkersRunning", events=["AllWorkersRunning"])),
     ("Pending", "min_running", E("Running", "ElasticMinimumRunning", events=["ElasticMinimumRunning"])),
-    ("Pending", "below_min", E("Pending", "WorkersPending")),
+    ("Pending", "below_min", E("Pending", "Unschedulable")),
     # Workers that vanish (node loss, someone's kubectl delete) are replaced in a new attempt, uncounted.
-    ("Pending", "lost_two", E("Pending", "WorkersPending", created=[1, 2], attempt=1, events=LOST)),
+    ("Pending", "lost_two", E("Pending", "Unschedulable", created=[1, 2], attempt=1, events=LOST)),
     ("Pending", "fail_never", E("Failed", "WorkerFailed", deleted=[0, 2], events=["WorkerFailed"])),
     (
         "Pending",
@@ -798,8 +815,8 @@ TABLE: list[tuple[str, str, Expect]] = [
     ("Pending", "deadline", E("Failed", "DeadlineExceeded", deleted=ALL, events=["DeadlineExceeded"])),
     ("Pending", "pending_timeout", E("Failed", "PendingTimeout", deleted=ALL, events=["PendingTimeout"])),
     ("Pending", "suspend_set", E("Suspended", "Suspended", deleted=ALL, events=["Suspended"])),
-    ("Pending", "deleting", E("Pending", "WorkersPending", deleted=ALL, release=False)),
-    ("Pending", "ttl", E("Pending", "WorkersPending")),
+    ("Pending", "deleting", E("Pending", "Unschedulable", deleted=ALL, release=False)),
+    ("Pending", "ttl", E("Pending", "Unschedulable")),
     ("Pending", "foreign", E("Failed", "ForeignObject", deleted=ALL, events=["ForeignObject"])),
     # Running
     ("Running", "all_running", E("Running", "AllWorkersRunning")),
@@ -968,7 +985,7 @@ def test_happy_path(ctx: BuildContext) -> None:
     # The shared children exist now; pods wait for nodes, then get scheduled.
     second = sim.reconcile(pods_of(sim, {0: "scheduled", 1: "unscheduled", 2: "unscheduled"}), at_s=30)
     assert (second.create, second.delete, second.events) == ([], [], [])
-    assert (sim.phase(), phase_reason(sim.status)) == ("Pending", "WorkersPending")
+    assert (sim.phase(), phase_reason(sim.status)) == ("Pending", "Unschedulable")  # the scheduler said why
 
     running = sim.reconcile(pods_of(sim, dict.fromkeys(range(3), "running")), at_s=90)
     assert (sim.phase(), phase_reason(sim.status)) == ("Running", "AllWorkersRunning")

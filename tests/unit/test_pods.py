@@ -22,9 +22,54 @@ STATES: dict[str, dict[str, Any]] = {
         "phase": "Failed",
         "containerStatuses": [
             {"name": "sidecar", "state": {"terminated": {"exitCode": 0}}},
-            {"name": TRAINER, "state": {"terminated": {"exitCode": 137, "reason": "OOMKilled", "message": "oom"}}},
+            {
+                "name": TRAINER,
+                "state": {
+                    "terminated": {
+                        "exitCode": 137,
+                        "reason": "OOMKilled",
+                        "message": "oom",
+                        "finishedAt": "2026-11-28T23:00:00Z",
+                    }
+                },
+            },
         ],
         "conditions": [{"type": "DisruptionTarget", "status": "True"}, {"type": "Ready", "status": "False"}],
+    },
+    "unschedulable": {
+        "phase": "Pending",
+        "conditions": [
+            {
+                "type": "PodScheduled",
+                "status": "False",
+                "reason": "Unschedulable",
+                "message": "0/9 nodes are available: 9 Insufficient nvidia.com/gpu.",
+            }
+        ],
+    },
+    "pull-backoff": {
+        "phase": "Pending",
+        "initContainerStatuses": [
+            {"name": "prepare-cache", "state": {"terminated": {"exitCode": 0}}},
+            {"name": "pull-0", "state": {"waiting": {"reason": "ImagePullBackOff", "message": "Back-off pulling"}}},
+        ],
+    },
+    "config-error": {
+        "phase": "Pending",
+        "containerStatuses": [
+            {
+                "name": TRAINER,
+                "state": {"waiting": {"reason": "CreateContainerConfigError", "message": 'secret "hf" not found'}},
+            }
+        ],
+    },
+    "lost-node": {
+        "phase": "Running",
+        "containerStatuses": [{"name": TRAINER, "state": {"running": {}}}],
+        "conditions": [
+            {"type": "Ready", "status": "False"},
+            {"type": "DisruptionTarget", "status": "True", "reason": "DeletionByTaintManager"},
+        ],
     },
     "done": {
         "phase": "Succeeded",
@@ -60,4 +105,8 @@ def test_slim_pod_reads_the_same(pod: dict[str, Any], state: str, terminating: b
 def test_slim_pod_drops_the_spec(pod: dict[str, Any]) -> None:
     small = slim({**pod, "status": STATES["running"]})
     assert "spec" not in small
-    assert set(small["metadata"]["labels"]) == {"kubedgx.io/replica-index", "kubedgx.io/attempt"}
+    assert set(small["metadata"]["labels"]) == {
+        "kubedgx.io/job-name",
+        "kubedgx.io/replica-index",
+        "kubedgx.io/attempt",
+    }

@@ -29,10 +29,11 @@ watches every namespace, a Role in each namespace of watchNamespaces otherwise.
   resources: ["dgxtrainingjobs/finalizers"]
   verbs: ["update"]
 # Application: worker pods are created, watched (kopf index by job), read when a create meets a
-# 409 (whose is it?), and deleted on restarts, scale-down, suspend, deadlines and job deletion.
+# 409 (whose is it?), deleted on restarts, scale-down, suspend, deadlines and job deletion, and
+# relabelled (patch) when stuck Terminating on a lost node, so they leave the job's Service.
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["get", "list", "watch", "create", "delete"]
+  verbs: ["get", "list", "watch", "create", "delete", "patch"]
 # Application: each job's headless Service and trainer ConfigMap; they go with the job (ownerReferences).
 - apiGroups: [""]
   resources: ["services", "configmaps"]

@@ -426,6 +426,14 @@ class DGXTrainingJobStatus(KubeModel):
             "made and are not counted again."
         ),
     )
+    last_restart_time: datetime | None = Field(
+        default=None,
+        description=(
+            "When the operator last replaced workers (a counted restart, a disruption or a lost worker). A worker "
+            "of an older attempt whose container ends more than 60s after it is a new incident, judged by the "
+            "restart policy; one ending earlier cascades from that restart."
+        ),
+    )
     start_time: datetime | None = Field(
         default=None, description="When the current run started (maxDuration counts from here)."
     )

@@ -10,7 +10,13 @@ Restart accounting is idempotent under crashes: a failure is counted by bumping
 pods from the *current* attempt count. A worker that failed in attempt 3 and is seen again after
 the operator restarted (status already at attempt 4) is replaced without being counted twice.
 Failures that cascade from one incident (a crash, then NCCL errors on the other workers) are
-therefore one restart, as with torchrun's own group restarts.
+therefore one restart, as with torchrun's own group restarts. A restart replaces only the failed
+workers, so survivors keep their older attempt: when one of them fails later (its container ended
+more than CASCADE_WINDOW after ``status.lastRestartTime``), that is a new incident, judged by the
+restart policy like any other.
+
+A worker stuck Terminating on a lost node (see PodView.gone) is gone for every purpose but its name:
+it is let go of (relabelled), replaced under a free name with the same hostname, never counted.
 """
 
 from __future__ import annotations
@@ -30,9 +36,10 @@ from dgx_operator.api.trainingjob import (
     WorkerCounts,
 )
 from dgx_operator.catalog import UnknownInstanceError
-from dgx_operator.reconcile.pods import PodView, artifacts_of, read_progress
+from dgx_operator.reconcile.pods import PERMANENT_WAITING, STUCK_AFTER, PodView, artifacts_of, read_progress
 from dgx_operator.render import BuildContext, BuildError, JobIdentity, headless_service, trainer_config_map, worker_pod
 from dgx_operator.render.datasync import archives
+from dgx_operator.render.names import replacement_name
 from dgx_operator.render.resolved import Resolved, resolve
 
 EventType = Literal["Normal", "Warning"]
@@ -49,6 +56,11 @@ RUNNING, RESTARTING, SUSPENDED, SUCCEEDED, FAILED, DATA_READY = (
 ARCHIVED = "Archived"
 TERMINAL = ("Succeeded", "Failed")
 
+
+#: How long after a restart a failure of a worker from an older attempt still belongs to it: the
+#: survivors of a crash notice the lost peer (NCCL errors, torchrun's rendezvous keep-alive) within
+#: seconds, and the kubelet's clock may be a few seconds off the operator's. Later, it is a new incident.
+CASCADE_WINDOW = timedelta(seconds=60)
 
 #: The phase a job sees for a mount whose stored spec the model refuses (see parse_mount): it waits
 #: for the fix, as for a mount not created yet.
@@ -90,6 +102,8 @@ class Plan:
     status: DGXTrainingJobStatus
     create: list[dict[str, Any]] = field(default_factory=list)
     delete: list[str] = field(default_factory=list)
+    #: Pods to let go of (stuck Terminating on a lost node): relabelled "<job>.detached".
+    detach: list[str] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
     requeue_after: float | None = None
     delete_job: bool = False
@@ -133,9 +147,14 @@ class _Planner:
         self.old_phase = old.phase
         self.status = old.model_copy(deep=True)
         self.plan = Plan(status=self.status)
-        ours = [p for p in observed.pods if p.owner_uid == self.ident.uid]
+        # A pod stuck Terminating (its node is lost) or already let go of is gone for every purpose
+        # but its name: it neither fills its index nor holds up the job's deletion.
+        lost = {p.name for p in observed.pods if p.gone(now)}
+        self.taken = {p.name for p in observed.pods}
+        self.plan.detach = sorted(p.name for p in observed.pods if p.name in lost and not p.detached)
+        ours = [p for p in observed.pods if p.owner_uid == self.ident.uid and p.name not in lost]
         self.pods = sorted(ours, key=lambda p: (p.index if p.index is not None else 1 << 30, p.name))
-        self.strangers = [p for p in observed.pods if p.owner_uid != self.ident.uid]
+        self.strangers = [p for p in observed.pods if p.owner_uid != self.ident.uid and p.name not in lost]
         self.wakeups: list[datetime] = []
         self.restarted = False  # a restart was decided in this pass
 
@@ -213,6 +232,7 @@ class _Planner:
         self.status.nodes = f"{len(ready)}/{desired}"
         self.status.observed_generation = self.generation
         self.read_progress()
+        self.wake_when_stuck()
         if self.status.phase in TERMINAL and self.spec.ttl_seconds_after_finished is not None:
             end = self.status.completion_time or self.now
             expiry = end + timedelta(seconds=self.spec.ttl_seconds_after_finished)
@@ -280,6 +300,9 @@ class _Planner:
         failed = self.failures(r)
         if failed is not None:
             return failed
+        broken = self.unstartable()
+        if broken is not None:
+            return broken
         try:
             return self.keep_running(r)
         except BuildError as exc:  # a spec only the cluster can check, e.g. outputs into an input mount
@@ -293,7 +316,16 @@ class _Planner:
     def deleting(self) -> Plan:
         self.delete([p for p in self.pods if not p.finished])
         self.plan.release_finalizer = all(p.finished for p in self.pods)
+        self.wake_when_stuck()
+        if self.wakeups:
+            self.plan.requeue_after = max(0.0, (min(self.wakeups) - self.now).total_seconds())
         return self.plan
+
+    def wake_when_stuck(self) -> None:
+        """A pod stuck Terminating sends no more events: plan again when it counts as gone."""
+        for p in self.pods:
+            if p.terminating and p.deletion_time is not None and not p.finished:
+                self.wakeups.append(max(self.now, p.deletion_time + STUCK_AFTER))
 
     def suspended(self) -> Plan:
         self.delete([p for p in self.pods if not p.finished])
@@ -404,7 +436,7 @@ class _Planner:
 
         Only pods of the current attempt that nobody is deleting count: a worker that dies while
         being deleted (scale-down, suspend, someone's kubectl delete) was stopped, not broken."""
-        current = [p for p in self.pods if p.failed and not p.terminating and p.attempt >= self.status.attempt]
+        current = [p for p in self.pods if p.failed and not p.terminating and self.new_incident(p)]
         failures = [p for p in current if not p.disrupted]
         ended = [p for p in self.pods if r.interactive and p.succeeded and not p.terminating]
         if ended and any(p.attempt >= self.status.attempt for p in ended):
@@ -436,10 +468,21 @@ class _Planner:
         self.restart(current, counted=True, reason="WorkerFailed")
         return None
 
+    def new_incident(self, pod: PodView) -> bool:
+        """Whether a failed pod is news. A pod of the current attempt is. One of an older attempt (a
+        survivor of an earlier restart: a restart replaces only the failed workers) is news when its
+        container ended more than CASCADE_WINDOW after the last restart: earlier, it is that
+        incident's cascade (NCCL errors after a peer died), already answered."""
+        if pod.attempt >= self.status.attempt:
+            return True
+        since = self.status.last_restart_time
+        return since is not None and pod.finished_at is not None and pod.finished_at > since + CASCADE_WINDOW
+
     def restart(self, pods: Sequence[PodView], *, counted: bool, reason: str) -> None:
         """Replace ``pods`` in a new attempt; only program failures count against backoffLimit."""
         self.delete(pods)
         self.status.attempt += 1
+        self.status.last_restart_time = self.now
         what = "; ".join(p.describe_failure() for p in pods)
         if counted:
             self.status.restarts += 1
@@ -480,6 +523,7 @@ class _Planner:
                     self.ctx,
                     attempt=self.status.attempt,
                     active_deadline_seconds=remaining,
+                    pod_name=replacement_name(self.ident.name, i, self.taken, self.status.attempt),
                 )
             )
         if self.status.start_time is None and (self.plan.create or self.pods):
@@ -502,6 +546,7 @@ class _Planner:
         lost = old.workers.active + old.workers.succeeded - untouched
         if lost > 0:
             self.status.attempt += 1
+            self.status.last_restart_time = self.now
             self.event(
                 "Normal",
                 "WorkerLost",
@@ -540,28 +585,65 @@ class _Planner:
                 self.set_phase("Running", "ElasticMinimumRunning", f"{count} (minNodes {need}); the rest are pending")
             return self.done(desired)
         was_running = self.old_phase in ("Running", "Restarting") or self.restarted
+        pending = [p for p in self.pods if p.active and not p.running and p.name not in gone]
+        why, blocker = self.why_pending(pending)
         if was_running:
             # One reason whatever the cause (the restart itself is an event): re-planning the same
             # observations must give the same status.
             self.set_phase(
                 "Restarting",
                 "NodesBelowMinimum",
-                f"{len(running)}/{desired} workers running, below minNodes {need}; recreating",
+                f"{len(running)}/{desired} workers running, below minNodes {need}; recreating{why}",
             )
         else:
-            pending = [p for p in self.pods if p.active and not p.running]
             # Workers created in this very pass are not scheduled either: the message must not
             # change when the next pass observes them, or the status would be written twice.
             created = sum(1 for c in self.plan.create if c["kind"] == "Pod")
-            unscheduled = sum(1 for p in pending if not p.scheduled) + created
+            unscheduled = sum(1 for p in pending if not p.scheduled and p.unschedulable is None) + created
             detail = f" ({unscheduled} not scheduled yet)" if unscheduled else ""
             self.set_phase(
-                "Pending", "WorkersPending", f"{len(running)}/{desired} workers running, need {need}{detail}"
+                "Pending",
+                blocker or "WorkersPending",
+                f"{len(running)}/{desired} workers running, need {need}{detail}{why}",
             )
         timeout = self.pending_timeout(r)
         if timeout is not None:
             return timeout
         return self.done(desired)
+
+    def why_pending(self, pending: Sequence[PodView]) -> tuple[str, str | None]:
+        """(": worker-1: ImagePullBackOff (trainer: ...); ...", the first reason) of the workers
+        that wait for something other than their turn: the kubelet's waiting reason (image pulls,
+        CreateContainerConfigError), else the scheduler's Unschedulable message."""
+        parts: list[str] = []
+        first: str | None = None
+        for p in pending:
+            waiting = p.waiting_reason()
+            if waiting is not None:
+                reason, detail = waiting
+                parts.append(f"{p.name}: {reason} ({detail})")
+            elif p.unschedulable is not None:
+                reason = "Unschedulable"
+                parts.append(f"{p.name}: Unschedulable: {p.unschedulable}")
+            else:
+                continue
+            first = first or reason
+        if not parts:
+            return "", None
+        shown = "; ".join(parts[:3]) + (f"; and {len(parts) - 3} more" if len(parts) > 3 else "")
+        return f": {shown}"[:900], first
+
+    def unstartable(self) -> Plan | None:
+        """A worker whose container waits for something waiting cannot bring (an image name the
+        runtime refuses, an image that must not be pulled and is absent): the spec is wrong."""
+        for p in self.pods:
+            if not p.active:
+                continue
+            for container, reason, message in p.waiting:
+                if reason in PERMANENT_WAITING:
+                    detail = f": {message}" if message else ""
+                    return self.finish("Failed", reason, f"{p.name}: container {container}: {reason}{detail}")
+        return None
 
     def pending_timeout(self, r: Resolved) -> Plan | None:
         """maxPending: how long the job may go without minNodes workers running."""

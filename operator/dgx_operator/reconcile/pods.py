@@ -8,11 +8,19 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
 from dgx_api.progress import loads_finite
 from dgx_operator.render.datasync import SIDECAR_PREFIX
-from dgx_operator.render.names import ATTEMPT_LABEL, CONTAINER_NAME, INDEX_LABEL
+from dgx_operator.render.names import (
+    ATTEMPT_LABEL,
+    CONFIG_LABEL,
+    CONTAINER_NAME,
+    DETACHED_SUFFIX,
+    INDEX_LABEL,
+    JOB_LABEL,
+)
 
 #: Pod-level reasons for a failure the program did not cause.
 DISRUPTION_REASONS = frozenset(
@@ -32,6 +40,39 @@ DISRUPTION_REASONS = frozenset(
 DISRUPTION_REASON_PREFIXES = ("OutOf",)
 #: The DisruptionTarget condition (Kubernetes >= 1.26) names the same events explicitly.
 DISRUPTION_CONDITION = "DisruptionTarget"
+
+#: How long past its deletionTimestamp (the end of its grace period) a terminating pod may still
+#: exist before it counts as gone: a kubelet that is alive kills the containers when the grace
+#: period ends and removes the pod within seconds; one that is not (a lost node) never does, and the
+#: pod stays Terminating until someone force-deletes it.
+STUCK_AFTER = timedelta(seconds=60)
+
+#: Waiting reasons of a container that waiting cannot heal: the job ends with them.
+PERMANENT_WAITING = frozenset({"InvalidImageName", "ErrImageNeverPull"})
+#: Waiting reasons worth reporting while a worker is not running yet (the others, such as
+#: ContainerCreating and PodInitializing, are the normal path).
+REPORTED_WAITING = frozenset(
+    {
+        *PERMANENT_WAITING,
+        "ErrImagePull",
+        "ImagePullBackOff",
+        "CreateContainerConfigError",
+        "CreateContainerError",
+        "RunContainerError",
+        "CrashLoopBackOff",
+    }
+)
+
+
+def parse_time(value: Any) -> datetime | None:
+    """An RFC 3339 timestamp from the API (``2026-12-01T10:00:00Z``), or None."""
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo is not None else None
 
 
 def _int(value: Any, default: int) -> int:
@@ -66,6 +107,21 @@ class PodView:
     sidecar_reports: tuple[tuple[str, str], ...] = ()
     #: The data sync init container that failed (the trainer never started), if one did.
     failed_init: str | None = None
+    #: When the pod's grace period ends (metadata.deletionTimestamp), if it is being deleted.
+    deletion_time: datetime | None = None
+    #: A DisruptionTarget condition says the cluster is taking the pod away (taint manager after
+    #: node loss, preemption, eviction).
+    disruption_target: bool = False
+    #: When the container whose exit failed the pod ended (state.terminated.finishedAt).
+    finished_at: datetime | None = None
+    #: (container, reason, message) of containers waiting for a reason worth reporting.
+    waiting: tuple[tuple[str, str, str], ...] = ()
+    #: The scheduler's message while it cannot place the pod (PodScheduled False, Unschedulable).
+    unschedulable: str | None = None
+    #: The trainer ConfigMap the pod mounts (its kubedgx.io/trainer-config label).
+    config: str | None = None
+    #: Let go of by its job (JOB_LABEL "<job>.detached"): gone for every purpose but its name.
+    detached: bool = False
 
     @property
     def failed(self) -> bool:
@@ -83,6 +139,25 @@ class PodView:
     def active(self) -> bool:
         """Exists and may still run: counts as a worker of the job."""
         return not self.finished and not self.terminating
+
+    def gone(self, now: datetime) -> bool:
+        """Being deleted, and its kubelet is not going to finish that: the cluster marked it for
+        disruption (the taint manager does so after node loss), or its grace period ended well
+        ago. Such a pod holds its name for ever; the job treats it as gone."""
+        if self.detached:
+            return True
+        if not self.terminating or self.phase in ("Succeeded", "Failed"):
+            return False
+        if self.disruption_target:
+            return True
+        return self.deletion_time is not None and now >= self.deletion_time + STUCK_AFTER
+
+    def waiting_reason(self) -> tuple[str, str] | None:
+        """(reason, "container: message") of the first reported waiting container, if any."""
+        for container, reason, message in self.waiting:
+            detail = f"{container}: {message}" if message else container
+            return reason, detail
+        return None
 
     @property
     def deadline_exceeded(self) -> bool:
@@ -129,6 +204,7 @@ class PodView:
             reason = str(status.get("reason") or "DataSyncFailed")
         conditions = {c.get("type"): c for c in status.get("conditions") or []}
         disruption = conditions.get(DISRUPTION_CONDITION, {}).get("status") == "True"
+        scheduled_condition = conditions.get("PodScheduled", {})
         disrupted = (
             disruption
             or str(status.get("reason") or "") in DISRUPTION_REASONS
@@ -161,7 +237,29 @@ class PodView:
             progress_annotation=annotations.get("kubedgx.io/progress"),
             sidecar_reports=_sidecar_reports(status),
             failed_init=failed_init if exit_code is not None and failed_init is not None else None,
+            deletion_time=parse_time(meta.get("deletionTimestamp")),
+            disruption_target=disruption,
+            finished_at=parse_time((terminated or {}).get("finishedAt")),
+            waiting=_waiting(status),
+            unschedulable=(
+                str(scheduled_condition.get("message") or "the scheduler cannot place it")
+                if scheduled_condition.get("status") == "False" and scheduled_condition.get("reason") == "Unschedulable"
+                else None
+            ),
+            config=labels.get(CONFIG_LABEL),
+            detached=str(labels.get(JOB_LABEL) or "").endswith(DETACHED_SUFFIX),
         )
+
+
+def _waiting(status: Mapping[str, Any]) -> tuple[tuple[str, str, str], ...]:
+    """Init containers first (they run first), then the trainer."""
+    out = []
+    for c in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
+        waiting = (c.get("state") or {}).get("waiting") or {}
+        reason = str(waiting.get("reason") or "")
+        if reason in REPORTED_WAITING:
+            out.append((str(c.get("name", "")), reason, str(waiting.get("message") or "")[:500]))
+    return tuple(out)
 
 
 def _init_terminated(status: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
@@ -234,7 +332,7 @@ def slim(pod: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "metadata": {
             "name": meta.get("name"),
-            "labels": {k: labels[k] for k in (INDEX_LABEL, ATTEMPT_LABEL) if k in labels},
+            "labels": {k: labels[k] for k in (JOB_LABEL, INDEX_LABEL, ATTEMPT_LABEL, CONFIG_LABEL) if k in labels},
             "annotations": {k: v for k, v in annotations.items() if k == "kubedgx.io/progress"},
             "ownerReferences": [o for o in meta.get("ownerReferences") or [] if o.get("controller")],
             **({"deletionTimestamp": meta["deletionTimestamp"]} if meta.get("deletionTimestamp") else {}),
@@ -245,13 +343,17 @@ def slim(pod: Mapping[str, Any]) -> dict[str, Any]:
             "message": status.get("message"),
             "hostIP": status.get("hostIP"),
             "conditions": [
-                {"type": c.get("type"), "status": c.get("status")}
+                {k: str(c[k])[:1000] for k in ("type", "status", "reason", "message") if c.get(k) is not None}
                 for c in status.get("conditions") or []
                 if c.get("type") in ("PodScheduled", DISRUPTION_CONDITION)
             ],
             "containerStatuses": [c for c in status.get("containerStatuses") or [] if c.get("name") == CONTAINER_NAME],
             "initContainerStatuses": [
                 {"name": name, "state": {"terminated": dict(t)}} for name, t in _init_terminated(status)
+            ]
+            + [
+                {"name": name, "state": {"waiting": {"reason": reason, "message": message}}}
+                for name, reason, message in _waiting({"initContainerStatuses": status.get("initContainerStatuses")})
             ],
         },
     }

@@ -6,7 +6,7 @@ worker 3 exists, by its name alone.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 LABEL_PREFIX = "kubedgx.io"
 #: Held on every job until none of its workers runs (the operator manages it, not kopf).
@@ -14,6 +14,13 @@ FINALIZER = f"{LABEL_PREFIX}/finalizer"
 JOB_LABEL = f"{LABEL_PREFIX}/job-name"
 INDEX_LABEL = f"{LABEL_PREFIX}/replica-index"
 ATTEMPT_LABEL = f"{LABEL_PREFIX}/attempt"
+#: The trainer ConfigMap a worker mounts (its name is keyed by content, see config_map_name).
+CONFIG_LABEL = f"{LABEL_PREFIX}/trainer-config"
+#: The JOB_LABEL value of a worker the job let go of (a pod stuck Terminating on a lost node): no
+#: longer selected by the job's Service (so its hostname resolves to the replacement only) nor by the
+#: placement terms of the job's pods, yet still seen by the operator's watch. Job names are DNS-1035
+#: labels of at most 50 characters, so "<job>.detached" is never another job's name and fits 63.
+DETACHED_SUFFIX = ".detached"
 COMPONENT_LABEL = "app.kubernetes.io/component"
 #: Labels copied from the job to its pods, so Kueue and similar admission systems see them.
 PROPAGATED_LABEL_PREFIXES = ("kueue.x-k8s.io/",)
@@ -24,6 +31,23 @@ CONFIG_FILE = "trainer.yaml"
 
 def worker_name(job: str, index: int) -> str:
     return f"{job}-worker-{index}"
+
+
+def detached_value(job: str) -> str:
+    return f"{job}{DETACHED_SUFFIX}"
+
+
+def replacement_name(job: str, index: int, taken: Collection[str], attempt: int) -> str:
+    """The name of a new worker ``index``: <job>-worker-<i> when that name is free, else (a stuck
+    pod still holds it) <job>-worker-<i>-<attempt>, counting up past names also taken. Its hostname
+    stays <job>-worker-<i>, so rendezvous addresses do not move."""
+    base = worker_name(job, index)
+    if base not in taken:
+        return base
+    n = attempt
+    while f"{base}-{n}" in taken:
+        n += 1
+    return f"{base}-{n}"
 
 
 def service_name(job: str) -> str:

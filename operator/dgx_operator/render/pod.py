@@ -294,9 +294,11 @@ def worker_pod(
     *,
     attempt: int = 0,
     active_deadline_seconds: int | None = None,
+    pod_name: str | None = None,
 ) -> dict[str, Any]:
     """Worker ``index`` of ``job``. ``active_deadline_seconds`` is what is left of maxDuration
-    (the operator passes the remainder for a worker created late); by default the whole of it."""
+    (the operator passes the remainder for a worker created late); by default the whole of it.
+    ``pod_name`` replaces <job>-worker-<i> when a stuck pod holds that name; the hostname stays."""
     name = worker_name(job.name, index)
     resources = {"cpu": r.cpu, "memory": r.memory, GPU_RESOURCE: str(r.gpus)}
     plans: list[MountPlan] = []
@@ -358,7 +360,7 @@ def worker_pod(
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
-            "name": name,
+            "name": pod_name or name,
             "namespace": job.namespace,
             "labels": worker_labels(job.name, index, attempt, job.labels),
             "annotations": {"kubedgx.io/instance": r.instance.name},
