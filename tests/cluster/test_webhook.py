@@ -6,6 +6,12 @@ a URL clientConfig, because a Service's endpoints need a routable pod IP and kwo
 The webhooks are otherwise exactly the operator's own ValidatingWebhookConfiguration
 (admission.webhook_configuration: rules, failure policy, match conditions), scoped by a
 namespaceSelector to this module's namespaces so no other test meets them.
+
+The webhook dry-runs each job's children against this apiserver, with PodSecurity, Priority and
+ResourceQuota admission on: what they refuse for good is refused at `kubectl apply`, what the
+cluster may lift (quota) is admitted with a warning. The operator maps spec.priority high to a
+PriorityClass that does not exist (``ABSENT_CLASS``), so that no cluster-scoped object other tests
+use is changed.
 """
 
 from __future__ import annotations
@@ -19,6 +25,10 @@ from typing import Any
 
 import pytest
 
+from dgx_operator import admission
+from dgx_operator.api import DGXTrainingJob
+from dgx_operator.catalog import Catalog
+from dgx_operator.render import BuildContext, Defaults
 from tests.chart.conftest import Rendered
 from tests.cluster.controlplane import ControlPlane, free_port
 from tests.cluster.operator import (
@@ -29,12 +39,18 @@ from tests.cluster.operator import (
     url_webhook_configuration,
     webhook_args,
 )
+from tests.conftest import BASE_JOB, with_changes
 from tests.e2e.jobs import command_job, unknown_instance_job
 from tests.e2e.kubectl import JOBS, Kubectl, KubectlError, dig, wait_for
+from tests.unit.test_bad_input import ACCEPTED_NEAR_WEBHOOK_ROWS, WEBHOOK_ROWS, manifest
 
 SUFFIX = f"w{secrets.token_hex(3)}"  # a label value: never all digits or 839e12
 SCOPE_LABEL = "test.kubedgx.io/webhook"
 CONFIGURATION = f"kubedgx-webhook-test-{SUFFIX}"
+#: spec.priority high maps to this PriorityClass, which nobody creates.
+ABSENT_CLASS = f"kubedgx-absent-{SUFFIX}"
+PRIORITY_CLASSES = f"low=kubedgx-low,normal=kubedgx-normal,high={ABSENT_CLASS}"
+DENIED = 'admission webhook "dgxtrainingjobs.kubedgx.io" denied the request'
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +68,8 @@ def operator(control_plane: ControlPlane, kubectl: Kubectl, serving: dict[str, P
              tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:  # fmt: skip
     chart: list[Rendered] = install(kubectl)
     work = tmp_path_factory.mktemp("operator-webhook")
-    with chart_operator(control_plane, kubectl, __name__, chart, work, webhook_args(serving, port)) as op:
+    args = (*webhook_args(serving, port), "--priority-classes", PRIORITY_CLASSES)
+    with chart_operator(control_plane, kubectl, __name__, chart, work, args) as op:
         yield op
 
 
@@ -89,8 +106,11 @@ def test_the_apiserver_calls_the_webhook_over_tls_and_refuses_with_its_message(s
 
 
 def test_a_valid_job_passes_the_webhook(scoped: Kubectl) -> None:
-    scoped.apply(command_job("good"))
+    """Its children dry-run clean: no warning either (a warning would mean the dry-run could not be made,
+    e.g. the chart's RBAC refusing the operator's create)."""
+    proc = scoped.apply(command_job("good"))
     assert scoped.get(JOBS, "good") is not None
+    assert "Warning" not in proc.stderr, proc.stderr
 
 
 def test_with_the_webhook_down_deletes_and_finalizer_removal_still_go_through(
@@ -154,3 +174,119 @@ def test_a_job_over_1_mib_is_created_updated_and_deleted_with_the_webhook_in_the
 
     scoped.delete(JOBS, "large")
     wait_for("the large job to be gone", lambda: scoped.get(JOBS, "large") is None, timeout=60, interval=0.5)
+
+
+# -- the children, dry-run by the webhook against this apiserver -------------------------------------------------
+
+
+def input_mount(name: str, cache: dict[str, Any] | None = None) -> dict[str, Any]:
+    spec: dict[str, Any] = {"source": "s3://bucket/prefix"}
+    if cache is not None:
+        spec["cache"] = cache
+    return {"apiVersion": "kubedgx.io/v1alpha1", "kind": "DGXDataMount", "metadata": {"name": name}, "spec": spec}
+
+
+def mounting(job: dict[str, Any], mount: str) -> dict[str, Any]:
+    job["spec"]["dataMounts"] = [{"name": mount, "mountPath": "/data"}]
+    return job
+
+
+def test_pod_security_baseline_refuses_a_job_whose_workers_cache_on_host_path(
+    scoped: Kubectl, kubectl: Kubectl
+) -> None:
+    """An input mount is cached in a hostPath directory of the node by default, which PodSecurity's baseline
+    level forbids: the operator could never create a worker. `kubectl apply` says so with the apiserver's
+    words, and nothing is stored; the same job with a PVC cache (an ephemeral volume) is admitted."""
+    kubectl.run("label", "namespace", str(scoped.namespace), "pod-security.kubernetes.io/enforce=baseline")
+    scoped.apply(input_mount("data"), input_mount("volume", {"type": "pvc", "size": "10Gi"}))
+    with pytest.raises(KubectlError) as refused:
+        scoped.apply(mounting(command_job("cached"), "data"))
+    assert (
+        f'{DENIED}: spec: the apiserver would refuse worker pod cached-worker-0: pods "cached-worker-0" is '
+        'forbidden: violates PodSecurity "baseline:latest": hostPath volumes (volume "data-0")'
+    ) in refused.value.stderr
+    assert scoped.get(JOBS, "cached") is None
+    proc = scoped.apply(mounting(command_job("on-volume"), "volume"))
+    assert scoped.get(JOBS, "on-volume") is not None
+    assert "Warning" not in proc.stderr, proc.stderr
+
+
+def test_a_priority_whose_class_does_not_exist_is_refused(scoped: Kubectl) -> None:
+    job = command_job("urgent")
+    job["spec"]["priority"] = "high"
+    with pytest.raises(KubectlError) as refused:
+        scoped.apply(job)
+    assert (
+        f'{DENIED}: spec: the apiserver would refuse worker pod urgent-worker-0: pods "urgent-worker-0" is '
+        f"forbidden: no PriorityClass with name {ABSENT_CLASS} was found"
+    ) in refused.value.stderr
+    assert scoped.get(JOBS, "urgent") is None
+    # The classes that exist (the chart's) are fine.
+    job["spec"]["priority"] = "low"
+    scoped.apply(job)
+    assert dig(scoped.get(JOBS, "urgent"), "spec", "priority") == "low"
+    # Raising it later to the missing class is this edit's fault: refused too, and the stored spec stays.
+    with pytest.raises(KubectlError, match="no PriorityClass with name"):
+        scoped.patch(JOBS, "urgent", {"spec": {"priority": "high"}})
+    assert dig(scoped.get(JOBS, "urgent"), "spec", "priority") == "low"
+
+
+def test_an_exhausted_quota_admits_the_job_with_a_warning(scoped: Kubectl) -> None:
+    """Quota is the cluster's to free (other jobs ending, an admin), not a fault of the spec."""
+    quota = {
+        "apiVersion": "v1",
+        "kind": "ResourceQuota",
+        "metadata": {"name": "no-pods"},
+        "spec": {"hard": {"pods": "0"}},
+    }
+    scoped.apply(quota)
+    # Until the quota controller has computed its usage the apiserver refuses with "status unknown for quota";
+    # wait for it, so that this test sees "exceeded quota".
+    wait_for("the quota's usage", lambda: dig(scoped.get("resourcequota", "no-pods"), "status", "hard"),
+             timeout=30, interval=0.3)  # fmt: skip
+    proc = scoped.apply(command_job("queued"))
+    assert scoped.get(JOBS, "queued") is not None
+    assert (
+        'Warning: spec: the apiserver would not create worker pod queued-worker-0 now: pods "queued-worker-0" is '
+        "forbidden: exceeded quota: no-pods"
+    ) in proc.stderr, proc.stderr
+
+
+# -- what kubedgx validate refuses for the children, the apiserver refuses too -------------------------------------
+
+
+def children_of(doc: dict[str, Any], namespace: str) -> list[tuple[str, dict[str, Any]]]:
+    """The children the webhook dry-runs (admission.children), of a job in ``namespace``, with no
+    PriorityClass (none is installed for this)."""
+    job = DGXTrainingJob.model_validate({**doc, "metadata": {**doc["metadata"], "namespace": namespace}})
+    return admission.children(job, BuildContext(catalog=Catalog.load(), defaults=Defaults(priority_classes={})))
+
+
+def refusals(ns: Kubectl, doc: dict[str, Any]) -> list[str]:
+    """What the apiserver answers a server-side dry-run create of each child with, where it refuses."""
+    out = []
+    for label, obj in children_of(doc, str(ns.namespace)):
+        proc = ns.run("create", "--dry-run=server", "-f", "-", input=json.dumps(obj), check=False)
+        if proc.returncode != 0:
+            out.append(f"{label}: {proc.stderr.strip()}")
+    return out
+
+
+JOB_WEBHOOK_ROWS = [r for r in WEBHOOK_ROWS if r.base == "job"]
+
+
+def test_every_job_the_validator_refuses_for_its_children_has_a_child_the_apiserver_refuses(
+    namespace: Kubectl,
+) -> None:
+    """The Validator's rules about children (validation.children_problems, the webhook rows of
+    tests/unit/test_bad_input.py) claim the apiserver would refuse them; here it says so itself, for each row."""
+    assert len(JOB_WEBHOOK_ROWS) >= 8
+    accepted = [r.id for r in JOB_WEBHOOK_ROWS if not refusals(namespace, manifest(r))]
+    assert accepted == [], "the apiserver creates the children of these, which the Validator refuses"
+
+
+def test_what_the_validator_accepts_next_to_those_rules_the_apiserver_accepts(namespace: Kubectl) -> None:
+    """No false refusal: the base job, and each value the unit tests accept next to a webhook row."""
+    docs = {"base": BASE_JOB} | {k: with_changes(BASE_JOB, v) for k, v in ACCEPTED_NEAR_WEBHOOK_ROWS.items()}
+    refused = {name: found for name, doc in docs.items() if (found := refusals(namespace, doc))}
+    assert refused == {}

@@ -470,7 +470,7 @@ def test_a_permanent_refusal_of_a_child_refuses_the_job_quoting_the_apiserver(
     kube = DryRunKube(lambda obj: error if obj["kind"] == kind else None)
     code, message = status_of_refusal(BASE_JOB, serving(kube))
     assert code == 422
-    assert message == f"spec: the apiserver would refuse {child}: {json.loads(error.body)['message']}"
+    assert message == f"spec: the apiserver would refuse {child}: {json.loads(error.body or b'{}')['message']}"
 
 
 def test_the_refusal_is_invalid_and_names_the_child_as_in_the_docs() -> None:

@@ -336,7 +336,7 @@ def test_validator_rejects_validator_rows(row: Row, catalog: Catalog) -> None:
 
 
 #: Next to each webhook row, what the API server takes in the same field: the rules must not refuse it.
-ACCEPTED_NEAR_WEBHOOK_ROWS = {
+ACCEPTED_NEAR_WEBHOOK_ROWS: dict[str, dict[str, Any]] = {
     "rendezvous-port-next-to-the-master-port": {"spec.elastic.rendezvous.port": 23457},
     "max-duration-at-the-pod-deadline": {"spec.maxDuration": "596523h14m7s"},
     "toleration-of-every-taint": {"spec.tolerations": [{"operator": "Exists"}]},
