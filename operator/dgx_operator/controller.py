@@ -24,11 +24,11 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from dgx_operator.api import DGXTrainingJob
 from dgx_operator.api.trainingjob import DGXTrainingJobStatus
 from dgx_operator.catalog import Catalog
-from dgx_operator.kube import ForeignObjectError, Kube, TransientError
+from dgx_operator.kube import ForeignObjectError, Kube, TransientError, refusal, status_of
 from dgx_operator.loop import RESYNC, Key, ReconcileLoop
 from dgx_operator.metrics import JOB_KIND, RESTART_REASONS, Metrics
 from dgx_operator.reconcile.mounts import mount_state, parse_mount
-from dgx_operator.reconcile.planner import UNREADABLE, Event, MountState, Observed, Plan, plan
+from dgx_operator.reconcile.planner import UNREADABLE, Event, MountState, Observed, Plan, Refused, plan
 from dgx_operator.reconcile.pods import PodView, slim
 from dgx_operator.reconcile.stored import parse_stored
 from dgx_operator.render import BuildContext
@@ -187,11 +187,14 @@ class Controller(ReconcileLoop):
                 catalog=self.catalog, defaults=self.defaults, data_mounts=observed[1], data_digests=observed[2]
             )
             result = plan(job, ctx, observed[0], self.now())
-            foreign = await self.act(key, body, job, result)
-            if foreign:
-                # A child's name is taken by someone else: plan again knowing it, so the job fails
-                # with a condition naming the object instead of retrying forever.
-                retry = dataclasses.replace(observed[0], foreign=tuple(foreign))
+            foreign, refused = await self.act(key, body, job, result)
+            if foreign or refused:
+                # A child's name is taken by someone else, or the apiserver refused a child for a
+                # reason a retry would meet again: plan again knowing it, so the job fails (or waits
+                # for quota) with a condition saying so instead of retrying forever.
+                # Observed afresh: the creates that did succeed are expectations now, not made twice.
+                again = (await self.observe(key, job))[0]
+                retry = dataclasses.replace(again, foreign=tuple(foreign), refused=tuple(refused))
                 result = plan(job, ctx, retry, self.now())
                 await self.act(key, body, job, result)
             if result.release_finalizer and FINALIZER in (body["metadata"].get("finalizers") or []):
@@ -249,12 +252,17 @@ class Controller(ReconcileLoop):
         )
         return observed, specs, digests
 
-    async def act(self, key: Key, body: Mapping[str, Any], job: DGXTrainingJob, result: Plan) -> list[str]:
-        """Carry out a plan: creates, the status write, deletes, events, TTL deletion."""
+    async def act(
+        self, key: Key, body: Mapping[str, Any], job: DGXTrainingJob, result: Plan
+    ) -> tuple[list[str], list[Refused]]:
+        """Carry out a plan: creates, the status write, deletes, events, TTL deletion. Returns the
+        children found foreign and the creates refused for good or for quota; if there are any,
+        nothing after the creates was done (the caller plans again knowing them)."""
         namespace, name = key
         exp = self.expectations.setdefault(key, Expectations())
         uid = str(job.metadata.uid)
         foreign: list[str] = []
+        refused: list[Refused] = []
 
         async def create(obj: dict[str, Any]) -> None:
             try:
@@ -269,7 +277,16 @@ class Controller(ReconcileLoop):
                     # CreateFailed Event is refused too. Seen on the real apiserver (tests/cluster).
                     log.debug("%s/%s: namespace is terminating; not creating %s", namespace, name, obj["kind"])
                     return
-                self.post_event(body, "Warning", "CreateFailed", f"{obj['kind']} {obj['metadata']['name']}: {exc}")
+                no = refusal(exc)
+                if no is not None:
+                    log.info("%s/%s: %s %s refused (%s): %s", namespace, name, obj["kind"], obj["metadata"]["name"],
+                             no.kind, no.message)  # fmt: skip
+                    refused.append(Refused(obj["kind"], obj["metadata"]["name"], no.kind == "permanent", no.message))
+                    return
+                # Worth a retry (RBAC being fixed, a webhook down): say so once per backoff, in the
+                # apiserver's words rather than the HTTP dump with its headers.
+                what = f"{obj['kind']} {obj['metadata']['name']}: HTTP {exc.status}: {status_of(exc)[1]}"
+                self.post_event(body, "Warning", "CreateFailed", what[:1000])
                 raise TransientError(f"create {obj['kind']} failed: HTTP {exc.status}") from exc
             if outcome != "blocked":
                 # Only what PodView reads: a whole manifest per in-flight worker would be most of
@@ -293,8 +310,8 @@ class Controller(ReconcileLoop):
         errors = [o for o in outcomes if isinstance(o, BaseException)]
         if errors:
             raise errors[0]
-        if foreign:
-            return foreign
+        if foreign or refused:
+            return foreign, refused
         # The status before the deletes: it records the restart a failed worker's deletion answers,
         # so if the write fails (409, 5xx) the failed pod is still there to be counted on the retry,
         # and once it succeeded a retry sees the pod's attempt as already handled.
@@ -308,7 +325,7 @@ class Controller(ReconcileLoop):
             self.emit(body, event)
         if result.delete_job:
             await self.kube.delete_job(namespace, name)
-        return []
+        return [], []
 
     def emit(self, body: Mapping[str, Any], event: Event) -> None:
         self.post_event(body, event.type, event.reason, event.message)

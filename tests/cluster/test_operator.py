@@ -165,6 +165,59 @@ def test_a_job_nothing_fits_stays_pending_then_times_out(operator: Operator, nam
     wait_for("its worker deleted", lambda: live_workers(namespace, "nofit") == [], timeout=TIMEOUT, interval=0.5)
 
 
+def test_a_worker_the_apiserver_refuses_fails_the_job_with_its_message(operator: Operator, namespace: Kubectl) -> None:
+    """Issue 13.3 on the real PodSecurity admission plugin (no webhook in this module, so the job
+    itself is admitted): the worker's create is refused with 403 for good; the job fails at once
+    with the apiserver's sentence, one event, no retry loop and no HTTP dump."""
+    ns = str(namespace.namespace)
+    namespace.run("label", "namespace", ns, "pod-security.kubernetes.io/enforce=restricted", "--overwrite")
+    namespace.apply(command_job("refused", min_nodes=1, max_nodes=1))
+    failed = wait_job(namespace, "refused", "Failed", phase_is("Failed"), timeout=TIMEOUT, fail_on=())
+    ended = condition(failed, "Failed")
+    assert ended is not None
+    assert ended.get("reason") == "CreateRefused", ended
+    assert "the apiserver refused to create Pod refused-worker-0" in ended["message"], ended
+    assert 'violates PodSecurity "restricted:latest"' in ended["message"], ended
+    assert worker_pods(namespace, "refused") == []
+    events = wait_for("the job's CreateRefused event", lambda: (e := namespace.events_for("DGXTrainingJob", "refused"))
+                      and "CreateRefused" in reasons(e) and e, timeout=30, interval=0.5)  # fmt: skip
+    assert reasons(events).count("CreateRefused") == 1, reasons(events)
+    assert "CreateFailed" not in reasons(events)
+    assert all("HTTP response headers" not in str(e.get("message")) for e in events)
+
+
+def test_a_worker_a_quota_refuses_waits_with_a_condition_until_the_quota_has_room(
+    operator: Operator, namespace: Kubectl
+) -> None:
+    """Issue 13.3: a ResourceQuota's 403 is not the job's fault. The job runs on what it has
+    (minNodes 1), WorkersPending says QuotaExceeded with the quota plugin's message, and the worker
+    is created once the quota is lifted, without anyone touching the job."""
+    quota = {
+        "apiVersion": "v1",
+        "kind": "ResourceQuota",
+        "metadata": {"name": "one-pod"},
+        "spec": {"hard": {"pods": "1"}},
+    }
+    namespace.apply(quota)
+    wait_for("the quota controller to compute the quota's usage", lambda: dig(namespace.get("resourcequota",
+             "one-pod"), "status", "hard", "pods") == "1", timeout=TIMEOUT, interval=0.5)  # fmt: skip
+    namespace.apply(command_job("quota", min_nodes=1, max_nodes=2))
+    wait_job(namespace, "quota", "Running on one of two workers", lambda j: dig(j, "status", "phase") == "Running"
+             and dig(j, "status", "nodes") == "1/2", timeout=TIMEOUT)  # fmt: skip
+    pending = wait_for("WorkersPending: QuotaExceeded", lambda: (c := condition(namespace.get(JOBS, "quota"),
+                       "WorkersPending")) and c.get("status") == "True" and c, timeout=TIMEOUT,
+                       interval=0.5)  # fmt: skip
+    assert pending["reason"] == "QuotaExceeded", pending
+    assert "exceeded quota: one-pod" in pending["message"], pending
+    assert [dig(p, "metadata", "labels", "kubedgx.io/replica-index") for p in worker_pods(namespace, "quota")] == ["0"]
+    namespace.run("delete", "resourcequota", "one-pod")
+    wait_job(namespace, "quota", "both workers Running once the quota is gone", running_with(2), timeout=TIMEOUT)
+    created = condition(namespace.get(JOBS, "quota"), "WorkersPending")
+    assert created is not None
+    assert (created["status"], created["reason"]) == ("False", "WorkersCreated"), created
+    assert dig(namespace.get(JOBS, "quota"), "status", "restarts") in (0, None)
+
+
 # -- exits and restarts ----------------------------------------------------------------------
 
 

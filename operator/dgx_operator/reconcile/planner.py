@@ -76,6 +76,29 @@ class MountState:
 
 
 @dataclass(frozen=True)
+class Refused:
+    """A child the apiserver refused to create in this pass (see kube.refusal): for good
+    (``permanent``: invalid, or denied by an admission plugin), or until quota frees up."""
+
+    kind: str
+    name: str
+    permanent: bool
+    #: The apiserver's own sentence (Status.message).
+    message: str
+
+    def describe(self) -> str:
+        return f"the apiserver refused to create {self.kind} {self.name}: {self.message}"
+
+
+#: How often a job whose workers a ResourceQuota refused tries again (nothing else tells it that
+#: the quota has room: the other jobs ending are not its events).
+QUOTA_RETRY_SECONDS = 30.0
+
+#: The condition that says workers cannot even be created (a ResourceQuota is exhausted).
+WORKERS_PENDING = "WorkersPending"
+
+
+@dataclass(frozen=True)
 class Observed:
     """What exists now, as the operator's caches and the API server report it."""
 
@@ -86,6 +109,8 @@ class Observed:
     #: "kind namespace/name (owner ...)" of children at our names that another owner controls,
     #: learnt from a create that answered 409.
     foreign: Sequence[str] = ()
+    #: Creates the apiserver refused in this pass (the controller plans again knowing them).
+    refused: Sequence[Refused] = ()
 
 
 @dataclass(frozen=True)
@@ -267,6 +292,10 @@ class _Planner:
             return self.done(desired=0)
         if self.observed.foreign:
             return self.finish("Failed", "ForeignObject", "; ".join(self.observed.foreign))
+        permanent = [r for r in self.observed.refused if r.permanent]
+        if permanent:
+            # Retrying would meet the same answer: the spec (or the namespace's policy) must change.
+            return self.finish("Failed", "CreateRefused", "; ".join(r.describe() for r in permanent)[:1000])
         squatters = [p for p in self.strangers if not self._previous_incarnation(p)]
         if squatters:
             names = ", ".join(f"pod {self.ident.namespace}/{p.name}" for p in squatters)
@@ -304,10 +333,31 @@ class _Planner:
         if broken is not None:
             return broken
         try:
-            return self.keep_running(r)
+            result = self.keep_running(r)
         except BuildError as exc:  # a spec only the cluster can check, e.g. outputs into an input mount
             self.plan.create.clear()
             return self.finish("Failed", "InvalidSpec", f"{exc.path}: {exc.message}")
+        self.quota()
+        return result
+
+    def quota(self) -> None:
+        """Workers a ResourceQuota refused: not created again in this pass, WorkersPending says so
+        (one Warning event when it starts), and the job tries again every QUOTA_RETRY_SECONDS."""
+        refused = [r for r in self.observed.refused if not r.permanent]
+        before = condition(self.status, WORKERS_PENDING)
+        if not refused:
+            if before is not None:  # set on every pass once it exists: the conditions keep their order
+                self.cond(WORKERS_PENDING, False, "WorkersCreated", "every worker the job needs exists")
+            return
+        message = "; ".join(r.describe() for r in refused)[:1000]
+        if before is None or before.status != "True":
+            self.event("Warning", "QuotaExceeded", message)
+        self.cond(WORKERS_PENDING, True, "QuotaExceeded", message)
+        if self.status.phase == "Pending":
+            running = condition(self.status, RUNNING)
+            counts = f"{running.message}; " if running is not None else ""
+            self.cond(RUNNING, False, "QuotaExceeded", f"{counts}{message}"[:1000])
+        self.plan.requeue_after = min(self.plan.requeue_after or QUOTA_RETRY_SECONDS, QUOTA_RETRY_SECONDS)
 
     def _previous_incarnation(self, pod: PodView) -> bool:
         """A pod of a deleted job with the same name: it goes away with its owner; wait for it."""
@@ -526,6 +576,9 @@ class _Planner:
                     pod_name=replacement_name(self.ident.name, i, self.taken, self.status.attempt),
                 )
             )
+        # Refused for quota in this pass (see quota()): not created again until the timer.
+        refused = {(r.kind, r.name) for r in self.observed.refused}
+        self.plan.create = [c for c in self.plan.create if (c["kind"], c["metadata"]["name"]) not in refused]
         if self.status.start_time is None and (self.plan.create or self.pods):
             self.status.start_time = self.now
             if r.max_duration_s is not None:
