@@ -35,6 +35,8 @@ watches every namespace, a Role in each namespace of watchNamespaces otherwise.
   resources: ["pods"]
   verbs: ["get", "list", "watch", "create", "delete", "patch"]
 # Application: each job's headless Service and trainer ConfigMap; they go with the job (ownerReferences).
+# Admission: the webhook's dry-run of a new job's ConfigMap, Service and worker 0 (dryRun=All) is a
+# create of each, under this rule and the pods rule above; nothing more is needed.
 - apiGroups: [""]
   resources: ["services", "configmaps"]
   verbs: ["get", "list", "watch", "create"]
