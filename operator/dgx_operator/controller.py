@@ -31,8 +31,8 @@ from dgx_operator.reconcile.mounts import mount_state, parse_mount
 from dgx_operator.reconcile.planner import UNREADABLE, Event, MountState, Observed, Plan, Refused, plan
 from dgx_operator.reconcile.pods import PodView, slim
 from dgx_operator.reconcile.stored import parse_stored
-from dgx_operator.render import BuildContext
-from dgx_operator.render.names import FINALIZER, JOB_LABEL, config_map_name, detached_value, service_name
+from dgx_operator.render import BuildContext, JobIdentity, trainer_config
+from dgx_operator.render.names import FINALIZER, JOB_LABEL, detached_value, service_name
 from dgx_operator.render.resolved import Defaults
 
 log = logging.getLogger("kubedgx")
@@ -97,6 +97,8 @@ class Expectations:
 
 PodSource = Callable[[str, str], list[Mapping[str, Any]]]
 NamesSource = Callable[[str, str], bool]
+#: (namespace, job) -> [(name, controller owner uid)] of the job's ConfigMaps.
+ConfigMapSource = Callable[[str, str], list[tuple[str, str | None]]]
 EventSink = Callable[[Mapping[str, Any], str, str, str], None]
 
 
@@ -110,7 +112,7 @@ class Controller(ReconcileLoop):
     defaults: Defaults
     pods_of: PodSource
     has_service: NamesSource
-    has_config_map: NamesSource
+    config_maps_of: ConfigMapSource
     post_event: EventSink
     now: Callable[[], datetime] = utcnow
     locks: dict[Key, asyncio.Lock] = field(default_factory=dict)
@@ -215,8 +217,9 @@ class Controller(ReconcileLoop):
         present = {f"Pod/{p['metadata']['name']}" for p in raw}
         if self.has_service(namespace, service_name(name)):
             present.add(f"Service/{service_name(name)}")
-        if self.has_config_map(namespace, config_map_name(name)):
-            present.add(f"ConfigMap/{config_map_name(name)}")
+        # The job's ConfigMaps (ours: a leftover of a deleted job of the same name is not).
+        config_maps = {cm for cm, owner in self.config_maps_of(namespace, name) if owner == str(job.metadata.uid)}
+        present |= {f"ConfigMap/{cm}" for cm in config_maps}
         exp = self.expectations.setdefault(key, Expectations())
         exp.settle(present, time.monotonic())
         views: list[PodView] = []
@@ -244,10 +247,15 @@ class Controller(ReconcileLoop):
             mounts[ref.name] = MountState(phase, message)
             if digest:
                 digests[ref.name] = digest
+        current = trainer_config(JobIdentity.of(job), job.spec)
+        wanted = current[0] if current is not None else None
         observed = Observed(
             pods=tuple(views),
             service=f"Service/{service_name(name)}" in expected,
-            config_map=f"ConfigMap/{config_map_name(name)}" in expected,
+            config_map=wanted is not None and f"ConfigMap/{wanted}" in expected,
+            stale_config_maps=tuple(
+                sorted(cm for cm in config_maps - {wanted} if f"ConfigMap/{cm}" not in exp.deleted)
+            ),
             mounts=mounts,
         )
         return observed, specs, digests
@@ -321,6 +329,9 @@ class Controller(ReconcileLoop):
         for pod in result.delete:
             await self.kube.delete_pod(namespace, pod)
             exp.deleted[f"Pod/{pod}"] = time.monotonic()
+        for config_map in result.delete_config_maps:
+            await self.kube.delete_config_map(namespace, config_map)
+            exp.deleted[f"ConfigMap/{config_map}"] = time.monotonic()
         for event in result.events:
             self.emit(body, event)
         if result.delete_job:

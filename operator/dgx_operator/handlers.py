@@ -61,7 +61,7 @@ async def startup(
         defaults=config.defaults(),
         pods_of=lambda ns, name: list(pods_by_job.get((ns, name), [])),
         has_service=lambda ns, name: (ns, name) in services,
-        has_config_map=lambda ns, name: (ns, name) in config_maps,
+        config_maps_of=lambda ns, name: list(config_maps.get((ns, name), [])),
         post_event=post_event,
         retry_base=config.retry_base,
         metrics=memo.metrics,
@@ -120,8 +120,10 @@ async def services(name: Any, namespace: Any, **_: Any) -> Any:
 
 
 @kopf.index("configmaps", labels=OURS)
-async def config_maps(name: Any, namespace: Any, **_: Any) -> Any:
-    return {(namespace, name): True}
+async def config_maps(name: Any, namespace: Any, labels: Any, meta: Any, **_: Any) -> Any:
+    """By job: its trainer ConfigMaps are named by content, and a superseded one is deleted."""
+    owner = next((o.get("uid") for o in meta.get("ownerReferences") or [] if o.get("controller")), None)
+    return {(namespace, labels[JOB_LABEL]): (name, owner)}
 
 
 @kopf.index(*JOB)

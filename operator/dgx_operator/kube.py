@@ -288,6 +288,16 @@ class Kube:
             self._raise("patch", exc, f"patch pod {namespace}/{name}")
         return True
 
+    async def delete_config_map(self, namespace: str, name: str) -> bool:
+        """Delete a ConfigMap (a superseded trainer config); False if it was already gone."""
+        try:
+            await _unparsed(self.core.delete_namespaced_config_map(name, namespace, _preload_content=False))
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            self._raise("delete", exc, f"delete configmap {namespace}/{name}")
+        return True
+
     async def delete_pod(self, namespace: str, name: str) -> bool:
         """Delete a pod; False if it was already gone."""
         try:

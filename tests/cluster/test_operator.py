@@ -28,10 +28,12 @@ from tests.cluster.operator import Operator, chart_operator, install
 from tests.e2e.jobs import (
     command_job,
     condition_true,
+    interactive_trainer_job,
     live_workers,
     phase_is,
     running_with,
     running_workers,
+    trainer_config_of,
     wait_gone,
     wait_job,
     worker_pods,
@@ -393,6 +395,29 @@ def test_suspend_deletes_the_workers_and_resume_brings_them_back(operator: Opera
     namespace.patch(JOBS, "pause", {"spec": {"suspend": False}})
     job = wait_job(namespace, "pause", "2/2 Running again", running_with(2), timeout=TIMEOUT)
     assert dig(job, "status", "restarts") in (0, None)
+
+
+def test_a_trainer_edit_while_suspended_reaches_the_resumed_worker(operator: Operator, namespace: Kubectl) -> None:
+    """Issue 13.7: spec.trainer may change while the job is suspended; the resumed worker mounts a
+    ConfigMap with the edit (named by content), and the superseded one is deleted."""
+    namespace.apply(interactive_trainer_job("edit"))
+    wait_job(namespace, "edit", "Running", running_with(1), timeout=TIMEOUT)
+    (pod,) = live_workers(namespace, "edit")
+    before = trainer_config_of(pod)
+    assert namespace.get("configmap", before) is not None
+    namespace.patch(JOBS, "edit", {"spec": {"suspend": True}})
+    wait_job(namespace, "edit", "Suspended", phase_is("Suspended"), timeout=TIMEOUT)
+    wait_for("no workers", lambda: live_workers(namespace, "edit") == [], timeout=TIMEOUT, interval=0.5)
+    namespace.patch(JOBS, "edit", {"spec": {"trainer": {"training": {"learningRate": 0.00042}}}})
+    namespace.patch(JOBS, "edit", {"spec": {"suspend": False}})
+    wait_job(namespace, "edit", "Running again", running_with(1), timeout=TIMEOUT)
+    (resumed,) = live_workers(namespace, "edit")
+    after = trainer_config_of(resumed)
+    assert after != before
+    config = namespace.get("configmap", after)
+    assert config is not None
+    assert "learningRate: 0.00042" in config["data"]["trainer.yaml"]
+    wait_gone(namespace, "configmap", before, timeout=TIMEOUT)
 
 
 def test_max_duration_ends_the_job_with_deadline_exceeded(operator: Operator, namespace: Kubectl) -> None:

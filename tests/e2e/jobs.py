@@ -258,3 +258,11 @@ def owned_by(obj: Mapping[str, Any], job: Mapping[str, Any]) -> bool:
 def condition_true(job: Mapping[str, Any], type_: str) -> bool:
     cond = condition(job, type_)
     return cond is not None and cond.get("status") == "True"
+
+
+def trainer_config_of(pod: Mapping[str, Any] | None) -> str:
+    """The trainer ConfigMap a worker mounts (its name is keyed by content)."""
+    volumes = dig(pod, "spec", "volumes", default=[]) or []
+    names = [v["configMap"]["name"] for v in volumes if v.get("name") == "trainer-config" and "configMap" in v]
+    assert names, f"the worker mounts no trainer ConfigMap: {volumes}"
+    return str(names[0])

@@ -12,6 +12,7 @@ from tests.e2e.jobs import (
     interactive_trainer_job,
     owned_by,
     running_with,
+    trainer_config_of,
     wait_gone,
     wait_job,
     worker_pods,
@@ -29,7 +30,8 @@ def test_deleting_a_job_removes_its_children_and_releases_the_finalizer(ns: Kube
     job = wait_job(ns, "doomed", "Running with its idle debug worker", running_with(1))
     assert FINALIZER in (dig(job, "metadata", "finalizers", default=[]) or []), job["metadata"]
 
-    children = [("pod", "doomed-worker-0"), ("service", "doomed"), ("configmap", "doomed-trainer")]
+    config = trainer_config_of(ns.get("pod", "doomed-worker-0"))
+    children = [("pod", "doomed-worker-0"), ("service", "doomed"), ("configmap", config)]
     for kind, name in children:
         child = ns.get(kind, name)
         assert child is not None, f"{kind}/{name} should exist while the job runs"

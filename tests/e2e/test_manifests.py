@@ -152,8 +152,10 @@ def test_interactive_trainer_job_has_every_kind_of_child() -> None:
     """What the cleanup test expects to see and then to see go."""
     job = DGXTrainingJob.model_validate(interactive_trainer_job("doomed"))
     children = build_children(job, BuildContext(catalog=Catalog.load()), namespace="e2e")
+    config = next(c["metadata"]["name"] for c in children if c["kind"] == "ConfigMap")
+    assert config.startswith("doomed-trainer-")
     assert sorted((c["kind"], c["metadata"]["name"]) for c in children) == [
-        ("ConfigMap", "doomed-trainer"),
+        ("ConfigMap", config),
         ("Pod", "doomed-worker-0"),
         ("Service", "doomed"),
     ]

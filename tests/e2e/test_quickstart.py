@@ -16,6 +16,7 @@ from tests.e2e.jobs import (
     condition_true,
     phase_is,
     quickstart_job,
+    trainer_config_of,
     wait_job,
     worker_pods,
 )
@@ -65,4 +66,4 @@ def test_quickstart_runs_to_success_on_cpu(ns: Kubectl, cluster: Cluster) -> Non
     assert int(limits["nvidia.com/gpu"]) >= 1, limits
     assert any(t.get("key") == "nvidia.com/gpu" for t in dig(worker, "spec", "tolerations", default=[])), worker["spec"]
     # The built-in trainer got its config from the job's ConfigMap.
-    assert ns.get("configmap", "quickstart-trainer") is not None
+    assert ns.get("configmap", trainer_config_of(worker)) is not None

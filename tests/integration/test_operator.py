@@ -378,7 +378,10 @@ async def test_two_workers_run_and_succeed_when_worker_0_exits_0(emulator: Emula
     job = get_job(emulator)
     assert job["metadata"]["finalizers"] == [FINALIZER]
     assert emulator.get("services", NS, JOB) is not None
-    assert emulator.get("configmaps", NS, f"{JOB}-trainer") is not None
+    (config,) = [v["configMap"]["name"] for v in emulator.get("pods", NS, f"{JOB}-worker-0")["spec"]["volumes"]
+                 if v["name"] == "trainer-config"]  # fmt: skip
+    assert config.startswith(f"{JOB}-trainer-")
+    assert emulator.get("configmaps", NS, config) is not None
 
     run_pods(emulator, worker(0), worker(1))
     status = await wait_phase(emulator, "Running", nodes("2/2"))

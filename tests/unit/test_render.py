@@ -146,8 +146,10 @@ def per_gpu(inst: Instance) -> tuple[int, int, int]:
 
 def test_trainer_mode_children_in_creation_order() -> None:
     children = build({"spec.elastic": {"minNodes": 3}})
+    config = children[0]["metadata"]["name"]
+    assert re.fullmatch(r"job-trainer-[0-9a-f]{10}", config), config  # keyed by content (and the job's uid)
     assert [(c["kind"], c["metadata"]["name"]) for c in children] == [
-        ("ConfigMap", "job-trainer"),
+        ("ConfigMap", config),
         ("Service", "job"),
         ("Pod", "job-worker-0"),
         ("Pod", "job-worker-1"),
@@ -168,7 +170,9 @@ def test_elastic_job_gets_max_nodes_workers() -> None:
 
 def test_names_follow_the_job_name_and_namespace() -> None:
     children = build({"metadata.name": "llama-ft", "metadata.namespace": "team-a"})
-    assert [c["metadata"]["name"] for c in children] == ["llama-ft-trainer", "llama-ft", "llama-ft-worker-0"]
+    names = [c["metadata"]["name"] for c in children]
+    assert re.fullmatch(r"llama-ft-trainer-[0-9a-f]{10}", names[0]), names
+    assert names[1:] == ["llama-ft", "llama-ft-worker-0"]
     assert {c["metadata"]["namespace"] for c in children} == {"team-a"}
 
 
@@ -814,7 +818,9 @@ def test_trainer_pod_runs_the_builtin_trainer() -> None:
     assert [*container["command"], *container["args"]] == TRAINER_ARGV
     mount, volume = volume_at(pod, "/etc/kubedgx")
     assert mount["readOnly"] is True
-    assert volume["configMap"] == {"name": "job-trainer"}
+    (config,) = [c for c in build() if c["kind"] == "ConfigMap"]
+    assert volume["configMap"] == {"name": config["metadata"]["name"]}
+    assert pod["metadata"]["labels"]["kubedgx.io/trainer-config"] == config["metadata"]["name"].rsplit("-", 1)[1]
     assert env_of(pod)["KUBEDGX_TRAINER_CONFIG"] == "/etc/kubedgx/trainer.yaml"
 
 

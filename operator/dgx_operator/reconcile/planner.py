@@ -104,7 +104,10 @@ class Observed:
 
     pods: Sequence[PodView] = ()
     service: bool = False
+    #: The ConfigMap of the job's current trainer config exists.
     config_map: bool = False
+    #: Other ConfigMaps of this job: trainer configs an edit superseded.
+    stale_config_maps: Sequence[str] = ()
     mounts: Mapping[str, MountState] = field(default_factory=dict)
     #: "kind namespace/name (owner ...)" of children at our names that another owner controls,
     #: learnt from a create that answered 409.
@@ -127,6 +130,8 @@ class Plan:
     status: DGXTrainingJobStatus
     create: list[dict[str, Any]] = field(default_factory=list)
     delete: list[str] = field(default_factory=list)
+    #: Superseded trainer ConfigMaps that no worker mounts any more.
+    delete_config_maps: list[str] = field(default_factory=list)
     #: Pods to let go of (stuck Terminating on a lost node): relabelled "<job>.detached".
     detach: list[str] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
@@ -612,8 +617,20 @@ class _Planner:
             config = trainer_config_map(self.ident, self.spec)
             if config is not None:
                 self.plan.create.append(config)
+        self.collect_stale_config_maps()
         if not self.observed.service:
             self.plan.create.append(headless_service(self.ident, r, self.ctx.defaults.master_port))
+
+    def collect_stale_config_maps(self) -> None:
+        """A trainer config an edit superseded goes once no pod of the job mounts it. A worker made
+        before configs were keyed by content carries no label: then nothing is deleted, since which
+        one it mounts is not known."""
+        mounted = {p.config for p in self.pods}
+        if None in mounted and self.pods:
+            return
+        self.plan.delete_config_maps = [
+            name for name in self.observed.stale_config_maps if name.rsplit("-", 1)[-1] not in mounted
+        ]
 
     def remaining_seconds(self, r: Resolved) -> int | None:
         if r.max_duration_s is None:

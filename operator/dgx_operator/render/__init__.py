@@ -7,17 +7,14 @@ from __future__ import annotations
 
 from typing import Any
 
-import yaml
-
 from dgx_operator.api.trainingjob import DGXTrainingJob, DGXTrainingJobSpec
 from dgx_operator.render.names import (
     CONFIG_FILE,
     common_labels,
-    config_map_name,
     job_selector,
     service_name,
 )
-from dgx_operator.render.pod import BuildError, owner_reference, worker_pod
+from dgx_operator.render.pod import BuildError, owner_reference, trainer_config, worker_pod
 from dgx_operator.render.resolved import BuildContext, Defaults, JobIdentity, Resolved, resolve
 
 __all__ = [
@@ -29,6 +26,7 @@ __all__ = [
     "build_children",
     "headless_service",
     "resolve",
+    "trainer_config",
     "trainer_config_map",
     "worker_pod",
 ]
@@ -59,17 +57,17 @@ def headless_service(job: JobIdentity, r: Resolved, master_port: int) -> dict[st
 
 def trainer_config_map(job: JobIdentity, spec: DGXTrainingJobSpec) -> dict[str, Any] | None:
     """The trainer config with every default spelled out: the trainer runs exactly what the
-    operator saw, even if the trainer image's defaults drift."""
-    if spec.trainer is None:
+    operator saw, even if the trainer image's defaults drift. Named by content (see
+    config_map_name); the workers mount it by the same name (render.pod.trainer_config)."""
+    config = trainer_config(job, spec)
+    if config is None:
         return None
-    text = yaml.safe_dump(
-        spec.trainer.model_dump(by_alias=True, exclude_none=True, mode="json"), sort_keys=False, width=100
-    )
+    name, _, text = config
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": {
-            "name": config_map_name(job.name),
+            "name": name,
             "namespace": job.namespace,
             "labels": common_labels(job.name, "trainer-config"),
             "ownerReferences": [owner_reference(job)],

@@ -6,6 +6,7 @@ worker 3 exists, by its name alone.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Collection, Mapping
 
 LABEL_PREFIX = "kubedgx.io"
@@ -54,8 +55,20 @@ def service_name(job: str) -> str:
     return job
 
 
-def config_map_name(job: str) -> str:
+def config_map_name(job: str, digest: str) -> str:
+    """<job>-trainer-<digest>: keyed by the job's uid and the config's content, so an edit (while
+    suspended) gets a new ConfigMap that only the new workers mount, and a same-named job never
+    mounts what a deleted one left behind (garbage collection may take a while)."""
+    return f"{job}-trainer-{digest}"
+
+
+#: What config_map_name was before it was keyed by content (ConfigMaps of jobs started then).
+def legacy_config_map_name(job: str) -> str:
     return f"{job}-trainer"
+
+
+def config_digest(uid: str, text: str) -> str:
+    return hashlib.sha256(f"{uid}\n{text}".encode()).hexdigest()[:10]
 
 
 def job_selector(job: str) -> dict[str, str]:

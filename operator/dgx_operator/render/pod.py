@@ -5,13 +5,17 @@ from __future__ import annotations
 import posixpath
 from typing import Any
 
+import yaml
+
 from dgx_operator.api.common import API_VERSION
 from dgx_operator.api.datamount import DGXDataMountSpec
 from dgx_operator.api.trainingjob import KIND, DGXTrainingJobSpec
 from dgx_operator.render.datasync import MountPlan, archives, out_local_dir, sync_containers
 from dgx_operator.render.names import (
     CONFIG_FILE,
+    CONFIG_LABEL,
     CONTAINER_NAME,
+    config_digest,
     config_map_name,
     job_selector,
     service_name,
@@ -192,6 +196,17 @@ def _under(path: str, mount_path: str) -> bool:
     return path == mount_path or path.startswith(mount_path.rstrip("/") + "/")
 
 
+def trainer_config(job: JobIdentity, spec: DGXTrainingJobSpec) -> tuple[str, str, str] | None:
+    """(ConfigMap name, digest, trainer.yaml) of a trainer job; None in command mode."""
+    if spec.trainer is None:
+        return None
+    text = yaml.safe_dump(
+        spec.trainer.model_dump(by_alias=True, exclude_none=True, mode="json"), sort_keys=False, width=100
+    )
+    digest = config_digest(job.uid or "", text)
+    return config_map_name(job.name, digest), digest, text
+
+
 def volumes_and_mounts(
     job: JobIdentity, spec: DGXTrainingJobSpec, ctx: BuildContext, r: Resolved, plans: list[MountPlan] | None = None
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -199,8 +214,9 @@ def volumes_and_mounts(
     server would reject (two at one path) or that cannot work (outputs into a read-only input)."""
     volumes: list[dict[str, Any]] = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": r.shm}}]
     mounts: list[dict[str, Any]] = [{"name": "dshm", "mountPath": "/dev/shm"}]
-    if spec.trainer is not None:
-        volumes.append({"name": "trainer-config", "configMap": {"name": config_map_name(job.name)}})
+    config = trainer_config(job, spec)
+    if config is not None:
+        volumes.append({"name": "trainer-config", "configMap": {"name": config[0]}})
         mounts.append({"name": "trainer-config", "mountPath": ctx.defaults.config_dir, "readOnly": True})
     reserved = {m["mountPath"] for m in mounts}
     for i, ref in enumerate(spec.data_mounts):
@@ -362,7 +378,10 @@ def worker_pod(
         "metadata": {
             "name": pod_name or name,
             "namespace": job.namespace,
-            "labels": worker_labels(job.name, index, attempt, job.labels),
+            "labels": {
+                **worker_labels(job.name, index, attempt, job.labels),
+                **({CONFIG_LABEL: config[1]} if (config := trainer_config(job, spec)) is not None else {}),
+            },
             "annotations": {"kubedgx.io/instance": r.instance.name},
             "ownerReferences": [owner_reference(job)],
         },
