@@ -38,8 +38,13 @@ watches every namespace, a Role in each namespace of watchNamespaces otherwise.
 # Admission: the webhook's dry-run of a new job's ConfigMap, Service and worker 0 (dryRun=All) is a
 # create of each, under this rule and the pods rule above; nothing more is needed.
 - apiGroups: [""]
-  resources: ["services", "configmaps"]
+  resources: ["services"]
   verbs: ["get", "list", "watch", "create"]
+# Application: trainer ConfigMaps are named by content; one an edit superseded is deleted once no
+# worker mounts it.
+- apiGroups: [""]
+  resources: ["configmaps"]
+  verbs: ["get", "list", "watch", "create", "delete"]
 {{- if .Values.dataMounts.readSecrets }}
 # Application: a DGXDataMount's credentialsSecretRef is read to list its store (dataMounts.readSecrets).
 - apiGroups: [""]
