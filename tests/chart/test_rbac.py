@@ -44,6 +44,7 @@ from tests.integration.test_operator import (
     Clock,
     Operator,
     exit_pod,
+    lose_a_worker_then_edit_the_trainer,
     run_pod,
     wait_phase,
     worker,
@@ -322,6 +323,10 @@ async def exercise(op: Operator, s3: S3, config: OperatorConfig) -> None:
     op.clock.advance(timedelta(seconds=60))
     await op.trigger("ttl")
     await emulator.wait_for_absence(JOBS, NS, "ttl")
+
+    # A worker stuck on a lost node is let go of (pods patch); a superseded trainer config is
+    # deleted (configmaps delete).
+    await lose_a_worker_then_edit_the_trainer(op)
 
     # A data mount listed with its Secret; admission of a job using it (the webhook reads the mount).
     bucket = s3.bucket(objects=FILES)

@@ -1296,3 +1296,77 @@ async def test_a_progress_report_with_nan_does_not_wedge_the_status(
     emulator.patch("pods", NS, worker(0), {"metadata": {"annotations": {PROGRESS: report}}})
     status = await wait_phase(emulator, "Running", lambda s: (s.get("progress") or {}).get("step") == 12)
     assert status["progress"] == {"step": 12, "totalSteps": 100}
+
+
+# --------------------------------------------------------------------------------------------
+# Issue 13: a worker on a lost node; a trainer edit while suspended
+# --------------------------------------------------------------------------------------------
+
+
+async def lose_a_worker_then_edit_the_trainer(op: Operator, name: str = "lost") -> None:
+    """The taint manager marks a running worker DisruptionTarget and deletes it; its kubelet (lost
+    with the node) never confirms, so the pod stays Terminating. The operator lets it go (relabels
+    it) and replaces it under a free name. Then the job is suspended, its trainer config edited and
+    resumed: the new worker mounts a new ConfigMap, and the superseded one is deleted.
+
+    Also the RBAC test's scenario for the pods patch and configmaps delete verbs (tests/chart)."""
+    emulator = op.emulator
+    emulator.create(JOBS, with_changes(BASE_JOB, {"metadata.name": name}))
+    await emulator.wait_for_object("pods", NS, worker(0, name))
+    run_pod(emulator, worker(0, name))
+    await wait_phase(emulator, "Running", name=name)
+    before = config_of(emulator, worker(0, name))
+    held = emulator.hold_pod_deletion
+    emulator.hold_pod_deletion = True
+    try:
+        pod = emulator.get("pods", NS, worker(0, name))
+        assert pod is not None
+        marked = [*pod["status"].get("conditions", []), {"type": "DisruptionTarget", "status": "True",
+                  "reason": "DeletionByTaintManager"}]  # fmt: skip
+        emulator.patch_status("pods", NS, worker(0, name), {"conditions": marked})
+        emulator.delete("pods", NS, worker(0, name))
+        await emulator.wait_for(
+            lambda: (
+                ((emulator.get("pods", NS, worker(0, name)) or {}).get("metadata", {}).get("labels", {})).get(JOB_LABEL)
+                == f"{name}.detached"
+            ),
+            message="the stuck worker let go of",
+        )
+        await emulator.wait_for_object("pods", NS, f"{worker(0, name)}-1")
+    finally:
+        emulator.hold_pod_deletion = held
+    replacement = emulator.get("pods", NS, f"{worker(0, name)}-1")
+    assert replacement is not None
+    assert replacement["spec"]["hostname"] == worker(0, name)
+    job = emulator.get(JOBS, NS, name)
+    assert job is not None
+    assert job["status"].get("restarts", 0) == 0
+
+    emulator.patch(JOBS, NS, name, {"spec": {"suspend": True}})
+    await wait_phase(emulator, "Suspended", name=name)
+    await emulator.wait_for(lambda: not emulator.select("pods", NS, labels={JOB_LABEL: name}), message="no workers")
+    emulator.patch(JOBS, NS, name, {"spec": {"suspend": False, "trainer": {"training": {"learningRate": 0.5}}}})
+    resumed = await emulator.wait_for(
+        lambda: next(iter(emulator.select("pods", NS, labels={JOB_LABEL: name})), None),
+        message="a resumed worker",
+    )
+    after = config_of(emulator, resumed["metadata"]["name"])
+    assert after != before
+    config = emulator.get("configmaps", NS, after)
+    assert config is not None
+    assert "learningRate: 0.5" in config["data"]["trainer.yaml"]
+    await emulator.wait_for_absence("configmaps", NS, before)
+
+
+def config_of(emulator: Emulator, pod: str) -> str:
+    body = emulator.get("pods", NS, pod)
+    assert body is not None
+    (name,) = [v["configMap"]["name"] for v in body["spec"]["volumes"] if v["name"] == "trainer-config"]
+    return str(name)
+
+
+async def test_a_lost_worker_is_replaced_and_a_trainer_edit_reaches_the_resumed_worker(
+    emulator: Emulator, run_operator: RunOperator
+) -> None:
+    op = await start_operator(emulator, run_operator)
+    await lose_a_worker_then_edit_the_trainer(op)
