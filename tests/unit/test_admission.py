@@ -21,7 +21,9 @@ import yaml
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from dgx_operator import admission
+from dgx_operator.api import DGXTrainingJob
 from dgx_operator.catalog import Catalog
+from dgx_operator.render import JobIdentity, trainer_config_map
 from dgx_operator.render.names import FINALIZER
 from dgx_operator.settings import OperatorConfig, WebhookConfig
 from dgx_operator.validation import immutable_changes
@@ -368,6 +370,17 @@ def status_error(code: int, reason: str, message: str) -> ApiException:
     return exc
 
 
+def _config_map_name(body: Body) -> str:
+    job = DGXTrainingJob.model_validate(body)
+    config = trainer_config_map(JobIdentity.of(job), job.spec)
+    assert config is not None
+    name: str = config["metadata"]["name"]
+    return name
+
+
+#: BASE_JOB's trainer ConfigMap as the operator names it (by the job's uid, a placeholder before it is stored,
+#: and the config's content).
+CONFIG_MAP = _config_map_name(BASE_JOB)
 POD_SECURITY = (
     'pods "job-worker-0" is forbidden: violates PodSecurity "baseline:latest": hostPath volumes (volume "data-0")'
 )
@@ -429,7 +442,8 @@ def warned(body: Body, memo: kopf.Memo, old: Body | None = None, operation: str 
 def test_a_created_job_has_its_config_map_service_and_worker_0_dry_run_without_owner() -> None:
     kube = DryRunKube()
     assert warned(BASE_JOB, serving(kube)) == []
-    assert kube.kinds() == [("ConfigMap", "job-trainer"), ("Service", "job"), ("Pod", "job-worker-0")]
+    assert kube.kinds() == [("ConfigMap", CONFIG_MAP), ("Service", "job"), ("Pod", "job-worker-0")]
+    assert CONFIG_MAP.startswith("job-trainer-")
     assert all("ownerReferences" not in o["metadata"] for o in kube.sent)
     assert all(o["metadata"]["namespace"] == "ml" for o in kube.sent)
     pod = kube.sent[2]
@@ -457,9 +471,9 @@ def status_of_refusal(body: Body, memo: kopf.Memo) -> tuple[int | None, str]:
             id="invalid",
         ),
         pytest.param(
-            status_error(400, "BadRequest", 'ConfigMap "job-trainer" is invalid: data: Too long'),
+            status_error(400, "BadRequest", f'ConfigMap "{CONFIG_MAP}" is invalid: data: Too long'),
             "ConfigMap",
-            "ConfigMap job-trainer",
+            f"ConfigMap {CONFIG_MAP}",
             id="bad-request",
         ),
     ],
@@ -593,7 +607,7 @@ def test_worker_0_is_dry_run_only_when_its_mounts_were_found() -> None:
     job = data_job("/output")
     kube = DryRunKube()
     assert warned(job, serving(kube)) == []
-    assert kube.kinds() == [("ConfigMap", "job-trainer"), ("Service", "job")]
+    assert kube.kinds() == [("ConfigMap", _config_map_name(job)), ("Service", "job")]
 
     kube = DryRunKube(mounts={("ml", "data"): BASE_MOUNT})
     assert warned(job, serving(kube)) == []
