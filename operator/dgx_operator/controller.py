@@ -32,7 +32,7 @@ from dgx_operator.reconcile.planner import UNREADABLE, Event, MountState, Observ
 from dgx_operator.reconcile.pods import PodView, slim
 from dgx_operator.reconcile.stored import parse_stored
 from dgx_operator.render import BuildContext, JobIdentity, trainer_config
-from dgx_operator.render.names import FINALIZER, JOB_LABEL, detached_value, service_name
+from dgx_operator.render.names import FINALIZER, INDEX_LABEL, JOB_LABEL, detached_value, service_name
 from dgx_operator.render.resolved import Defaults
 
 log = logging.getLogger("kubedgx")
@@ -307,14 +307,19 @@ class Controller(ReconcileLoop):
             if f"Pod/{pod}" not in exp.detached:
                 await self.kube.patch_pod_labels(namespace, pod, {JOB_LABEL: detached_value(name)})
                 exp.detached[f"Pod/{pod}"] = time.monotonic()
-        # The ConfigMap and Service first (workers mount and resolve them), then the workers all at
-        # once, as the Job controller does; every success is remembered even if another fails.
+        # The ConfigMap and Service first (workers mount and resolve them), then worker 0 (it hosts
+        # the rendezvous: when a ResourceQuota has room for only some workers, those must include
+        # it), then the others all at once, as the Job controller does; every success is remembered
+        # even if another fails.
         shared = [o for o in result.create if o["kind"] != "Pod"]
         for obj in shared:
             await create(obj)
-        outcomes = await asyncio.gather(
-            *(create(o) for o in result.create if o["kind"] == "Pod"), return_exceptions=True
-        )
+        pods = [o for o in result.create if o["kind"] == "Pod"]
+        first = [o for o in pods if o["metadata"]["labels"].get(INDEX_LABEL) == "0"]
+        outcomes: list[Any] = []
+        for obj in first:
+            outcomes += await asyncio.gather(create(obj), return_exceptions=True)
+        outcomes += await asyncio.gather(*(create(o) for o in pods if o not in first), return_exceptions=True)
         errors = [o for o in outcomes if isinstance(o, BaseException)]
         if errors:
             raise errors[0]

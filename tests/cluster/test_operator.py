@@ -238,6 +238,25 @@ def test_worker_zero_exiting_zero_succeeds_the_job_and_deletes_the_rest(operator
              timeout=TIMEOUT, interval=0.5)  # fmt: skip
 
 
+def test_a_nan_in_a_progress_report_never_wedges_the_status(operator: Operator, namespace: Kubectl) -> None:
+    """Issue 13.6 against the real apiserver, which refuses a body that is not JSON: a diverged
+    loss (NaN) in the trainer's progress annotation is read as null, so the status patch carrying
+    the step goes through, and later reports still arrive."""
+    namespace.apply(command_job("nan", min_nodes=1, max_nodes=1))
+    wait_job(namespace, "nan", "Running", running_with(1), timeout=TIMEOUT)
+    (pod,) = live_workers(namespace, "nan")
+    name = pod["metadata"]["name"]
+    namespace.run("annotate", "pod", name, 'kubedgx.io/progress={"step": 5, "loss": NaN, "learningRate": Infinity}')
+    job = wait_job(namespace, "nan", "step 5 reported", lambda j: dig(j, "status", "progress", "step") == 5,
+                   timeout=TIMEOUT)  # fmt: skip
+    assert dig(job, "status", "progress", "loss") is None
+    assert dig(job, "status", "progress", "learningRate") is None
+    namespace.run("annotate", "pod", name, 'kubedgx.io/progress={"step": 6, "loss": 1.25}', "--overwrite")
+    job = wait_job(namespace, "nan", "step 6 reported", lambda j: dig(j, "status", "progress", "step") == 6,
+                   timeout=TIMEOUT)  # fmt: skip
+    assert dig(job, "status", "progress", "loss") == 1.25
+
+
 def test_never_fails_the_job_on_the_first_worker_failure(operator: Operator, namespace: Kubectl) -> None:
     job = command_job("once", min_nodes=2, max_nodes=2)
     job["spec"]["restartPolicy"] = "Never"
