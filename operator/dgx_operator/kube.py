@@ -290,22 +290,19 @@ class Kube:
 
     async def delete_config_map(self, namespace: str, name: str) -> bool:
         """Delete a ConfigMap (a superseded trainer config); False if it was already gone."""
-        try:
-            await _unparsed(self.core.delete_namespaced_config_map(name, namespace, _preload_content=False))
-        except ApiException as exc:
-            if exc.status == 404:
-                return False
-            self._raise("delete", exc, f"delete configmap {namespace}/{name}")
-        return True
+        return await self._delete(self.core.delete_namespaced_config_map, "ConfigMap", namespace, name)
 
     async def delete_pod(self, namespace: str, name: str) -> bool:
         """Delete a pod; False if it was already gone."""
+        return await self._delete(self.core.delete_namespaced_pod, "Pod", namespace, name)
+
+    async def _delete(self, call: Callable[..., Awaitable[Any]], kind: str, namespace: str, name: str) -> bool:
         try:
-            await _unparsed(self.core.delete_namespaced_pod(name, namespace, _preload_content=False))
+            await _unparsed(call(name, namespace, _preload_content=False))
         except ApiException as exc:
             if exc.status == 404:
                 return False
-            self._raise("delete", exc, f"delete Pod {namespace}/{name}")
+            self._raise("delete", exc, f"delete {kind} {namespace}/{name}")
         return True
 
     async def delete_job(self, namespace: str, name: str) -> None:
