@@ -146,7 +146,7 @@ async def _review(
         return [], []
     # Shared by every request: created at startup (handlers.startup); built here only for callers
     # without one, such as tests.
-    validator: Validator = memo.get("validator") or Validator(memo.config.catalog())
+    validator: Validator = memo.get("validator") or Validator(memo.config.catalog(), defaults=memo.config.defaults())
     # The status is not checked: users cannot write it (with the status subresource the apiserver
     # drops it from a CREATE, keeps the stored one on an UPDATE, and validates the operator's
     # writes to /status itself), so a status stored under an older schema must not block a spec.
@@ -295,7 +295,7 @@ def _waits(found: Refusal) -> bool:
     any of ResourceQuota's (exceeded, or not yet computed for a new quota: "status unknown for
     quota"), and a ServiceAccount not created yet (applied after the job, or a namespace's
     "default" in the moment after the namespace was made)."""
-    return found.kind == "quota" or "quota" in found.message or "error looking up service account" in found.message
+    return found.kind in ("quota", "passing")
 
 
 async def dry_run(

@@ -286,7 +286,7 @@ class Controller(ReconcileLoop):
                     log.debug("%s/%s: namespace is terminating; not creating %s", namespace, name, obj["kind"])
                     return
                 no = refusal(exc)
-                if no is not None:
+                if no is not None and no.kind != "passing":
                     log.info("%s/%s: %s %s refused (%s): %s", namespace, name, obj["kind"], obj["metadata"]["name"],
                              no.kind, no.message)  # fmt: skip
                     refused.append(Refused(obj["kind"], obj["metadata"]["name"], no.kind == "permanent", no.message))

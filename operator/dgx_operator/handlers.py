@@ -54,7 +54,7 @@ async def startup(
         memo.webhook = admission.setup(config.webhook, kube, config.retry_base)
         settings.admission.server = memo.webhook.server
     catalog = config.catalog()
-    memo.validator = Validator(catalog)
+    memo.validator = Validator(catalog, defaults=config.defaults())
     memo.controller = Controller(
         kube=kube,
         catalog=catalog,

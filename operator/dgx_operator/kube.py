@@ -50,12 +50,13 @@ CreateOutcome = Literal["created", "exists", "blocked"]
 
 @dataclass(frozen=True)
 class Refusal:
-    """The apiserver said no to a write, for a reason waiting will not change (``permanent``) or
-    one that is the cluster's to lift (``quota``: a ResourceQuota or LimitRange that an admin or the
-    end of other jobs frees). ``message`` is the apiserver's own sentence (Status.message), never
-    the HTTP dump with its headers."""
+    """The apiserver said no to a write, for a reason waiting will not change (``permanent``), one
+    that is the cluster's to lift (``quota``: a ResourceQuota that an admin or the end of other jobs
+    frees), or one that lifts by itself in moments (``passing``: see PASSING_REFUSALS; retried like
+    a 5xx). ``message`` is the apiserver's own sentence (Status.message), never the HTTP dump with
+    its headers."""
 
-    kind: Literal["permanent", "quota"]
+    kind: Literal["permanent", "quota", "passing"]
     code: int
     reason: str
     message: str
@@ -83,9 +84,15 @@ def status_of(exc: ApiException) -> tuple[str, str]:
     )
 
 
+#: 403s that lift by themselves: a ResourceQuota whose usage the quota controller has not computed
+#: yet, and a ServiceAccount not created yet (the default one appears moments after its namespace).
+PASSING_REFUSALS = ("status unknown for quota", "error looking up service account")
+
+
 def refusal(exc: ApiException) -> Refusal | None:
-    """Classify a refused create; None when retrying may help (429, 5xx, 409, 404, a namespace
-    being deleted, and a 403 from RBAC, which is the operator's installation to fix, not the job's).
+    """Classify a refused create; None when it is not a refusal of the object but retrying may help
+    (429, 5xx, 409, 404, a namespace being deleted, and a 403 from RBAC, which is the operator's
+    installation to fix, not the job's).
 
     Permanent: 400 and 422 (the object is invalid, or an admission webhook denied it), and the
     remaining 403s, which admission plugins answer (PodSecurity, Priority's "no PriorityClass with
@@ -95,6 +102,8 @@ def refusal(exc: ApiException) -> Refusal | None:
     if exc.status == 403:
         if "NamespaceTerminating" in str(exc.body or "") or " cannot create resource " in message:
             return None
+        if any(passing in message for passing in PASSING_REFUSALS):
+            return Refusal("passing", exc.status, reason, message)
         if "exceeded quota" in message:
             return Refusal("quota", exc.status, reason, message)
         return Refusal("permanent", exc.status, reason, message)
