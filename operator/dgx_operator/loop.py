@@ -24,6 +24,12 @@ MAX_BACKOFF = 60.0
 #: An object that is not finished is looked at again at least this often, whatever events say: the
 #: periodic safety net of a level-triggered controller (kopf's timers would add a finalizer).
 RESYNC = 60.0
+#: At most this many objects of one kind are reconciled at once; the others wait for a slot, their
+#: triggers coalescing meanwhile (controller-runtime's MaxConcurrentReconciles). Unbounded, a burst of
+#: a thousand new jobs planned all of them at once, and every plan's rendered workers waited in
+#: memory for the API client's few connections: most of the operator's peak memory, and no faster
+#: (docs/benchmarks.md, "Operator scale").
+MAX_CONCURRENT_RECONCILES = 32
 
 
 class ReconcileLoop:
@@ -37,6 +43,8 @@ class ReconcileLoop:
     timers: dict[Key, asyncio.TimerHandle]
     failures: dict[Key, int]
     retry_base: float
+    #: Made on first use, in the event loop that runs the reconciles.
+    _slots: asyncio.Semaphore | None = None
 
     async def step(self, key: Key) -> float | None:
         """One pass over ``key``; returns when to look again (None: only on the next trigger)."""
@@ -51,24 +59,27 @@ class ReconcileLoop:
             self.workers[key] = asyncio.get_running_loop().create_task(self._drain(key), name=f"reconcile-{key}")
 
     async def _drain(self, key: Key) -> None:
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(MAX_CONCURRENT_RECONCILES)
         while key in self.dirty:
-            self.dirty.discard(key)
             delay: float | None
-            started, outcome = time.perf_counter(), "ok"
-            try:
-                delay = await self.step(key)
-                self.failures.pop(key, None)
-            except TransientError as exc:
-                delay, outcome = self._backoff(key, exc.retry_after), "retry"
-                log.info("reconcile %s/%s: %s; retrying in %.1fs", *key, exc, delay)
-            except (aiohttp.ClientError, TimeoutError) as exc:  # the connection, not the answer
-                delay, outcome = self._backoff(key, None), "retry"
-                log.warning("reconcile %s/%s: %r; retrying in %.1fs", *key, exc, delay)
-            except Exception:  # a bug or an unexpected answer: log it, back off, never stop the loop
-                delay, outcome = self._backoff(key, None), "error"
-                log.exception("reconcile %s/%s failed; retrying in %.1fs", *key, delay)
-            if self.metrics is not None:
-                self.metrics.reconciled(self.kind, outcome, time.perf_counter() - started)
+            async with self._slots:
+                self.dirty.discard(key)  # only now: triggers while waiting for a slot are this pass
+                started, outcome = time.perf_counter(), "ok"
+                try:
+                    delay = await self.step(key)
+                    self.failures.pop(key, None)
+                except TransientError as exc:
+                    delay, outcome = self._backoff(key, exc.retry_after), "retry"
+                    log.info("reconcile %s/%s: %s; retrying in %.1fs", *key, exc, delay)
+                except (aiohttp.ClientError, TimeoutError) as exc:  # the connection, not the answer
+                    delay, outcome = self._backoff(key, None), "retry"
+                    log.warning("reconcile %s/%s: %r; retrying in %.1fs", *key, exc, delay)
+                except Exception:  # a bug or an unexpected answer: log it, back off, never stop the loop
+                    delay, outcome = self._backoff(key, None), "error"
+                    log.exception("reconcile %s/%s failed; retrying in %.1fs", *key, delay)
+                if self.metrics is not None:
+                    self.metrics.reconciled(self.kind, outcome, time.perf_counter() - started)
             self._schedule(key, delay)
 
     def _backoff(self, key: Key, hint: float | None) -> float:

@@ -37,6 +37,10 @@ FAILURE_POLICIES = ("Fail", "Ignore")
 CHILD_RESOURCES = ("pods", "services", "configmaps")
 #: Objects per page of kopf's initial LIST of every watched resource (limit/continue).
 DEFAULT_LIST_CHUNK_SIZE = 500
+#: Seconds a kopf per-object worker lingers after its last event (kopf's default: 5). While it
+#: lingers it holds that event's whole body; in a burst of thousands of new pods those bodies were
+#: tens of MB (docs/benchmarks.md). A new event simply starts a new worker.
+WORKER_IDLE_TIMEOUT = 0.5
 #: Where a pod finds its own namespace (the self-signed webhook's default KUBEDGX_WEBHOOK_NAMESPACE).
 SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
@@ -326,7 +330,8 @@ def configure(settings: kopf.OperatorSettings, config: OperatorConfig) -> None:
     server is asked for only those with our job label, on the initial LIST and on every WATCH; the
     handlers keep their client-side filters as well. The selector is keyed by group and version
     (core v1) so that it never narrows a custom resource that happens to share a plural. The initial
-    LISTs (children, jobs, mounts) are paged, which bounds the size of each response.
+    LISTs (children, jobs, mounts) are paged, which bounds the size of each response, and kopf's
+    per-object workers let go of their last body soon (WORKER_IDLE_TIMEOUT).
 
     The webhook server is set up by the startup handler (it needs the API client in self-signed mode)."""
     # The controller adds and removes our finalizer itself (one write, no diff-base annotation);
@@ -345,6 +350,7 @@ def configure(settings: kopf.OperatorSettings, config: OperatorConfig) -> None:
     for plural in CHILD_RESOURCES:
         settings.watching.label_selectors["", "v1", plural] = JOB_LABEL
     settings.watching.chunk_size = config.list_chunk_size or None
+    settings.queueing.idle_timeout = WORKER_IDLE_TIMEOUT
     settings.networking.request_timeout = config.request_timeout
     settings.networking.connect_timeout = 10
     settings.networking.error_backoffs = config.error_backoffs
