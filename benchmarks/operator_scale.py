@@ -330,7 +330,10 @@ async def operator(n: int, unrelated: int) -> dict[str, float]:
         api.create_namespace(NAMESPACE)
         add_unrelated(api, unrelated)
         with tempfile.TemporaryDirectory() as tmp:
+            # Its own metrics port: another operator (another benchmark, a test) may hold the default.
             env = {**os.environ, "KUBECONFIG": str(kubeconfig(api, Path(tmp)))}
+            env["KUBEDGX_METRICS_PORT"] = str(free_port())
+            log_path = Path(tmp) / "operator.log"
             launched = time.perf_counter()
             proc = subprocess.Popen(
                 [
@@ -345,24 +348,31 @@ async def operator(n: int, unrelated: int) -> dict[str, float]:
                 ],
                 env=env,
                 stdout=subprocess.DEVNULL,
-                stderr=open(Path(tmp) / "operator.log", "w"),  # noqa: SIM115
+                stderr=open(log_path, "w"),  # noqa: SIM115
             )
+            exited = asyncio.ensure_future(asyncio.to_thread(proc.wait))
+            exited.add_done_callback(lambda _: api.notify())  # an operator that dies ends every wait
+
+            async def until(what: str, predicate: Callable[[], object]) -> None:
+                await api.wait_for(lambda: proc.poll() is not None or predicate(), timeout=TIMEOUT)
+                if proc.poll() is not None:
+                    tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-20:])
+                    raise RuntimeError(f"the operator exited {proc.returncode} before {what}:\n{tail}")
+
             try:
                 # Ready when its watches are open: kopf lists and watches both kinds of child (all it
                 # lists is handled first, so an operator that lists the cluster's pods is late here).
-                await api.wait_for(
-                    lambda: api.open_watches("dgxtrainingjobs") and api.open_watches("pods"), timeout=TIMEOUT
-                )
+                await until("its watches", lambda: api.open_watches("dgxtrainingjobs") and api.open_watches("pods"))
                 ready = time.perf_counter() - launched
                 mark = len(api.log)
                 start = time.perf_counter()
                 for i in range(n):
                     api.create("dgxtrainingjobs", job_manifest(i), namespace=NAMESPACE)
-                await api.wait_for(lambda: done(api, n, unrelated), timeout=TIMEOUT)
+                await until("done", lambda: done(api, n, unrelated))
                 elapsed = time.perf_counter() - start
                 # kopf posts Events in the background: count the writes once each job's first
                 # Event (its WorkersPending transition) has arrived, so none is missed.
-                await api.wait_for(lambda: api.count("events", NAMESPACE) >= n, timeout=TIMEOUT)
+                await until("every Event", lambda: api.count("events", NAMESPACE) >= n)
                 total, without_events = writes(api, mark)
                 rss = rss_mb(proc.pid)
                 if os.environ.get("BENCH_DETAIL"):
@@ -370,7 +380,7 @@ async def operator(n: int, unrelated: int) -> dict[str, float]:
                     print(f"  operator RSS now {rss_mb(proc.pid, 'VmRSS'):.0f} MB, peak {rss:.0f} MB", flush=True)
             finally:
                 proc.terminate()
-                proc.wait(timeout=30)
+                await asyncio.wait_for(exited, timeout=30)
     return {"seconds": elapsed, "writes": total, "writes_no_events": without_events, "rss_mb": rss, "ready": ready}
 
 
