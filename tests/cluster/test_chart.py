@@ -695,6 +695,12 @@ def test_uninstall_removes_the_crds_when_keep_is_false(release: Release) -> None
     objects = release.install(values)
     for crd in CRDS:
         assert KEEP_POLICY not in (dig(established(release.admin, crd), "metadata", "annotations") or {})
+    # A CRD deleted right after it was made meets its own watch cache still initializing: the CRD
+    # finalizer's list of its objects answers "storage is (re)initializing" and backs off past the
+    # timeout (seen once in CI). Established is not enough; a list served (lists come from the watch
+    # cache since v1.34) is.
+    wait_for("each CRD's storage to serve lists", lambda: all(cluster.run("get", crd, "--all-namespaces",
+             check=False).returncode == 0 for crd in CRDS), timeout=TIMEOUT, interval=POLL)  # fmt: skip
     answer = release.uninstall()
     assert answer["info"] == ""
     assert_gone(release, objects)
