@@ -271,6 +271,7 @@ class Controller(ReconcileLoop):
         uid = str(job.metadata.uid)
         foreign: list[str] = []
         refused: list[Refused] = []
+        terminating: list[str] = []
 
         async def create(obj: dict[str, Any]) -> None:
             try:
@@ -284,6 +285,7 @@ class Controller(ReconcileLoop):
                     # delete the job: a retry would meet the same refusal after each backoff, and its
                     # CreateFailed Event is refused too. Seen on the real apiserver (tests/cluster).
                     log.debug("%s/%s: namespace is terminating; not creating %s", namespace, name, obj["kind"])
+                    terminating.append(obj["kind"])
                     return
                 no = refusal(exc)
                 if no is not None and no.kind != "passing":
@@ -325,6 +327,12 @@ class Controller(ReconcileLoop):
             raise errors[0]
         if foreign or refused:
             return foreign, refused
+        if terminating:
+            # Write nothing either: the planned status counts the workers that were not created, so
+            # the next pass would find them "lost", bump the attempt, post an Event and write again,
+            # each write triggering the next pass — a hot loop until the namespace controller deletes
+            # the job (seen in the cluster suite, where it starved the other jobs' reconciles).
+            return [], []
         # The status before the deletes: it records the restart a failed worker's deletion answers,
         # so if the write fails (409, 5xx) the failed pod is still there to be counted on the retry,
         # and once it succeeded a retry sees the pod's attempt as already handled.

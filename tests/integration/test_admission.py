@@ -431,7 +431,8 @@ def dry_runs(emulator: Emulator) -> list[tuple[str | None, str | None]]:
 
 async def test_a_job_has_its_children_dry_run_and_none_is_stored(webhook: Webhook, emulator: Emulator) -> None:
     await webhook.allowed(JOB_PATH, "CREATE", stored(BASE_JOB))
-    assert dry_runs(emulator) == [("configmaps", "ml"), ("services", "ml"), ("pods", "ml")]
+    # All at once (asyncio.gather): in whatever order they arrive.
+    assert sorted(dry_runs(emulator)) == [("configmaps", "ml"), ("pods", "ml"), ("services", "ml")]
     assert emulator.select("pods", "ml") == []
     assert emulator.select("services", "ml") == []
     assert emulator.select("configmaps", "ml", labels={"kubedgx.io/job-name": "job"}) == []

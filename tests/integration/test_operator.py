@@ -32,7 +32,7 @@ from dgx_operator.reconcile.pods import PodView
 from dgx_operator.settings import OperatorConfig
 from tests.conftest import BASE_JOB, BASE_MOUNT, with_changes
 from tests.integration.conftest import OperatorRun, RunOperator
-from tests.integration.emulator import Emulator
+from tests.integration.emulator import ApiError, Emulator
 from tests.s3 import S3, secret
 
 pytestmark = pytest.mark.asyncio
@@ -1370,3 +1370,43 @@ async def test_a_lost_worker_is_replaced_and_a_trainer_edit_reaches_the_resumed_
 ) -> None:
     op = await start_operator(emulator, run_operator)
     await lose_a_worker_then_edit_the_trainer(op)
+
+
+async def test_a_namespace_being_deleted_does_not_loop_a_job_that_lost_a_worker(
+    emulator: Emulator, run_operator: RunOperator
+) -> None:
+    """The namespace controller deletes a running job's worker before the job: the replacement's
+    create is refused (403 NamespaceTerminating). The operator must then write nothing: a status
+    counting the worker it could not create made the next pass find it "lost", write again, and each
+    write triggered the next pass (a hot loop seen in the cluster suite, starving other jobs)."""
+    op = await start_operator(emulator, run_operator)
+    emulator.create(JOBS, with_changes(BASE_JOB, {"metadata.name": "going"}))
+    await emulator.wait_for_object("pods", NS, worker(0, "going"))
+    run_pod(emulator, worker(0, "going"))
+    await wait_phase(emulator, "Running", name="going")
+    await op.settle("going")
+
+    def terminating(operation: str, kind: Any, new: Body, old: Body | None) -> None:
+        if operation == "CREATE" and kind.plural in ("pods", "events"):
+            name = new["metadata"].get("name", "")
+            raise ApiError(
+                403,
+                "Forbidden",
+                f'{kind.plural} "{name}" is forbidden: unable to create new content in namespace {NS} because it '
+                "is being terminated",
+                {"name": name, "kind": kind.plural, "causes": [{"reason": "NamespaceTerminating"}]},
+            )
+
+    writes = len(emulator.calls("patch", JOBS, subresource="status"))
+    emulator.admission.append(terminating)
+    try:
+        emulator.delete("pods", NS, worker(0, "going"), grace_period=0)
+        await emulator.wait_for(lambda: emulator.calls("create", "pods", succeeded=False), message="a refused create")
+        await op.settle("going")
+        await op.trigger("going")  # a resync: still nothing to write
+        await op.settle("going")
+        assert len(emulator.calls("patch", JOBS, subresource="status")) == writes
+        # One create per pass this test asked for (two settles, one trigger): no pass of its own.
+        assert len(emulator.calls("create", "pods", succeeded=False)) <= 3
+    finally:
+        emulator.admission.remove(terminating)
