@@ -281,37 +281,33 @@ class Kube:
     async def patch_pod_labels(self, namespace: str, name: str, labels: Mapping[str, str | None]) -> bool:
         """Merge ``labels`` into a pod's (None removes one); False if the pod is gone. Allowed on a
         pod being deleted: metadata stays writable until the object is removed."""
-        try:
-            await _unparsed(
-                self.core.patch_namespaced_pod(
-                    name,
-                    namespace,
-                    {"metadata": {"labels": dict(labels)}},
-                    _content_type=MERGE_PATCH,  # type: ignore[call-arg]
-                    _preload_content=False,
-                )
-            )
-        except ApiException as exc:
-            if exc.status == 404:
-                return False
-            self._raise("patch", exc, f"patch pod {namespace}/{name}")
-        return True
+        call = self.core.patch_namespaced_pod(
+            name,
+            namespace,
+            {"metadata": {"labels": dict(labels)}},
+            _content_type=MERGE_PATCH,  # type: ignore[call-arg]
+            _preload_content=False,
+        )
+        return await self._unless_gone(call, "patch", f"patch Pod {namespace}/{name}")
 
     async def delete_config_map(self, namespace: str, name: str) -> bool:
         """Delete a ConfigMap (a superseded trainer config); False if it was already gone."""
-        return await self._delete(self.core.delete_namespaced_config_map, "ConfigMap", namespace, name)
+        call = self.core.delete_namespaced_config_map(name, namespace, _preload_content=False)
+        return await self._unless_gone(call, "delete", f"delete ConfigMap {namespace}/{name}")
 
     async def delete_pod(self, namespace: str, name: str) -> bool:
         """Delete a pod; False if it was already gone."""
-        return await self._delete(self.core.delete_namespaced_pod, "Pod", namespace, name)
+        call = self.core.delete_namespaced_pod(name, namespace, _preload_content=False)
+        return await self._unless_gone(call, "delete", f"delete Pod {namespace}/{name}")
 
-    async def _delete(self, call: Callable[..., Awaitable[Any]], kind: str, namespace: str, name: str) -> bool:
+    async def _unless_gone(self, call: Awaitable[Any], verb: str, what: str) -> bool:
+        """A write to an object that may have gone meanwhile: False on 404, errors as _raise says."""
         try:
-            await _unparsed(call(name, namespace, _preload_content=False))
+            await _unparsed(call)
         except ApiException as exc:
             if exc.status == 404:
                 return False
-            self._raise("delete", exc, f"delete {kind} {namespace}/{name}")
+            self._raise(verb, exc, what)
         return True
 
     async def delete_job(self, namespace: str, name: str) -> None:
