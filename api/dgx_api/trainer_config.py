@@ -63,9 +63,15 @@ class DatasetSource(KubeModel):
 
     cel_rules = (
         cel(
-            "!has(self.messagesField) || (has(self.template) && self.template == 'chat')",
-            "messagesField is used only with template: chat",
+            "!has(self.messagesField) || "
+            "(has(self.template) && (self.template == 'chat' || self.template == 'sharegpt'))",
+            "messagesField is used only with template: chat or sharegpt",
             field_path=".messagesField",
+        ),
+        cel(
+            "!has(self.evalPath) || !has(self.evalFraction) || self.evalFraction == 0.0",
+            "evalPath and evalFraction both choose the evaluation data: set one",
+            field_path=".evalFraction",
         ),
     )
 
@@ -82,18 +88,23 @@ class DatasetSource(KubeModel):
         ),
     )
     split: str = Field(default="train", max_length=64, description="Split to train on.")
-    template: Literal["text", "chat", "instruction"] = Field(
+    template: Literal["text", "chat", "sharegpt", "instruction", "prompt_completion"] = Field(
         default="text",
         description=(
-            "`text` trains on textField as is; `chat` renders messagesField with the tokenizer's chat "
-            "template; `instruction` joins instructionField, inputField and outputField (Alpaca style)."
+            "`text` trains on textField as is; `chat` renders messagesField (role/content turns) with the "
+            "chat template; `sharegpt` is chat in ShareGPT's form (a `conversations` list of from/value turns); "
+            "`instruction` joins instructionField, inputField and outputField (Alpaca style); "
+            "`prompt_completion` joins promptField and completionField."
         ),
     )
     text_field: str = Field(default="text", max_length=128, description="Column holding the text (template: text).")
     messages_field: str | None = Field(
         default=None,
         max_length=128,
-        description="Column holding chat messages (template: chat). Defaults to `messages`.",
+        description=(
+            "Column holding the turns (template: chat or sharegpt). Defaults to `messages` (chat) or "
+            "`conversations` (sharegpt)."
+        ),
     )
     instruction_field: str = Field(
         default="instruction", max_length=128, description="Instruction column (template: instruction)."
@@ -104,11 +115,41 @@ class DatasetSource(KubeModel):
     output_field: str = Field(
         default="output", max_length=128, description="Expected answer column (template: instruction)."
     )
+    prompt_field: str = Field(
+        default="prompt", max_length=128, description="Prompt column (template: prompt_completion)."
+    )
+    completion_field: str = Field(
+        default="completion", max_length=128, description="Completion column (template: prompt_completion)."
+    )
+    loss_on: Literal["auto", "completion", "all"] = Field(
+        default="auto",
+        description=(
+            "Which tokens the loss is computed on. `completion`: the answer only (outputField, completionField, "
+            "the assistant turns of chat data), prompt tokens get label -100, as TRL's completion_only_loss and "
+            "assistant_only_loss do; `all`: every token; `auto`: `completion` for every template but `text`."
+        ),
+    )
+    chat_template: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=1024,
+        description=(
+            "Chat template for tokenizers without one, or to replace theirs: a built-in name (chatml, llama3, "
+            "mistral, zephyr) or the path of a Jinja file (relative paths as for path)."
+        ),
+    )
+    eval_path: LocalPath | None = Field(
+        default=None,
+        description=(
+            "A separate evaluation file or directory, in the same format and template as the training data; "
+            "its eval loss is reported in progress and in the job's status."
+        ),
+    )
     eval_fraction: float = Field(
         default=0.0,
         ge=0.0,
         lt=1.0,
-        description="Fraction of the data held out for evaluation; 0 disables evaluation.",
+        description="Fraction of the data held out for evaluation; 0 disables it (unless evalPath is set).",
     )
 
 
@@ -222,7 +263,11 @@ class Training(KubeModel):
     )
     precision: Literal["auto", "bf16", "fp16", "fp32"] = Field(
         default="auto",
-        description="Mixed precision; `auto` picks bf16 on GPUs that have it, else fp16, fp32 on CPU.",
+        description=(
+            "Mixed precision; `auto` picks bf16 on GPUs that have it, else fp16, fp32 on CPU. bf16 or fp16 on a "
+            "run without GPUs (allowCpu) trains in fp32, with a warning and `precision: fp32` in progress; bf16 "
+            "on a GPU without it is refused."
+        ),
     )
     seed: int = Field(default=42, ge=0, le=2**31 - 1, description="Seed for data order, dropout and adapter init.")
     logging_steps: int = Field(default=10, ge=1, description="Report progress every N optimizer steps.")
@@ -233,7 +278,26 @@ class Training(KubeModel):
     )
     save_total_limit: int = Field(default=3, ge=1, le=1000, description="Checkpoints kept on local disk.")
     eval_steps: int | None = Field(
-        default=None, ge=1, description="Evaluate every N steps (needs dataset.evalFraction > 0)."
+        default=None, ge=1, description="Evaluate every N steps (needs dataset.evalFraction > 0 or dataset.evalPath)."
+    )
+    report_to: list[Literal["tensorboard", "mlflow", "wandb"]] = Field(
+        default_factory=list,
+        max_length=3,
+        description=(
+            "Experiment trackers. tensorboard writes event files into <output.dir>/runs (archived with the "
+            "output); mlflow logs to MLFLOW_TRACKING_URI, else to <output.dir>/mlruns; wandb runs offline into "
+            "<output.dir>/wandb unless WANDB_MODE says otherwise. Only global rank 0 reports."
+        ),
+    )
+    router_aux_loss_coef: float | None = Field(
+        default=None,
+        ge=0.0,
+        le=1.0,
+        description=(
+            "Mixture-of-experts models: weight of the router's load-balancing loss added to the training loss "
+            "(Mixtral's default is 0.001). Unset keeps the model config's choice; 0 turns the loss off. The aux "
+            "loss is reported in progress as auxLoss."
+        ),
     )
 
 
@@ -257,9 +321,9 @@ class TrainerConfig(KubeModel):
 
     cel_rules = (
         cel(
-            "!has(self.training) || !has(self.training.evalSteps) || "
+            "!has(self.training) || !has(self.training.evalSteps) || has(self.dataset.evalPath) || "
             "(has(self.dataset.evalFraction) && self.dataset.evalFraction > 0.0)",
-            "evalSteps needs dataset.evalFraction > 0 (there is nothing to evaluate on)",
+            "evalSteps needs dataset.evalFraction > 0 or dataset.evalPath (there is nothing to evaluate on)",
             field_path=".training.evalSteps",
         ),
     )
@@ -272,6 +336,15 @@ class TrainerConfig(KubeModel):
     lora: Lora = Field(default_factory=Lora, description="Adapter settings.")
     training: Training = Field(default_factory=Training, description="Optimisation hyper-parameters.")
     output: Output = Field(default_factory=Output, description="Checkpoint and artifact location.")
+    memory_check: Literal["enforce", "warn", "off"] = Field(
+        default="enforce",
+        description=(
+            "Before loading anything, estimate per-GPU memory from the model's config.json (weights at the "
+            "configured quantization, LoRA and optimizer state, activations for the batch and sequence length) "
+            "and compare it with the GPUs' memory: `enforce` ends the pod with exit code 2 and the numbers when "
+            "it cannot fit, `warn` logs them and trains anyway, `off` skips the estimate."
+        ),
+    )
     allow_cpu: bool = Field(
         default=False,
         description=(

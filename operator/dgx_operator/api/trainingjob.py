@@ -384,6 +384,13 @@ class Progress(KubeModel):
     total_steps: int | None = Field(default=None, ge=0, description="Optimizer steps planned.")
     epoch: float | None = Field(default=None, ge=0, description="Epochs done, fractional.")
     loss: float | None = Field(default=None, description="Last logged training loss.")
+    eval_loss: float | None = Field(
+        default=None, description="Last evaluation loss (dataset.evalFraction or dataset.evalPath with evalSteps)."
+    )
+    eval_step: int | None = Field(default=None, ge=0, description="The step evalLoss was measured at.")
+    aux_loss: float | None = Field(
+        default=None, description="Last router load-balancing loss of a mixture-of-experts model, when it is on."
+    )
     learning_rate: float | None = Field(default=None, ge=0, description="Current learning rate.")
     tokens_per_second: float | None = Field(default=None, ge=0, description="Training throughput, all workers.")
     samples_per_second: float | None = Field(default=None, ge=0, description="Training throughput, all workers.")
