@@ -116,3 +116,12 @@ def sample_texts(dataset: Any, limit: int = 5000) -> list[str]:
         else:
             out.extend(str(m.get("content", "")) for m in row["messages"])
     return out
+
+
+def check(cfg: Any, base_dir: Path, tokenizer: Any | None = None) -> None:
+    """Every data problem as a ConfigError before any worker starts (the pre-launch check calls
+    this once per pod): the training data and the evaluation data, every row, against the template.
+
+    ``tokenizer`` is the job's tokenizer when the check has it (chat templates need one)."""
+    records = load_records(cfg.dataset, base_dir)
+    render(records, cfg.dataset, "")
