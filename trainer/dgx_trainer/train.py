@@ -22,7 +22,7 @@ from transformers import PrinterCallback, TrainerCallback, set_seed
 from dgx_api import checkpoints
 from dgx_api.progress import Reporter, now_iso, termination_message, write_atomic
 from dgx_api.trainer_config import TrainerConfig
-from dgx_trainer import builtin, data, model, preflight
+from dgx_trainer import builtin, data, model, preflight, tracking
 
 log = logging.getLogger("dgx_trainer")
 
@@ -140,7 +140,7 @@ def sft_config(cfg: TrainerConfig, rt: Runtime, p: model.Precision, has_eval: bo
         eval_strategy=eval_strategy,
         eval_steps=t.eval_steps if eval_strategy == "steps" else None,
         dataset_text_field="text",
-        report_to=[],
+        report_to=tracking.setup(t.report_to, rt.output_dir),
         disable_tqdm=True,
         ddp_find_unused_parameters=False,
         dataloader_num_workers=0,
