@@ -83,3 +83,14 @@ def test_the_contract_imports_no_torch() -> None:
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_precision_on_a_cpu_is_documented_as_downgraded_where_users_read_it() -> None:
+    """One rule for bf16/fp16 without GPUs (fp32, a warning, fp32 in progress), stated in the CRD's
+    description that `kubectl explain` shows (tests/trainer/test_model.py checks the behaviour)."""
+    from dgx_api.trainer_config import trainer_schema
+
+    description = trainer_schema()["properties"]["training"]["properties"]["precision"]["description"]
+    assert "without GPUs" in description
+    assert "trains in fp32" in description
+    assert "refused" in description  # bf16 on a GPU without it
