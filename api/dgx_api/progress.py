@@ -131,6 +131,9 @@ class Reporter:
         self.stream = stream or sys.stdout
         self.last: dict[str, Any] = {}
         self._mark: tuple[float, int, float] | None = None  # (time, step, tokens)
+        #: evalLoss and evalStep of the last evaluation, carried by every later report: evaluations
+        #: are rarer than progress lines, and the job's status must not lose the number between them.
+        self._eval: dict[str, Any] = {}
 
     def emit(self, event: str, payload: dict[str, Any]) -> None:
         if self.enabled:
@@ -145,6 +148,8 @@ class Reporter:
         )
 
     def log(self, step: int, total: int, epoch: float | None, logs: dict[str, Any]) -> None:
+        if "eval_loss" in logs:  # the HF Trainer logs an evaluation's metrics on their own
+            self.evaluated(step, total, float(logs["eval_loss"]))
         if "loss" not in logs:
             return
         now = time.monotonic()
@@ -159,15 +164,29 @@ class Reporter:
             "quantization": self.quantization,
             "updatedAt": now_iso(),
         }
+        if "aux_loss" in logs:  # MoE router load-balancing loss (TRL logs it, unweighted, when it is on)
+            report["auxLoss"] = float(logs["aux_loss"])
         if self._mark is not None and now > self._mark[0] and step > self._mark[1]:
             elapsed = now - self._mark[0]
             report["samplesPerSecond"] = round((step - self._mark[1]) * self.samples_per_step / elapsed, 3)
             if tokens > self._mark[2]:
                 report["tokensPerSecond"] = round((tokens - self._mark[2]) / elapsed, 1)
+        report.update(self._eval)
         self._mark = (now, step, tokens)
         self.last = report
         self.emit("progress", report)
+        self._write_progress()
+
+    def evaluated(self, step: int, total: int, eval_loss: float) -> None:
+        """An ``eval`` event; the loss goes into the last report (progress.json, the termination
+        message) at once and into every later one."""
+        self._eval = {"evalLoss": eval_loss, "evalStep": step}
+        self.emit("eval", {"step": step, "totalSteps": total, **self._eval, "updatedAt": now_iso()})
+        self.last = {**(self.last or {"step": step, "totalSteps": total}), **self._eval}
+        self._write_progress()
+
+    def _write_progress(self) -> None:
         if self.enabled:
             write_atomic(
-                self.output_dir / "progress.json", json.dumps(finite(report), indent=2, allow_nan=False) + "\n"
+                self.output_dir / "progress.json", json.dumps(finite(self.last), indent=2, allow_nan=False) + "\n"
             )

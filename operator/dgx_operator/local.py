@@ -1,10 +1,11 @@
 """`kubedgx run FILE --local`: a DGXTrainingJob's fine-tune on this machine, under torchrun.
 
-The same trainer the image runs (``python -m dgx_trainer``), started by ``torch.distributed.run``
-as a one-node job: the job's processes per node, capped to the GPUs (or CPU cores) present, and its
-torchrun restart budget. Relative paths in the manifest resolve against the manifest's directory;
-outputs go to ``./kubedgx-runs/<job>`` (or ``--output``). No torch import here: the operator
-package must stay without it, so torch is only ever in the child process.
+The same trainer the image runs: ``python -m dgx_trainer launch`` checks the config, model, data
+and memory once, then execs ``torch.distributed.run`` as a one-node job: the job's processes per
+node, capped to the GPUs (or CPU cores) present, and its torchrun restart budget. Relative paths in
+the manifest resolve against the manifest's directory; outputs go to ``./kubedgx-runs/<job>`` (or
+``--output``). No torch import here: the operator package must stay without it, so torch is only
+ever in the child process.
 """
 
 from __future__ import annotations
@@ -87,22 +88,25 @@ def plan(
     base_dir = manifest.resolve().parent
     out = (output or Path.cwd() / "kubedgx-runs" / job.metadata.name).resolve()
     config_path = out / "trainer.yaml"
+    # The trainer's pre-launch check (config, model, data, memory) runs once, then execs torchrun
+    # with the options after "--": a data error ends the run with its one-line message and exit 2
+    # instead of being restarted maxRestarts times by torchrun.
     command = [
         sys.executable,
         "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nnodes=1",
-        f"--nproc-per-node={count}",
-        f"--max-restarts={resolved.max_restarts}",
-        "-m",
         "dgx_trainer",
+        "launch",
         "--config",
         str(config_path),
         "--base-dir",
         str(base_dir),
         "--output-dir",
         str(out),
+        "--",
+        "--standalone",
+        "--nnodes=1",
+        f"--nproc-per-node={count}",
+        f"--max-restarts={resolved.max_restarts}",
     ]
     env = {
         **os.environ,

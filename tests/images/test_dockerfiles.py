@@ -420,18 +420,18 @@ def test_the_operator_command_runs_without_torch() -> None:
     assert "usage: kubedgx operator" in result.stdout
 
 
-def test_the_trainer_entrypoint_is_torchrun_on_the_trainer_module() -> None:
+def test_the_trainer_entrypoint_is_the_pre_launch_check_of_the_trainer_module() -> None:
+    """The image runs what the operator's pods run: the checks once, then torchrun (exec'd)."""
     from dgx_operator.render.names import CONFIG_FILE
     from dgx_operator.render.resolved import Defaults
 
     command = entrypoint(TRAINER)
-    assert command[0] == "torchrun"
+    assert command == ["python", "-m", "dgx_trainer", "launch"]
     module = command[command.index("-m") + 1]
-    assert module == "dgx_trainer"
     assert importlib.util.find_spec(f"{module}.__main__") is not None
     # The default CMD is the config the operator mounts (and passes itself, overriding the CMD).
     assert cmd(TRAINER) == ["--config", f"{Defaults().config_dir}/{CONFIG_FILE}"]
-    result = run([sys.executable, "-m", module, "--help"])
+    result = run([sys.executable, "-m", module, "launch", "--help"])
     assert result.returncode == 0, result.stderr
     assert "--config" in result.stdout
 

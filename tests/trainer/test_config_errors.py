@@ -63,8 +63,10 @@ def test_cli_reports_every_schema_problem_and_exits_2(tmp_path: Path) -> None:
         "  quantization.loadIn8bit: loadIn4bit and loadIn8bit are mutually exclusive: pick one (4-bit is QLoRA)"
         in lines
     )
+    assert result.stderr.count("invalid trainer config") == 1, "each prefix once (issue 14 item 10)"
     termination = (tmp_path / "termination-log").read_text(encoding="utf-8")
-    assert termination.startswith(f"invalid trainer config: {config}: invalid trainer config:")
+    assert termination.startswith(f"{config}: invalid trainer config:\n")
+    assert termination.count("invalid trainer config") == 1
     assert "training.maxSeqLength" in termination
     assert not (tmp_path / "out").exists(), "nothing may run for an invalid config"
 
@@ -78,9 +80,13 @@ def test_cli_unknown_target_modules_lists_the_models_linear_layers(tmp_path: Pat
     expected = f"  lora.targetModules: qkv_proj, c_attn not found in the model; its linear layers are: {LLAMA_LINEAR}"
     assert expected in result.stderr.splitlines()
     assert not (out / "adapter").exists()
-    assert "lora.targetModules: qkv_proj, c_attn not found" in (tmp_path / "termination-log").read_text(
-        encoding="utf-8"
-    )
+    termination = (tmp_path / "termination-log").read_text(encoding="utf-8")
+    assert "lora.targetModules: qkv_proj, c_attn not found" in termination
+    # Found after loading, still anchored at the config file, each prefix once (issue 14 item 10).
+    assert f"dgx_trainer: {config}: invalid trainer config:" in result.stderr.splitlines()
+    assert result.stderr.count("invalid trainer config") == 1
+    assert termination.startswith(f"{config}: invalid trainer config:\n")
+    assert termination.count("invalid trainer config") == 1
 
 
 def test_cli_missing_config_file_exits_2(tmp_path: Path) -> None:
@@ -226,5 +232,5 @@ def test_the_failure_termination_message_fits_in_4_kib(
     names = [f"é{i:03d}" + "é" * 120 for i in range(64)]
     config = write_config(tmp_path, config_data(tmp_path / "out", {"lora.targetModules": names}))
     assert main(["--config", str(config)]) == 2
-    assert log.read_text(encoding="utf-8").startswith("invalid trainer config: ")
+    assert log.read_text(encoding="utf-8").startswith(f"{config}: invalid trainer config:\n")
     assert len(log.read_bytes()) <= 4096

@@ -102,6 +102,31 @@ def job_of(changes: dict[str, Any] | None = None) -> DGXTrainingJob:
     return DGXTrainingJob.model_validate(with_changes(quickstart_doc(), changes or {}))
 
 
+def test_a_local_data_error_ends_with_its_one_line_message_and_exit_2(tmp_path: Path) -> None:
+    """The pre-launch check runs before torchrun here too: exit 2, not torchrun's 1 after restarts."""
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("not json\n", encoding="utf-8")
+    manifest = tmp_path / "job.yaml"
+    doc = with_changes(quickstart_doc(), {"spec.trainer.dataset.path": str(bad)})
+    manifest.write_text(yaml.safe_dump(doc), encoding="utf-8")
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("KUBEDGX_FAULT")}, **OFFLINE}
+    result = subprocess.run(
+        [console_script(), "run", str(manifest), "--local", "--output", str(tmp_path / "run")],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert result.returncode == 2, result.stderr[-4000:]
+    assert "Traceback" not in result.stderr
+    problems = [line for line in result.stderr.splitlines() if line.startswith("  dataset.path: ")]
+    assert len(problems) == 1, result.stderr[-4000:]
+    assert "bad.jsonl:1: not valid JSON" in problems[0]
+    assert "kubedgx: the trainer exited with code 2" in result.stderr
+
+
 def test_plan_for_the_quickstart_on_a_cpu_machine(catalog: Catalog, tmp_path: Path) -> None:
     out = tmp_path / "run"
     p = local.plan(job_of(), QUICKSTART, catalog, output=out, gpus=0, cpus=2)
@@ -113,19 +138,19 @@ def test_plan_for_the_quickstart_on_a_cpu_machine(catalog: Catalog, tmp_path: Pa
     assert p.command == [
         sys.executable,
         "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nnodes=1",
-        "--nproc-per-node=1",
-        "--max-restarts=3",
-        "-m",
         "dgx_trainer",
+        "launch",
         "--config",
         str(out.resolve() / "trainer.yaml"),
         "--base-dir",
         str(EXAMPLES.resolve()),
         "--output-dir",
         str(out.resolve()),
+        "--",
+        "--standalone",
+        "--nnodes=1",
+        "--nproc-per-node=1",
+        "--max-restarts=3",
     ]
     assert p.env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
     assert p.env["KUBEDGX_TERMINATION_LOG"] == str(out.resolve() / "termination-log")

@@ -1648,6 +1648,16 @@ def test_progress_is_copied_from_worker_zero(ctx: BuildContext) -> None:
     }
 
 
+def test_eval_loss_of_the_trainers_report_reaches_the_status(ctx: BuildContext) -> None:
+    # The trainer's progress lines carry the last evaluation as evalLoss/evalStep (dgx_api.progress).
+    sim = sim_of(ctx)
+    start_running(sim, 1)
+    report = {"step": 30, "totalSteps": 100, "loss": 1.5, "evalLoss": 1.75, "evalStep": 20}
+    sim.reconcile([sim.pod(0, "running", annotations={"kubedgx.io/progress": json.dumps(report)})], at_s=100)
+    assert sim.status.progress is not None
+    assert (sim.status.progress.eval_loss, sim.status.progress.eval_step) == (1.75, 20)
+
+
 def test_unknown_instance_fails_with_invalid_spec(catalog: Catalog) -> None:
     kept = tuple(g for g in catalog.spec.gpus if g.key != "a100.80g")
     small = BuildContext(Catalog(catalog.spec.model_copy(update={"gpus": kept})))

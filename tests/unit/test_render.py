@@ -52,7 +52,7 @@ COMMAND_MODE: dict[str, Any] = {
     "spec.command": ["torchrun", "/app/train.py"],
     "spec.args": ["--lr", "1e-4", "--name=a b"],
 }
-TRAINER_ARGV = ["torchrun", "-m", "dgx_trainer", "--config", "/etc/kubedgx/trainer.yaml"]
+TRAINER_ARGV = ["python", "-m", "dgx_trainer", "launch", "--config", "/etc/kubedgx/trainer.yaml"]
 
 
 # --- helpers -------------------------------------------------------------------------------------
@@ -827,7 +827,7 @@ def test_trainer_pod_runs_the_builtin_trainer() -> None:
 def test_trainer_config_dir_from_defaults() -> None:
     pod = one_pod(defaults=Defaults(config_dir="/opt/kubedgx/config"))
     container = the_container(pod)
-    assert container["args"] == ["-m", "dgx_trainer", "--config", "/opt/kubedgx/config/trainer.yaml"]
+    assert container["args"] == ["-m", "dgx_trainer", "launch", "--config", "/opt/kubedgx/config/trainer.yaml"]
     mount, _ = volume_at(pod, "/opt/kubedgx/config")
     assert mount["readOnly"] is True
 

@@ -1,8 +1,11 @@
-"""`python -m dgx_trainer --config FILE`: the trainer image's entry point, run under torchrun.
+"""`python -m dgx_trainer [launch] --config FILE`: the trainer image's entry point.
 
-The config is validated before torch is imported, so a bad config fails in a fraction of a second
-with every problem named, instead of after a ten-second import. Exit codes: 0 done, 1 crashed,
-2 invalid config, 3 the node does not match the job (preflight).
+``launch`` is the pod's command: it checks the config, the node, the model, the data and the
+memory estimate once (:mod:`dgx_trainer.launch`), then execs torchrun, whose workers run the plain
+form. The config is validated before torch is imported, so a bad config fails in a fraction of a
+second with every problem named, instead of after a ten-second import. Exit codes: 0 done,
+1 crashed, 2 invalid config, data or model (do not retry), 3 the node does not match the job
+(preflight).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import warnings
 from pathlib import Path
 
 from dgx_api.progress import write_termination
-from dgx_api.trainer_config import ConfigError, load_config
+from dgx_api.trainer_config import ConfigError, TrainerConfig, load_config
 
 
 def _setup_logging() -> None:
@@ -43,8 +46,60 @@ def _terminate(message: str) -> None:
     write_termination(message, Path(path) if path else None)
 
 
+def _invalid(exc: ConfigError, config: str) -> int:
+    """Report a config error once: on stderr, and as the termination message. Its text already
+    starts with "<source>: invalid trainer config:"; errors found after loading (source "trainer
+    config") are re-anchored at the config file, so every report names the file the same way."""
+    if exc.source != config:
+        exc = ConfigError(config, exc.problems)
+    print(f"dgx_trainer: {exc}", file=sys.stderr)
+    _terminate(str(exc))
+    return 2
+
+
+def _launch(cfg: TrainerConfig, args: argparse.Namespace, torchrun_options: list[str]) -> int:
+    """The pre-launch checks, then torchrun in this process's place (no return on success)."""
+    from dgx_trainer import launch
+    from dgx_trainer.preflight import PreflightError
+
+    log = logging.getLogger("dgx_trainer")
+    try:
+        problems = launch.check(cfg, Path(args.base_dir), dict(os.environ))
+    except PreflightError as exc:
+        log.error("preflight: %s", exc)
+        _terminate(f"preflight: {exc}")
+        return 3
+    except ConfigError as exc:
+        problems = list(exc.problems)
+    if problems:
+        return _invalid(ConfigError(args.config, problems), args.config)
+    worker = ["--config", args.config, "--base-dir", args.base_dir]
+    if args.output_dir:
+        worker += ["--output-dir", args.output_dir]
+    command = launch.torchrun_command(worker, torchrun_options)
+    log.info("pre-launch checks passed: starting %s", " ".join(command[1:]))
+    launch.exec_torchrun(command)
+    return 1  # not reached: exec replaced this process
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m dgx_trainer", description=__doc__)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    launching = argv[:1] == ["launch"]
+    torchrun_options: list[str] = []
+    if launching:
+        argv = argv[1:]
+        if "--" in argv:
+            cut = argv.index("--")
+            argv, torchrun_options = argv[:cut], argv[cut + 1 :]
+    parser = argparse.ArgumentParser(
+        prog="python -m dgx_trainer launch" if launching else "python -m dgx_trainer",
+        description=__doc__,
+        allow_abbrev=False,
+        epilog=(
+            "launch [OPTIONS] [-- TORCHRUN OPTIONS]: check once, then exec torchrun (torchrun reads PET_* "
+            "variables; options after -- are passed to it)"
+        ),
+    )
     parser.add_argument(
         "--config",
         default=os.environ.get("KUBEDGX_TRAINER_CONFIG"),
@@ -63,10 +118,15 @@ def main(argv: list[str] | None = None) -> int:
     log = logging.getLogger("dgx_trainer")
     try:
         cfg = load_config(args.config)
-    except (ConfigError, OSError) as exc:
-        print(f"dgx_trainer: {exc}", file=sys.stderr)
-        _terminate(f"invalid trainer config: {exc}")
+    except ConfigError as exc:
+        return _invalid(exc, args.config)
+    except OSError as exc:
+        message = f"{args.config}: cannot read the trainer config: {exc.strerror or exc}"
+        print(f"dgx_trainer: {message}", file=sys.stderr)
+        _terminate(message)
         return 2
+    if launching:
+        return _launch(cfg, args, torchrun_options)
 
     from dgx_trainer import train
     from dgx_trainer.preflight import PreflightError
@@ -75,9 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         train.run(cfg, runtime)
     except ConfigError as exc:
-        print(f"dgx_trainer: {exc}", file=sys.stderr)
-        _terminate(f"invalid trainer config: {exc}")
-        return 2
+        return _invalid(exc, args.config)
     except PreflightError as exc:
         log.error("preflight: %s", exc)
         _terminate(f"preflight: {exc}")

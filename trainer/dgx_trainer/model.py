@@ -18,6 +18,7 @@ import torch
 
 from dgx_api.schema import Problem
 from dgx_api.trainer_config import ConfigError, Lora, Quantization, TrainerConfig
+from dgx_trainer import moe
 
 log = logging.getLogger("dgx_trainer.model")
 
@@ -45,8 +46,12 @@ def device_kind() -> str:
 
 
 def precision(requested: str, device: str) -> Precision:
-    """`auto` is bf16 on GPUs that have it, else fp16 on a GPU, fp32 on the CPU. An explicit
-    choice the hardware cannot do is refused rather than silently changed."""
+    """`auto` is bf16 on GPUs that have it, else fp16 on a GPU, fp32 on the CPU.
+
+    One rule, the one `training.precision` documents: bf16/fp16 on a run without GPUs (allowCpu)
+    trains in fp32, with a warning, and says `fp32` in progress and summary.json (a CPU has no
+    mixed precision to give; refusing would make every GPU manifest fail `kubedgx run --local`);
+    bf16 on a GPU without it is refused (that manifest asks for something this node cannot do)."""
     if requested == "auto":
         if device == "cuda":
             return (
@@ -104,18 +109,28 @@ def quantization_config(q: Quantization, p: Precision, bits: int | None) -> Any:
     )
 
 
-def lora_config(lora: Lora) -> Any:
+def lora_config(lora: Lora, base: Any = None) -> Any:
+    """peft's LoraConfig. Given the loaded ``base`` model, MoE specifics apply (see moe.py):
+    ``all-linear`` leaves the routers out, and ``targetParameters`` naming 4-bit experts become the
+    full names peft needs for them."""
     from peft import LoraConfig
 
     targets: str | list[str] | None = list(lora.target_modules) or None
     if targets == ["all-linear"]:
         targets = "all-linear"
+    target_parameters = list(lora.target_parameters)
+    exclude = None
+    if base is not None:
+        target_parameters = moe.resolve_target_parameters(base, target_parameters)
+        exclude = (moe.router_modules(base) or None) if targets == "all-linear" else None
+    moe.patch_peft()
     return LoraConfig(
         r=lora.r,
         lora_alpha=lora.alpha,
         lora_dropout=lora.dropout,
         target_modules=targets,
-        target_parameters=list(lora.target_parameters) or None,
+        target_parameters=target_parameters or None,
+        exclude_modules=exclude,
         bias=lora.bias,
         modules_to_save=list(lora.modules_to_save) or None,
         task_type="CAUSAL_LM",
@@ -130,6 +145,11 @@ def quantization_usable(bits: int, device: str) -> tuple[bool, str]:
 
         logging.getLogger("bitsandbytes").setLevel(logging.ERROR)  # its 'kernels' hint is noise here
         dev = torch.device(device)
+        if dev.type == "cuda" and dev.index is None:
+            # This rank's GPU, not cuda:0: a probe on cuda:0 from every rank puts one CUDA context
+            # per rank on GPU 0 (hundreds of MB each) and tests a device the rank will not use.
+            dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+            torch.cuda.set_device(dev)
         if bits == 4:
             layer = bnb.nn.Linear4bit(16, 16, compute_dtype=torch.float32, quant_type="nf4").to(dev)
         else:
@@ -147,14 +167,21 @@ def quantization_usable(bits: int, device: str) -> tuple[bool, str]:
 class Loaded:
     model: Any
     tokenizer: Any
-    quantization: str  # nf4 | fp4 | int8 | none | "none (fallback from nf4)"
+    quantization: str  # nf4 | fp4 | int8 | none | "none (fallback from nf4)" | "int8 (fused experts unquantized)"
     precision: Precision
+    router_aux_loss_coef: float = 0.0  # for TRL's SFTConfig (moe.configure_aux_loss); 0: no aux loss
 
 
-def load(cfg: TrainerConfig, model_path: str, device: str, p: Precision) -> Loaded:
-    """The base model (quantized when asked and possible) and its tokenizer."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def load(cfg: TrainerConfig, model_path: str, device: str, p: Precision, *, staged: bool | None = None) -> Loaded:
+    """The base model (quantized when asked and possible) and its tokenizer.
 
+    4-bit MoE models on CUDA load staged (moe.load_staged: on the CPU, then expert by expert onto
+    the GPU), since the direct load holds every expert in bf16 on the GPU first. ``staged``
+    overrides that choice (None: moe.staged_load decides from the model config); it applies only to
+    a 4-bit load."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    moe.check_lora(cfg.lora)
     bits = cfg.quantization_bits
     wanted = {4: cfg.quantization.quant_type, 8: "int8", None: "none"}[bits]
     effective = wanted
@@ -187,7 +214,18 @@ def load(cfg: TrainerConfig, model_path: str, device: str, p: Precision) -> Load
     if q is not None:
         kwargs["quantization_config"] = q
         kwargs["device_map"] = {"": _local_device(device)}
-    model = AutoModelForCausalLM.from_pretrained(model_path, **kwargs)
+    if staged is None and bits == 4 and device == "cuda":
+        config = AutoConfig.from_pretrained(
+            model_path, revision=cfg.model.revision, trust_remote_code=cfg.model.trust_remote_code
+        )
+        staged = moe.staged_load(config, bits, device)
+    if staged and bits == 4:
+        qc, target = cfg.quantization, _local_device(device)
+        load_cpu = AutoModelForCausalLM.from_pretrained
+        model = moe.load_staged(load_cpu, model_path, kwargs, target, qc.quant_type, qc.double_quant)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(model_path, **kwargs)
+    effective = _quantize_experts(model, cfg.quantization, bits, effective)  # staged: already done
     if q is not None:
         from peft import prepare_model_for_kbit_training
 
@@ -195,7 +233,26 @@ def load(cfg: TrainerConfig, model_path: str, device: str, p: Precision) -> Load
     tokenizer = AutoTokenizer.from_pretrained(model_path, revision=cfg.model.revision)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    return Loaded(model=model, tokenizer=tokenizer, quantization=effective, precision=p)
+    coef = moe.configure_aux_loss(model, cfg.training.router_aux_loss_coef)
+    return Loaded(model=model, tokenizer=tokenizer, quantization=effective, precision=p, router_aux_loss_coef=coef)
+
+
+def _quantize_experts(model: Any, q: Quantization, bits: int | None, effective: str) -> str:
+    """Fused MoE experts (3-D parameters, not nn.Linear) are quantized by moe.py, not by
+    BitsAndBytesConfig; the reported mode says so when they stay unquantized. 8-bit has no
+    parametrization for them: they stay in the load dtype, with a warning."""
+    fused = moe.fused_expert_parameters(model)
+    if bits is None or not fused:
+        return effective
+    if bits == 8:
+        log.warning(
+            "8-bit loading quantizes only nn.Linear layers: the %d fused expert tensors stay unquantized; "
+            "use loadIn4bit for MoE models",
+            len(fused),
+        )
+        return f"{effective} (fused experts unquantized)"
+    done = moe.quantize_experts(model, q.quant_type, q.double_quant)
+    return effective if len(done) == len(fused) else f"{effective} (fused experts unquantized)"
 
 
 def _local_device(device: str) -> Any:
@@ -205,7 +262,7 @@ def _local_device(device: str) -> Any:
 def check_targets(model: Any, lora: Lora) -> None:
     """Unknown target modules are a config error naming the field and the modules that exist."""
     modules = [name for name, _ in model.named_modules()]
-    params = {name for name, _ in model.named_parameters()}
+    params = set(moe.logical_parameter_names(model))  # 4-bit experts under their unquantized names
 
     def matches(target: str) -> bool:
         # peft's rule for a list entry: the whole module name, or a suffix after a dot.

@@ -1,9 +1,9 @@
 """The fine-tune: TRL's SFTTrainer with LoRA or QLoRA, resumable after any interruption.
 
-Every start resumes from the newest complete checkpoint in the output directory, so a torchrun
-restart, a recreated pod or a spot reclaim loses at most ``training.saveSteps`` steps. Under
-torchrun the run is data-parallel (gloo on CPU, NCCL on GPU), set up by the HF Trainer from the
-environment torchrun provides.
+Every start resumes from the newest complete checkpoint that every rank has (each node has its
+own output directory), so a torchrun restart, a recreated pod or a spot reclaim loses at most
+``training.saveSteps`` steps. Under torchrun the run is data-parallel (gloo on CPU, NCCL on GPU),
+set up by the HF Trainer from the environment torchrun provides.
 """
 
 from __future__ import annotations
@@ -77,10 +77,15 @@ class _Hooks(TrainerCallback):
             self.reporter.log(state.global_step, state.max_steps, state.epoch, logs)
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if self.rt.main:
-            ckpt = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-            if ckpt.is_dir():
-                checkpoints.mark_complete(ckpt, state.global_step)
+        # Every rank gets here after its own part of the save (each rank writes its RNG state,
+        # each node's local main the rest: save_on_each_node). The marker says the node's copy is
+        # whole, so it waits for every rank; the RNG files are shared first so that any node's
+        # copy can resume any rank (ranks move between nodes at a rendezvous, and a node restored
+        # from an Out mount may get another node's upload).
+        ckpt = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        _share_rng_states(ckpt, self.rt)
+        if self.rt.local_rank == 0 and ckpt.is_dir():
+            checkpoints.mark_complete(ckpt, state.global_step)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         # Tests crash a worker here (KUBEDGX_FAULT_AT_STEP), once: the marker file makes the
@@ -96,6 +101,87 @@ class _Hooks(TrainerCallback):
                 Path(self.fault_once).write_text(str(state.global_step))
             log.error("fault injection: exiting at step %d", state.global_step)
             os._exit(17)
+
+
+class _LossWindows(TrainerCallback):
+    """Stamps each logged loss in the trainer state's log history with the number of steps it
+    averages (``lossSteps``). The log history travels in every checkpoint, so after a resume the
+    whole run's mean loss can be computed from it (:func:`checkpoints.run_mean_loss`), even across
+    several resumes whose first windows are shorter than the distance to the entry before."""
+
+    def __init__(self) -> None:
+        self.last_logged = 0
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.last_logged = state.global_step  # as the HF Trainer counts its first window
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        if logs and "loss" in logs and state.log_history and "loss" in state.log_history[-1]:
+            state.log_history[-1]["lossSteps"] = state.global_step - self.last_logged
+            self.last_logged = state.global_step
+
+
+def _distributed() -> bool:
+    return (
+        torch.distributed.is_available()
+        and torch.distributed.is_initialized()
+        and torch.distributed.get_world_size() > 1
+    )
+
+
+def _share_rng_states(ckpt: Path, rt: Runtime) -> None:
+    """Give this node's copy of ``ckpt`` every rank's RNG state, not just its own ranks'.
+
+    The HF Trainer writes ``rng_state_<rank>.pth`` where each rank runs, and a rank resuming
+    without its file trains on with fresh randomness (dropout, sampling), so the losses leave the
+    uninterrupted run's. After a restart a rank may land on another node (ranks are assigned at
+    each rendezvous) or read a copy restored from an Out mount that another node uploaded. The
+    files are a few kilobytes each. The gather also waits for every rank's save to be finished.
+    """
+    if not _distributed():
+        return
+    own = ckpt / f"rng_state_{torch.distributed.get_rank()}.pth"
+    gathered: list[Any] = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(gathered, own.read_bytes() if own.is_file() else None)
+    if rt.local_rank != 0:
+        return
+    for rank, blob in enumerate(gathered):
+        target = ckpt / f"rng_state_{rank}.pth"
+        if isinstance(blob, bytes) and not target.is_file():
+            tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+            tmp.write_bytes(blob)
+            os.replace(tmp, target)
+
+
+def _agreed_resume(rt: Runtime) -> Path | None:
+    """The checkpoint this rank resumes from, the same step on every rank of the group.
+
+    Each node has its own output directory (an emptyDir or hostPath of its pod), holding what it
+    saved and what an Out mount restored into it; the group takes the newest step every rank has
+    complete (:func:`checkpoints.agree`). Newer checkpoints a node has are unmarked: training
+    writes them again, and until it has they are not this run's.
+    """
+    local = [step for step, _ in checkpoints.complete(rt.output_dir)]
+    per_rank: list[Any] = [local]
+    if rt.world_size > 1 and not _distributed():
+        # The HF Trainer sets the group up when it is created; without it the ranks cannot agree.
+        raise RuntimeError(f"WORLD_SIZE is {rt.world_size} but no process group is set up to agree on a resume step")
+    if _distributed():
+        per_rank = [None] * torch.distributed.get_world_size()
+        torch.distributed.all_gather_object(per_rank, local)
+    step = checkpoints.agree(per_rank)
+    if rt.main:
+        log.info("complete checkpoints per rank: %s", dict(enumerate(per_rank)))
+    if step is None:
+        log.info("start at step 0: no complete checkpoint that every rank has (complete here: %s)", local)
+    else:
+        log.info("resume at step %d, the newest complete checkpoint every rank has (complete here: %s)", step, local)
+    if rt.local_rank == 0:
+        for stale, path in checkpoints.complete(rt.output_dir):
+            if step is None or stale > step:
+                log.warning("%s is newer than the group's resume step: unmarked, it will be written again", path)
+                checkpoints.unmark(path)
+    return None if step is None else rt.output_dir / f"checkpoint-{step}"
 
 
 def _model_path(cfg: TrainerConfig, rt: Runtime, texts: list[str]) -> str:
@@ -137,12 +223,23 @@ def sft_config(cfg: TrainerConfig, rt: Runtime, p: model.Precision, has_eval: bo
         save_strategy="steps",
         save_steps=t.save_steps,
         save_total_limit=t.save_total_limit,
+        # Output directories are node-local (each pod its own): every node saves a whole checkpoint.
+        save_on_each_node=True,
         eval_strategy=eval_strategy,
         eval_steps=t.eval_steps if eval_strategy == "steps" else None,
         dataset_text_field="text",
+        # The loss on the answer (dataset.lossOn): prompt/completion rows get TRL's completion mask
+        # from this; chat rows come with labels made by data.tokenize_conversations, because TRL's
+        # assistant_only_loss needs {% generation %} markers that few chat templates have.
+        completion_only_loss=data.completion_only_loss(cfg.dataset),
+        assistant_only_loss=False,
         report_to=tracking.setup(t.report_to, rt.output_dir),
         disable_tqdm=True,
         ddp_find_unused_parameters=False,
+        # A node's ranks load a 4-bit MoE model one after another (moe.node_lock bounds host RAM to
+        # one bf16 copy), so the first rank can wait several loads at the first collective; the
+        # default 30 minutes is too close for 8 ranks reading ~90 GB each from network storage.
+        ddp_timeout=7200,
         dataloader_num_workers=0,
         log_level="warning",
     )
@@ -159,14 +256,16 @@ def run(cfg: TrainerConfig, rt: Runtime) -> dict[str, Any]:
     p = model.precision(cfg.training.precision, device)
     rt.output_dir.mkdir(parents=True, exist_ok=True)
 
+    # Every row of the training and eval data, before a model is built: a bad row is exit 2 now.
+    checked = data.check(cfg, rt.base_dir)
     records = data.load_records(cfg.dataset, rt.base_dir)
     # The built-in tokenizer is trained on the texts themselves, so render before loading it.
     draft = data.render(records, cfg.dataset, builtin.SPECIAL["eos"])
     model_path = _model_path(cfg, rt, data.sample_texts(draft))
     loaded = model.load(cfg, model_path, device, p)
     model.check_targets(loaded.model, cfg.lora)
-    rendered = data.render(records, cfg.dataset, loaded.tokenizer.eos_token or "")
-    train_set, eval_set = data.split(rendered, cfg.dataset.eval_fraction, cfg.training.seed)
+    data.use_chat_template(cfg.dataset, rt.base_dir, loaded.tokenizer, checked)  # saved with the adapter
+    train_set, eval_set = data.training_sets(cfg, rt.base_dir, records, loaded.tokenizer)
 
     from trl import SFTTrainer
 
@@ -179,24 +278,34 @@ def run(cfg: TrainerConfig, rt: Runtime) -> dict[str, Any]:
         enabled=rt.main,
     )
     set_seed(cfg.training.seed)  # before the adapters are created: their init draws from it
+    args = sft_config(cfg, rt, p, eval_set is not None, device)
+    args.router_aux_loss_coef = loaded.router_aux_loss_coef  # MoE: TRL adds the router's aux loss and logs it
     trainer = SFTTrainer(
         model=loaded.model,
-        args=sft_config(cfg, rt, p, eval_set is not None, device),
+        args=args,
         train_dataset=train_set,
         eval_dataset=eval_set,
         processing_class=loaded.tokenizer,
-        peft_config=model.lora_config(cfg.lora),
+        peft_config=model.lora_config(cfg.lora, loaded.model),
         callbacks=[_Hooks(reporter, rt)],
     )
     trainer.remove_callback(PrinterCallback)  # stdout is for the JSON progress lines
     adapters = model.align_adapters(trainer.model, p)
-    resume = checkpoints.latest_complete(rt.output_dir)
-    if resume is not None:
-        log.info("resuming from %s", resume)
+    trainer.add_callback(_LossWindows())
+    resume = _agreed_resume(rt)
     result = trainer.train(resume_from_checkpoint=str(resume) if resume else None)
-    metrics = dict(result.metrics)
+    metrics: dict[str, Any] = dict(result.metrics)
+    resumed_step = int(resume.name.rsplit("-", 1)[1]) if resume else 0
+    metrics["train_loss"] = checkpoints.run_mean_loss(
+        trainer.state.log_history, resumed_step, metrics.get("train_loss"), trainer.state.global_step
+    )
     if eval_set is not None:
-        metrics.update(trainer.evaluate())
+        # With evalSteps the Trainer has already evaluated at the last step: not twice.
+        last_eval = next((h for h in reversed(trainer.state.log_history) if "eval_loss" in h), None)
+        if last_eval is not None and last_eval.get("step") == trainer.state.global_step:
+            metrics["eval_loss"] = last_eval["eval_loss"]
+        else:
+            metrics.update(trainer.evaluate())
 
     adapter_dir = rt.output_dir / "adapter"
     merged_dir = rt.output_dir / "merged" if cfg.output.save_merged else None

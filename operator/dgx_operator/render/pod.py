@@ -293,8 +293,11 @@ def container_command(spec: DGXTrainingJobSpec, r: Resolved, ctx: BuildContext) 
     if r.interactive:
         return {"command": list(IDLE_COMMAND)}
     if spec.trainer is not None:
+        # The trainer's pre-launch check runs once per pod, then execs torchrun (configured by the
+        # PET_* variables): a config, data or model error ends the pod with exit 2 at once instead
+        # of being restarted by torchrun and reported as exit 1.
         config = posixpath.join(ctx.defaults.config_dir, CONFIG_FILE)
-        return {"command": ["torchrun"], "args": ["-m", "dgx_trainer", "--config", config]}
+        return {"command": ["python"], "args": ["-m", "dgx_trainer", "launch", "--config", config]}
     out: dict[str, list[str]] = {"command": list(spec.command or [])}
     if spec.args:
         out["args"] = list(spec.args)
