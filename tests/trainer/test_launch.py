@@ -99,6 +99,14 @@ def test_a_tokenizer_without_a_chat_template_names_chat_template(tmp_path: Path,
     assert "no chat template" in line
 
 
+def test_dropout_with_lora_on_expert_parameters_names_lora_dropout(tmp_path: Path) -> None:
+    """peft refuses it inside every worker; here it is one line before any worker starts."""
+    changes = {"lora.targetParameters": ["experts.gate_up_proj"], "lora.dropout": 0.05}
+    config = write_config(tmp_path, config_data(tmp_path / "out", changes))
+    line = refused(launch(config, tmp_path), tmp_path, "lora.dropout")
+    assert "set lora.dropout: 0" in line
+
+
 def test_an_empty_jsonl_names_dataset_path(tmp_path: Path) -> None:
     data = tmp_path / "empty.jsonl"
     data.write_text("", encoding="utf-8")

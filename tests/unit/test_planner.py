@@ -1060,8 +1060,28 @@ def test_on_failure_counts_restarts_up_to_the_backoff_limit(ctx: BuildContext) -
 def test_backoff_limit_zero_fails_on_the_first_failure(ctx: BuildContext) -> None:
     sim = sim_of(ctx, {"spec.backoffLimit": 0})
     start_running(sim, 1)
-    sim.reconcile([sim.pod(0, "failed", exit_code=2)], at_s=100)
+    sim.reconcile([sim.pod(0, "failed", exit_code=1)], at_s=100)
     assert (sim.phase(), phase_reason(sim.status), sim.status.restarts) == ("Failed", "BackoffLimitExceeded", 0)
+
+
+def test_the_trainers_exit_2_ends_an_on_failure_job_at_once(ctx: BuildContext) -> None:
+    """Exit 2 is the built-in trainer refusing its config, data or model: retrying cannot help."""
+    sim = sim_of(ctx, {"spec.backoffLimit": 3})
+    start_running(sim, 1)
+    result = sim.reconcile([sim.pod(0, "failed", exit_code=2)], at_s=100)
+    assert (sim.phase(), phase_reason(sim.status), sim.status.restarts) == ("Failed", "InvalidTrainerInput", 0)
+    assert result.delete == []
+    message = result.status.conditions[-1].message
+    assert "job-worker-0 exited with code 2" in message
+    assert "no restart can change" in message
+
+
+def test_exit_2_of_a_users_own_program_is_retried_as_any_failure(ctx: BuildContext) -> None:
+    """spec.command runs the user's program, whose exit codes kubedgx does not define."""
+    sim = sim_of(ctx, {"spec.backoffLimit": 3, "spec.trainer": DELETE, "spec.command": ["python", "train.py"]})
+    start_running(sim, 1)
+    sim.reconcile([sim.pod(0, "failed", exit_code=2)], at_s=100)
+    assert (sim.phase(), sim.status.restarts) == ("Restarting", 1)
 
 
 @pytest.mark.parametrize(

@@ -214,6 +214,12 @@ def check(cfg: TrainerConfig, base_dir: Path, env: Mapping[str, str]) -> list[Pr
 
     hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # building a builtin model draws a bar per shard
     report = preflight.check(preflight.Expectation.from_env(env, allow_cpu=cfg.allow_cpu))
+    from dgx_trainer import moe
+
+    try:
+        moe.check_lora(cfg.lora)  # what peft refuses for LoRA on MoE expert parameters
+    except ConfigError as exc:
+        return list(exc.problems)
     if builtin.is_builtin(cfg.model.name):
         # A builtin model is built from the data's texts: the data must be readable first.
         problems = check_data(cfg, base_dir, None)

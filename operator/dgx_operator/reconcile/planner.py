@@ -61,6 +61,8 @@ TERMINAL = ("Succeeded", "Failed")
 #: survivors of a crash notice the lost peer (NCCL errors, torchrun's rendezvous keep-alive) within
 #: seconds, and the kubelet's clock may be a few seconds off the operator's. Later, it is a new incident.
 CASCADE_WINDOW = timedelta(seconds=60)
+#: The built-in trainer's exit code for "invalid config, data or model" (dgx_trainer.__main__).
+TRAINER_INVALID_EXIT = 2
 
 #: The phase a job sees for a mount whose stored spec the model refuses (see parse_mount): it waits
 #: for the fix, as for a mount not created yet.
@@ -505,6 +507,18 @@ class _Planner:
         policy = self.spec.restart_policy
         if policy == "Never":
             return self.finish("Failed", "WorkerFailed", f"{first}; restartPolicy is Never")
+        if policy == "OnFailure" and self.spec.trainer is not None:
+            # The built-in trainer's exit 2 is its pre-launch check refusing the config, the data
+            # or the model (docs/trainer.md, Exit codes): the same files fail the same way on every
+            # retry, so backoffLimit retries would only delay the message by minutes each.
+            invalid = [p for p in failures if p.failed_init is None and p.exit_code == TRAINER_INVALID_EXIT]
+            if invalid:
+                return self.finish(
+                    "Failed",
+                    "InvalidTrainerInput",
+                    f"{invalid[0].describe_failure()}; exit code {TRAINER_INVALID_EXIT}: the trainer refused its "
+                    "config, data or model, which no restart can change (fix the field it names and apply again)",
+                )
         if policy == "ExitCode":
             permanent = [p for p in failures if p.exit_code is None or p.exit_code not in r.retryable_exit_codes]
             if permanent:
