@@ -1,4 +1,4 @@
-"""The prepared GPU check of issue 14: QLoRA on a tiny Mixtral-shaped model through kubedgx's own
+"""The prepared GPU check of issue 14: QLoRA on builtin:tiny-mixtral (2 layers, 8 fused experts) through kubedgx's own
 trainer (``train.run``), printing one JSON object with memory per parameter, steps per second and
 the adapters that trained.
 
@@ -6,8 +6,8 @@ the adapters that trained.
     python benchmarks/gpu_moe_qlora.py --steps 5       # a CPU smoke run (fp32), as the tests do
 
 Run it once when a session is lent a GPU (one short command, well inside the device budget) and
-put the figures into docs/benchmarks.md. Nothing is downloaded: the model is built from a config
-with seeded random weights and the built-in tokenizer (trained on the example data).
+put the figures into docs/benchmarks.md. Nothing is downloaded: the trainer builds the model from
+its recipe (seeded random weights, a tokenizer trained on the example data).
 
 Figures:
 
@@ -46,44 +46,11 @@ DATA = ROOT / "examples" / "data" / "instructions.jsonl"
 EXPERTS = ["experts.gate_up_proj", "experts.down_proj"]
 
 
-def build_model(directory: Path, hidden: int, experts: int) -> Path:
-    """A Mixtral-shaped model (2 layers) with the built-in tokenizer, saved to ``directory``."""
-    from transformers import AutoTokenizer, MixtralConfig, MixtralForCausalLM
-
-    from dgx_api.trainer_config import parse_config
-    from dgx_trainer import builtin, data
-
-    probe = parse_config(
-        {"model": {"name": "builtin:tiny-llama"}, "dataset": {"path": str(DATA), "template": "instruction"}}
-    )
-    texts = data.sample_texts(data.render(data.load_records(probe.dataset, ROOT), probe.dataset, "</s>"))
-    tokenizer = AutoTokenizer.from_pretrained(builtin.ensure("builtin:tiny-llama", texts))
-    path = directory / "tiny-mixtral"
-    tokenizer.save_pretrained(path)
-    config = MixtralConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=hidden,
-        intermediate_size=2 * hidden,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        num_local_experts=experts,
-        num_experts_per_tok=2,
-        max_position_embeddings=512,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        tie_word_embeddings=True,
-    )
-    builtin.save_random(MixtralForCausalLM, config, path)
-    return path
-
-
-def config(model_path: Path, out: Path, steps: int, cuda: bool) -> dict[str, Any]:
+def config(out: Path, steps: int, cuda: bool) -> dict[str, Any]:
     return {
         "allowCpu": not cuda,
         "memoryCheck": "off",  # the figures are what this script measures
-        "model": {"name": str(model_path), "dtype": "bfloat16" if cuda else "float32"},
+        "model": {"name": "builtin:tiny-mixtral", "dtype": "bfloat16" if cuda else "float32"},
         "dataset": {"path": str(DATA), "format": "jsonl", "template": "instruction"},
         "quantization": {"loadIn4bit": True, "quantType": "nf4", "doubleQuant": True, "allowFallback": False},
         "lora": {"r": 8, "alpha": 16, "dropout": 0.0, "targetModules": ["all-linear"], "targetParameters": EXPERTS},
@@ -121,20 +88,19 @@ def adapter_figures(adapter_dir: Path) -> dict[str, int]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=60)
-    parser.add_argument("--hidden", type=int, default=512, help="hidden size (intermediate is twice it)")
-    parser.add_argument("--experts", type=int, default=8)
     args = parser.parse_args(argv)
 
     from dgx_api.progress import parse_event
     from dgx_api.trainer_config import parse_config
-    from dgx_trainer import model, moe, train
+    from dgx_trainer import builtin, data, model, moe, train
 
     cuda = torch.cuda.is_available()
     with tempfile.TemporaryDirectory(prefix="kubedgx-gpu-check-") as tmp:
         os.environ.setdefault("KUBEDGX_CACHE", str(Path(tmp) / "cache"))
         base = Path(tmp)
-        path = build_model(base, args.hidden, args.experts)
-        cfg = parse_config(config(path, base / "out", args.steps, cuda))
+        cfg = parse_config(config(base / "out", args.steps, cuda))
+        records = data.load_records(cfg.dataset, ROOT)
+        path = builtin.ensure(cfg.model.name, data.sample_texts(data.render(records, cfg.dataset, "</s>")))
         device = "cuda" if cuda else "cpu"
         p = model.precision(cfg.training.precision, device)
         loaded = model.load(cfg, str(path), device, p)

@@ -28,6 +28,8 @@ for sub in ("api", "trainer"):
 
 import torch  # noqa: E402
 
+DATA = ROOT / "examples" / "data" / "instructions.jsonl"
+
 #: Mixtral-8x7B-v0.1's config.json.
 MIXTRAL_8X7B = {
     "vocab_size": 32000,
@@ -41,32 +43,16 @@ MIXTRAL_8X7B = {
 NF4_DQ = 0.5 + 1 / 64 + 4 / (64 * 256)  # packed 4 bits, uint8 absmax per 64, fp32 absmax per 256 of those
 
 
-def tiny_mixtral(path: Path) -> None:
-    from transformers import MixtralConfig, MixtralForCausalLM
+def tiny_mixtral() -> Path:
+    """builtin:tiny-mixtral (the trainer's own recipe), its tokenizer trained on the example data."""
+    from dgx_api.trainer_config import parse_config
+    from dgx_trainer import builtin, data
 
-    from dgx_trainer import builtin
-
-    config = MixtralConfig(
-        vocab_size=512,
-        hidden_size=256,
-        intermediate_size=512,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        num_local_experts=8,
-        num_experts_per_tok=2,
-        max_position_embeddings=256,
-        tie_word_embeddings=True,
-    )
-    builtin.save_random(MixtralForCausalLM, config, path)
-    # model.load needs a tokenizer next to the weights; any fast tokenizer of 512 tokens will do.
-    from tokenizers import Tokenizer, models
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {f"t{i}": i for i in range(512)}
-    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="t0")))
-    tok.eos_token = "t1"
-    tok.save_pretrained(path)
+    source = parse_config(
+        {"model": {"name": "builtin:tiny-mixtral"}, "dataset": {"path": str(DATA), "template": "instruction"}}
+    ).dataset
+    texts = data.sample_texts(data.render(data.load_records(source, ROOT), source, builtin.SPECIAL["eos"]))
+    return builtin.ensure("builtin:tiny-mixtral", texts)
 
 
 def measure(path: Path, fixed: bool) -> tuple[float, float]:
@@ -118,8 +104,8 @@ def mixtral_8x7b_estimate() -> dict[str, Any]:
 
 def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "tiny-mixtral"
-        tiny_mixtral(path)
+        os.environ.setdefault("KUBEDGX_CACHE", tmp)
+        path = tiny_mixtral()
         today = measure(path, fixed=False)
         fixed = measure(path, fixed=True)
     print("tiny Mixtral (2 layers, 8 experts, hidden 256, intermediate 512), bytes per parameter:")

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -85,7 +84,11 @@ def example_files() -> list[Path]:
 
 
 def load_yaml_docs(path: Path) -> list[Any]:
-    return [d for d in yaml.safe_load_all(path.read_text(encoding="utf-8")) if d is not None]
+    """The documents of a manifest as kubectl reads them (YAML 1.2 numbers such as 2e-3 included),
+    through kubedgx's own loader: PyYAML alone would read ``2e-3`` as a string."""
+    from dgx_api import manifests
+
+    return [d for d in manifests.load_documents(path.read_bytes()) if d is not None]
 
 
 # The session's control plane (tests/cluster), for the cluster suite and the e2e suite alike.

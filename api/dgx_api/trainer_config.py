@@ -39,7 +39,8 @@ class ModelSource(KubeModel):
         description=(
             "Local directory with a saved model (usually under a data mount), a Hugging Face hub id "
             "(used only where the pod may reach the hub; HF_HUB_OFFLINE is respected), or "
-            "`builtin:tiny-llama`, a tiny model the trainer builds locally for smoke tests."
+            "`builtin:tiny-llama` or `builtin:tiny-mixtral` (mixture-of-experts), tiny models the trainer builds "
+            "locally for smoke tests."
         ),
     )
     revision: str | None = Field(

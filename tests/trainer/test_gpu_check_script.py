@@ -21,13 +21,13 @@ def test_the_prepared_gpu_check_runs_on_the_cpu_and_reports_trained_4bit_experts
     spec.loader.exec_module(script)
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        assert script.main(["--steps", "2", "--hidden", "128", "--experts", "4"]) == 0
+        assert script.main(["--steps", "2"]) == 0
     figures = json.loads(out.getvalue())
     assert figures["device"] == "cpu"
     assert figures["quantization"] == "nf4"
     assert figures["steps"] == 2
     assert figures["stepsPerSecond"] > 0
-    assert 0 < figures["bytesPerParameter"] < 1.0  # fp32 on the CPU; the 4-bit experts keep it low
+    assert 0 < figures["bytesPerParameter"] <= 0.6  # fp32 on the CPU; the 4-bit experts keep it low
     adapters = figures["adapters"]
     assert adapters["expertTensors"] == 8  # lora_A and lora_B of both expert stacks in both layers
     assert adapters["loraBTrained"] == adapters["loraB"] > 0, adapters

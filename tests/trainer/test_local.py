@@ -95,6 +95,32 @@ def test_quickstart_runs_end_to_end(tmp_path: Path, kubedgx_cache: Path) -> None
     assert not (tmp_path / "kubedgx-runs").exists()
 
 
+def test_the_moe_quickstart_trains_4bit_experts_end_to_end(tmp_path: Path, kubedgx_cache: Path) -> None:
+    """examples/moe-quickstart.yaml: the Mixtral example's path (4-bit fused experts, LoRA on them,
+    the router's aux loss) at toy size, through the console script."""
+    out = tmp_path / "run"
+    env = {**os.environ, **OFFLINE, "KUBEDGX_CACHE": str(kubedgx_cache)}
+    result = subprocess.run(
+        [console_script(), "run", str(EXAMPLES / "moe-quickstart.yaml"), "--local", "--output", str(out)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert result.returncode == 0, f"stdout:\n{result.stdout[-3000:]}\nstderr:\n{result.stderr[-6000:]}"
+    summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    assert summary["quantization"] == "nf4", "every fused expert tensor must be 4-bit for nf4 to be reported"
+    assert summary["step"] == 60
+    assert summary["loss"] < summary["firstLoss"] - 1.0, summary
+    assert "quantized 4 fused expert tensors to 4-bit nf4" in result.stderr  # 2 layers x 2 stacks
+    progress = json.loads((out / "progress.json").read_text(encoding="utf-8"))
+    assert progress["auxLoss"] > 0
+    adapter = json.loads((out / "adapter" / "adapter_config.json").read_text(encoding="utf-8"))
+    assert any("experts.gate_up_proj" in t for t in adapter["target_parameters"]), adapter
+
+
 # --- local.plan, without running anything --------------------------------------------------------
 
 

@@ -22,7 +22,7 @@ import torch
 
 from dgx_api.progress import parse_event
 from dgx_api.trainer_config import ConfigError, Lora, Quantization, TrainerConfig, parse_config
-from dgx_trainer import builtin, model, train
+from dgx_trainer import model, train
 from tests.trainer.conftest import ROOT, config_data
 
 STEPS = 3
@@ -246,34 +246,6 @@ def test_align_adapters_casts_only_trainable_parameters() -> None:
 # --- MoE: LoRA on fused expert parameters -----------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def tiny_mixtral(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A 1-layer Mixtral with 4 fused experts, built from a config (random weights, seed 0), with
-    the built-in model's tokenizer."""
-    from transformers import AutoTokenizer, MixtralConfig, MixtralForCausalLM
-
-    path = tmp_path_factory.mktemp("tiny-mixtral")
-    tokenizer = AutoTokenizer.from_pretrained(tiny_llama)
-    tokenizer.save_pretrained(path)
-    config = MixtralConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        num_local_experts=4,
-        num_experts_per_tok=2,
-        max_position_embeddings=256,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        tie_word_embeddings=False,
-    )
-    builtin.save_random(MixtralForCausalLM, config, path)
-    return path
-
-
 def test_moe_target_parameters_train_only_the_expert_adapters(tiny_mixtral: Path, tmp_path: Path) -> None:
     experts = ["experts.gate_up_proj", "experts.down_proj"]
     t = train_in_process(
@@ -284,7 +256,8 @@ def test_moe_target_parameters_train_only_the_expert_adapters(tiny_mixtral: Path
     assert t.before["model.layers.0.mlp.experts.gate_up_proj"].dim() == 3, "experts should be fused 3-D parameters"
     assert_only_lora_trained(t)
     assert all(".mlp.experts." in n for n in t.trainable_at_begin), t.trainable_at_begin
-    assert len(t.trainable_at_begin) == 4  # lora_A and lora_B for each of the two parameters
+    layers = json.loads((tiny_mixtral / "config.json").read_text(encoding="utf-8"))["num_hidden_layers"]
+    assert len(t.trainable_at_begin) == 4 * layers  # lora_A and lora_B of both parameters in each layer
     adapter_config = json.loads((t.output_dir / "adapter" / "adapter_config.json").read_text(encoding="utf-8"))
     assert sorted(adapter_config["target_parameters"]) == sorted(experts)
     assert not adapter_config["target_modules"]

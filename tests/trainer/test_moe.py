@@ -29,40 +29,12 @@ import torch
 
 from dgx_api.progress import parse_event
 from dgx_api.trainer_config import ConfigError, Lora, TrainerConfig, parse_config
-from dgx_trainer import builtin, model, moe, train
+from dgx_trainer import model, moe, train
 from tests.trainer.conftest import ROOT, config_data
 
 EXPERTS = ["experts.gate_up_proj", "experts.down_proj"]
 FP32 = model.Precision("fp32", torch.float32)
 QLORA = {"quantization": {"loadIn4bit": True, "quantType": "nf4", "doubleQuant": True}}
-
-
-@pytest.fixture(scope="module")
-def tiny_mixtral(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """2 layers, 8 experts of 256 -> 512, tied embeddings over the built-in tokenizer's 512 tokens:
-    experts are 92% of the parameters (Mixtral-8x7B: 96%)."""
-    from transformers import AutoTokenizer, MixtralConfig, MixtralForCausalLM
-
-    path = tmp_path_factory.mktemp("tiny-mixtral-wide")
-    tokenizer = AutoTokenizer.from_pretrained(tiny_llama)
-    tokenizer.save_pretrained(path)
-    config = MixtralConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=256,
-        intermediate_size=512,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        num_local_experts=8,
-        num_experts_per_tok=2,
-        max_position_embeddings=256,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        tie_word_embeddings=True,
-    )
-    builtin.save_random(MixtralForCausalLM, config, path)
-    return path
 
 
 def mixtral_cfg(path: Path, changes: dict[str, Any] | None = None) -> TrainerConfig:
