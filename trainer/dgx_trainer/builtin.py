@@ -127,8 +127,13 @@ def _build(name: str, texts: Sequence[str], out: Path) -> None:
     )
     fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(out)
-    shape = {k: v for k, v in recipe.items() if k != "vocab_size"}
-    tokens = {"bos_token_id": fast.bos_token_id, "eos_token_id": fast.eos_token_id, "pad_token_id": fast.pad_token_id}
+    # Any: the config classes' keyword arguments are typed one by one, the recipe is a plain dict.
+    shape: dict[str, Any] = {k: v for k, v in recipe.items() if k != "vocab_size"}
+    tokens: dict[str, Any] = {
+        "bos_token_id": fast.bos_token_id,
+        "eos_token_id": fast.eos_token_id,
+        "pad_token_id": fast.pad_token_id,
+    }
     if "num_local_experts" in recipe:
         from transformers import MixtralConfig, MixtralForCausalLM
 
