@@ -24,8 +24,23 @@ from dgx_api.progress import COMPLETE_MARKER, now_iso, write_atomic
 PATTERN = re.compile(r"^checkpoint-(\d+)$")
 
 
-def mark_complete(checkpoint: Path, step: int) -> None:
-    write_atomic(checkpoint / COMPLETE_MARKER, json.dumps({"step": step, "completedAt": now_iso()}) + "\n")
+def mark_complete(checkpoint: Path, step: int, *, upload: bool = True) -> None:
+    """Mark ``checkpoint`` whole. ``upload`` says whether this node's checkpoint uploader should
+    send it to an Out mount: every node keeps (and marks) a whole copy to resume from, but the
+    copies are the same, so one node, the one global rank 0 ran on, sends it; N nodes writing the
+    same keys at once would cost N times the egress and race each other's markers."""
+    record = {"step": step, "completedAt": now_iso(), "upload": upload}
+    write_atomic(checkpoint / COMPLETE_MARKER, json.dumps(record) + "\n")
+
+
+def for_upload(checkpoint: Path) -> bool:
+    """Whether the checkpoint's marker asks for an upload: yes unless it says ``"upload": false``
+    (markers written before the flag existed, and unreadable ones, are uploaded as before)."""
+    try:
+        record = json.loads((checkpoint / COMPLETE_MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return True
+    return not (isinstance(record, dict) and record.get("upload") is False)
 
 
 def is_complete(checkpoint: Path) -> bool:

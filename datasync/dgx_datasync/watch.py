@@ -38,6 +38,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Final, Literal, TypeVar
 
+from dgx_api import checkpoints
 from dgx_api.progress import COMPLETE_MARKER
 from dgx_datasync import beneath, local, sync
 from dgx_datasync.beneath import UnsafePathError
@@ -198,6 +199,8 @@ class Watcher:
                 return
             if step in self.state["checkpoints"]:
                 continue
+            if not checkpoints.for_upload(path):
+                continue  # another node of the job uploads this step (the one global rank 0 ran on)
             marker = self.dest.child(f"checkpoint-{step}", COMPLETE_MARKER)
             remote = self._retrying(partial(self.store.head, marker), f"check {marker.uri}", interruptible=True)
             if remote is not None:

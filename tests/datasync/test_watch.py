@@ -321,3 +321,22 @@ def test_restore_newest_complete(s3: MotoS3, run_cli: Callable[..., CliResult], 
     empty = run_cli("restore", f"s3://{bucket}/nothing-yet", str(tmp_path / "fresh"))
     assert empty.rc == 0, empty
     assert empty.result == {"restored": None}
+
+
+def test_a_checkpoint_another_node_uploads_is_left_alone(s3: MotoS3, tmp_path: Path) -> None:
+    """Every node of a multi-node job keeps a whole, marked copy to resume from; only the copy of
+    the node global rank 0 ran on says upload, so the store gets each step once."""
+    bucket = s3.bucket("watch-nodes")
+    dest = parse_uri(f"s3://{bucket}/run/checkpoints")
+    out = tmp_path / "out"
+    checkpoint(out, 2, trainer_files(2), marked=False)
+    mark_complete(out / "checkpoint-2", 2, upload=False)  # another node's to send
+    checkpoint(out, 4, trainer_files(4))
+    legacy = checkpoint(out, 6, trainer_files(6), marked=False)
+    write_atomic(legacy / COMPLETE_MARKER, json.dumps({"step": 6}))  # a marker from before the flag
+
+    assert Watcher(out, dest, options(s3), once=True).run() == {"checkpoints": [4, 6]}
+    assert [step for step, _ in complete(out)] == [2, 4, 6]  # still complete here, for resuming
+    assert not s3.keys(bucket, "run/checkpoints/checkpoint-2/")
+    assert s3.keys(bucket, f"run/checkpoints/checkpoint-4/{COMPLETE_MARKER}")
+    assert s3.keys(bucket, f"run/checkpoints/checkpoint-6/{COMPLETE_MARKER}")

@@ -207,6 +207,11 @@ def test_both_nodes_resume_from_the_same_step_with_the_uninterrupted_losses(
             for name in ("adapter_model.safetensors", "optimizer.pt", "scheduler.pt", "trainer_state.json"):
                 assert (ckpt / name).is_file(), f"{ckpt / name} missing"
             assert sorted(p.name for p in ckpt.glob("rng_state_*.pth")) == ["rng_state_0.pth", "rng_state_1.pth"]
+    # ... and exactly one node's copy of each step is for the Out mount's uploader: global rank 0's.
+    for step in (4, 8, 12):
+        uploaders = [n for n in nodes if checkpoints.for_upload(n.output_dir / f"checkpoint-{step}")]
+        assert len(uploaders) == 1, f"checkpoint-{step}: {[n.output_dir for n in uploaders]}"
+    assert checkpoints.for_upload(main.output_dir / f"checkpoint-{MAX_STEPS}")
 
 
 def test_nodes_that_disagree_resume_from_the_newest_checkpoint_they_share(uninterrupted: Node, tmp_path: Path) -> None:

@@ -85,7 +85,8 @@ class _Hooks(TrainerCallback):
         ckpt = Path(args.output_dir) / f"checkpoint-{state.global_step}"
         _share_rng_states(ckpt, self.rt)
         if self.rt.local_rank == 0 and ckpt.is_dir():
-            checkpoints.mark_complete(ckpt, state.global_step)
+            # Every node's copy counts for resuming; only global rank 0's node uploads it.
+            checkpoints.mark_complete(ckpt, state.global_step, upload=self.rt.main)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         # Tests crash a worker here (KUBEDGX_FAULT_AT_STEP), once: the marker file makes the
