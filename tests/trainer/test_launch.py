@@ -107,6 +107,14 @@ def test_dropout_with_lora_on_expert_parameters_names_lora_dropout(tmp_path: Pat
     assert "set lora.dropout: 0" in line
 
 
+def test_an_unknown_target_module_names_lora_target_modules_before_any_worker(tmp_path: Path) -> None:
+    """Found on the model's skeleton (meta device, from config.json): no weights loaded, no worker."""
+    config = write_config(tmp_path, config_data(tmp_path / "out", {"lora.targetModules": ["qkv_proj"]}))
+    line = refused(launch(config, tmp_path), tmp_path, "lora.targetModules")
+    assert "qkv_proj not found in the model; its linear layers are:" in line
+    assert "q_proj" in line
+
+
 def test_an_empty_jsonl_names_dataset_path(tmp_path: Path) -> None:
     data = tmp_path / "empty.jsonl"
     data.write_text("", encoding="utf-8")

@@ -64,6 +64,23 @@ def test_the_mixtral_example_fits_its_dgx_a100_with_4_bit_experts() -> None:
     assert "GPU0 NVIDIA A100-SXM4-80GB has 80.0 GiB" in verdict.message
 
 
+def test_the_mixtral_example_s_lora_targets_exist_in_mixtral_8x7b() -> None:
+    """The pre-launch target check on Mixtral-8x7B's own skeleton (meta device, from its config.json):
+    the example adapts attention and both expert stacks, and nothing of the router."""
+    from transformers import AutoConfig
+
+    from dgx_trainer import launch
+
+    cfg = mixtral_example()
+    hf_config = AutoConfig.from_pretrained(Path(__file__).parent / "fixtures" / "mixtral-8x7b")
+    assert launch.check_targets(cfg, launch.ModelFiles(path="mixtral-8x7b", hf_config=hf_config)) == []
+    router = {"dropout": 0.0, "targetParameters": ["gate.weight"]}
+    bad = parse_config({**cfg.model_dump(by_alias=True, exclude_none=True), "lora": router})
+    [problem] = launch.check_targets(bad, launch.ModelFiles(path="mixtral-8x7b", hf_config=hf_config))
+    assert problem.path == "lora.targetParameters"
+    assert "model.layers.0.mlp.gate.weight" in problem.message
+
+
 def test_the_mixtral_example_without_quantization_does_not_fit_and_names_load_in_4bit() -> None:
     cfg = mixtral_example()
     verdict = memory.check(MIXTRAL_CONFIG, settings(cfg, bits=None), A100_80GB)

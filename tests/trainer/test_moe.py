@@ -134,6 +134,20 @@ def test_targets_are_checked_under_the_unquantized_names(tiny_mixtral: Path) -> 
     assert moe.resolve_target_parameters(loaded.model, ["lm_head.weight"]) == ["lm_head.weight"]
 
 
+def test_lora_on_the_router_s_weight_is_refused(tiny_mixtral: Path) -> None:
+    """Mixtral's router is no nn.Linear (all-linear cannot reach it), but targetParameters could."""
+    loaded = load(tiny_mixtral)
+    assert type(loaded.model.get_submodule("model.layers.0.mlp.gate")).__name__ == "MixtralTopKRouter"
+    for target in ("gate.weight", "mlp.gate.weight", "model.layers.1.mlp.gate.weight"):
+        with pytest.raises(ConfigError) as error:
+            model.check_targets(loaded.model, Lora.model_validate({"dropout": 0.0, "targetParameters": [target]}))
+        [problem] = error.value.problems
+        assert problem.path == "lora.targetParameters"
+        assert "belong to the router" in problem.message
+        assert "model.layers.1.mlp.gate.weight" in problem.message
+    assert moe.router_parameters(loaded.model, EXPERTS) == []
+
+
 def test_dropout_with_target_parameters_is_a_config_error() -> None:
     with pytest.raises(ConfigError) as error:
         moe.check_lora(Lora.model_validate({"dropout": 0.05, "targetParameters": EXPERTS}))

@@ -14,7 +14,8 @@ What is checked (nothing loads weights):
 3. the model: ``builtin:`` models are built (cached, under a lock); a local directory must exist and
    hold a config.json; a hub id needs the hub, or the cache when HF_HUB_OFFLINE=1. Only config.json
    and the tokenizer are read;
-4. the data: :func:`dgx_trainer.data.check` with the job's tokenizer (chat templates);
+4. the LoRA targets against the model's layers (a skeleton on the meta device), and the data:
+   :func:`dgx_trainer.data.check` with the job's tokenizer (chat templates);
 5. memory: :mod:`dgx_trainer.memory`'s estimate against the GPUs' memory (``memoryCheck``).
 
 Then ``os.execvp`` replaces this process with torchrun (``python -m torch.distributed.run``, the
@@ -54,6 +55,7 @@ class ModelFiles:
     path: str | None = None  # local directory or hub id that from_pretrained can open
     config: Mapping[str, Any] | None = None
     tokenizer: Any = None
+    hf_config: Any = None  # the PretrainedConfig, for building the model's skeleton
 
 
 def offline(env: Mapping[str, str]) -> bool:
@@ -118,7 +120,8 @@ def read_model(
         kwargs["revision"] = cfg.model.revision
     found = ModelFiles(path=path)
     try:
-        found.config = AutoConfig.from_pretrained(path, **kwargs).to_dict()
+        found.hf_config = AutoConfig.from_pretrained(path, **kwargs)
+        found.config = found.hf_config.to_dict()
     except Exception as exc:  # OSError for a missing repo or file, ValueError for an unknown model type
         if is_hub and no_hub:
             from huggingface_hub import constants
@@ -167,6 +170,32 @@ def check_data(cfg: TrainerConfig, base_dir: Path, tokenizer: Any) -> list[Probl
                 f"cannot read the data ({type(exc).__name__}: {_first_line(exc)}): check the files and dataset.format",
             )
         ]
+    return []
+
+
+def check_targets(cfg: TrainerConfig, files: ModelFiles) -> list[Problem]:
+    """``lora.targetModules`` and ``targetParameters`` against the model's own layers, on a skeleton
+    built from config.json on the meta device (no weights, no memory): an unknown module or a
+    router's parameter fails here once, not in every worker after the weights have loaded."""
+    if files.hf_config is None:
+        return []
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from dgx_trainer import model
+
+    try:
+        with torch.device("meta"):
+            skeleton = AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
+                files.hf_config, trust_remote_code=cfg.model.trust_remote_code
+            )
+    except Exception as exc:  # an architecture this transformers cannot build: the workers will say
+        log.info("target check skipped: cannot build %s on the meta device (%s)", files.path, _first_line(exc))
+        return []
+    try:
+        model.check_targets(skeleton, cfg.lora)
+    except ConfigError as exc:
+        return list(exc.problems)
     return []
 
 
@@ -232,6 +261,7 @@ def check(cfg: TrainerConfig, base_dir: Path, env: Mapping[str, str]) -> list[Pr
     files = ModelFiles()
     if path is not None:
         files, problems = read_model(cfg, path, env, tokenizer=True)
+    problems += check_targets(cfg, files)
     problems += check_data(cfg, base_dir, files.tokenizer)
     if files.config is not None:
         problems += check_memory(cfg, files.config, report, env)

@@ -292,6 +292,19 @@ def check_targets(model: Any, lora: Lora) -> None:
             "trainer config",
             [Problem("lora.targetParameters", f"{', '.join(unknown)} not found among the model's parameters")],
         )
+    routers = moe.router_parameters(model, lora.target_parameters)
+    if routers:
+        raise ConfigError(
+            "trainer config",
+            [
+                Problem(
+                    "lora.targetParameters",
+                    f"{', '.join(routers[:4])} belong to the router, which decides the experts each token goes to: "
+                    "an adapter there moves tokens away from the experts they were trained with. Adapt the experts "
+                    "(experts.gate_up_proj, experts.down_proj) and attention instead",
+                )
+            ],
+        )
 
 
 def save_merged(cfg: TrainerConfig, model_path: str, adapter_dir: Path, out: Path, p: Precision) -> None:

@@ -165,6 +165,23 @@ def router_modules(model: nn.Module) -> list[str]:
     return routers
 
 
+def router_parameters(model: nn.Module, targets: Sequence[str]) -> list[str]:
+    """The parameters ``targets`` (``lora.targetParameters``) would adapt that belong to a router
+    (Mixtral's ``MixtralTopKRouter.weight`` is no nn.Linear, so :func:`router_modules` does not see
+    it). A LoRA there moves the expert assignment the frozen experts were trained for, so training
+    it is refused rather than done quietly."""
+    found: list[str] = []
+    for name, _ in model.named_parameters():
+        owner = name.rsplit(".", 1)[0] if "." in name else ""
+        parts = owner.split(".") if owner else []
+        routed = any(
+            "router" in type(model.get_submodule(".".join(parts[: i + 1]))).__name__.lower() for i in range(len(parts))
+        )
+        if (routed or (parts and parts[-1] in _ROUTER_NAMES)) and any(_matches(name, t) for t in targets):
+            found.append(name)
+    return found
+
+
 def check_lora(lora: Lora) -> None:
     """What peft refuses for LoRA on parameters, as a config error before the model loads."""
     if lora.target_parameters and lora.dropout != 0:
