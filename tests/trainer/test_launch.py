@@ -193,3 +193,32 @@ def test_a_good_config_execs_torchrun_and_trains_to_the_end(tmp_path: Path) -> N
     assert (out / "adapter" / "adapter_model.safetensors").is_file()
     termination = json.loads((tmp_path / "termination-log").read_text(encoding="utf-8"))
     assert termination["status"] == "Succeeded"
+
+
+def test_quantization_without_fallback_is_probed_before_any_worker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """allowFallback: false on a device bitsandbytes cannot run: one problem from the same probe the
+    workers run, in the launcher; with fallback allowed, no problem (the workers fall back)."""
+    from dgx_api.trainer_config import parse_config
+    from dgx_trainer import launch, model, preflight
+
+    probed: list[tuple[int, str]] = []
+
+    def unusable(bits: int, device: str) -> tuple[bool, str]:
+        probed.append((bits, device))
+        return False, "RuntimeError: no kernels for this device"
+
+    monkeypatch.setattr(model, "quantization_usable", unusable)
+    cpu = preflight.Report(cpu_only=True)
+    strict = parse_config(config_data(tmp_path, {"quantization": {"loadIn4bit": True, "allowFallback": False}}))
+    [problem] = launch.check_quantization(strict, cpu)
+    assert problem.path == "quantization"
+    assert problem.message.startswith("4-bit loading is not usable on cpu: RuntimeError: no kernels")
+    assert "allowFallback: true" in problem.message
+    assert probed == [(4, "cpu")]
+    lenient = parse_config(config_data(tmp_path, {"quantization": {"loadIn4bit": True}}))
+    assert launch.check_quantization(lenient, cpu) == []
+    plain = parse_config(config_data(tmp_path, {"quantization": {"loadIn4bit": False, "allowFallback": False}}))
+    assert launch.check_quantization(plain, cpu) == []
+    assert probed == [(4, "cpu")]

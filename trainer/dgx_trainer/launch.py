@@ -199,6 +199,27 @@ def check_targets(cfg: TrainerConfig, files: ModelFiles) -> list[Problem]:
     return []
 
 
+def check_quantization(cfg: TrainerConfig, report: preflight.Report) -> list[Problem]:
+    """With ``quantization.allowFallback: false``, whether bitsandbytes runs here, by the same probe
+    the workers run (a tiny 4/8-bit layer forward and backward): refused once, before the load."""
+    bits = cfg.quantization_bits
+    if bits is None or cfg.quantization.allow_fallback:
+        return []
+    from dgx_trainer import model
+
+    device = "cpu" if report.cpu_only else model.device_kind()
+    ok, reason = model.quantization_usable(bits, device)
+    if ok:
+        return []
+    return [
+        Problem(
+            "quantization",
+            f"{bits}-bit loading is not usable on {device}: {reason}; set quantization.allowFallback: true to "
+            "train plain LoRA instead, or quantization.loadIn4bit: false",
+        )
+    ]
+
+
 def gpu_memory(report: preflight.Report, env: Mapping[str, str]) -> list[tuple[str, float]]:
     """(name, GiB) of each GPU the run will use: NVML's, or ``$KUBEDGX_GPU_MEMORY_GIB``."""
     override = env.get(GPU_MEMORY_ENV)
@@ -262,6 +283,7 @@ def check(cfg: TrainerConfig, base_dir: Path, env: Mapping[str, str]) -> list[Pr
     if path is not None:
         files, problems = read_model(cfg, path, env, tokenizer=True)
     problems += check_targets(cfg, files)
+    problems += check_quantization(cfg, report)
     problems += check_data(cfg, base_dir, files.tokenizer)
     if files.config is not None:
         problems += check_memory(cfg, files.config, report, env)
