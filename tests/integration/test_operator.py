@@ -160,6 +160,10 @@ async def start_operator(emulator: Emulator, run_operator: RunOperator, clock: C
     """Run dgx_operator.handlers until the test ends, with short backoffs and the test's clock."""
     memo = kopf.Memo(config=operator_config())
     run = await run_operator("dgx_operator.handlers", wait_for=(JOBS, "pods"), memo=memo)
+    # A restarted operator: the stopped one's watches may still count as open for a moment, so the
+    # wait above can end before this one's startup handler has made its controller. Its own list
+    # and watch requests come after that handler, and each request re-checks this.
+    await emulator.wait_for(lambda: memo.get("controller"), timeout=10, message="the operator's startup handler ran")
     op = Operator(emulator, run, memo, clock or Clock())
     controller = op.controller
     controller.now = op.clock
