@@ -51,8 +51,7 @@ def tiny_mixtral() -> Path:
     source = parse_config(
         {"model": {"name": "builtin:tiny-mixtral"}, "dataset": {"path": str(DATA), "template": "instruction"}}
     ).dataset
-    texts = data.sample_texts(data.render(data.load_records(source, ROOT), source, builtin.SPECIAL["eos"]))
-    return builtin.ensure("builtin:tiny-mixtral", texts)
+    return builtin.ensure("builtin:tiny-mixtral", builtin.texts(data.load_records(source, ROOT), source))
 
 
 def measure(path: Path, fixed: bool) -> tuple[float, float]:

@@ -186,7 +186,7 @@ def main() -> None:
         from dgx_trainer import builtin, data
 
         cfg = parse_config(config(base / "warmup"))
-        texts = data.sample_texts(data.render(data.load_records(cfg.dataset, ROOT), cfg.dataset, "</s>"))
+        texts = builtin.texts(data.load_records(cfg.dataset, ROOT), cfg.dataset)
         os.environ["KUBEDGX_CACHE"] = env["KUBEDGX_CACHE"]
         model_dir = builtin.ensure("builtin:tiny-llama", texts)
         plain_script, ours_script = base / "plain.py", base / "ours.py"

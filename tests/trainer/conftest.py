@@ -277,9 +277,7 @@ def _builtin(name: str, cache: Path) -> Path:
     from dgx_trainer import builtin, data
 
     cfg = parse_config(config_data(Path("/unused")))
-    records = data.load_records(cfg.dataset, ROOT)
-    texts = data.sample_texts(data.render(records, cfg.dataset, builtin.SPECIAL["eos"]))
-    path = builtin.ensure(name, texts)
+    path = builtin.ensure(name, builtin.texts(data.load_records(cfg.dataset, ROOT), cfg.dataset))
     assert path.parent == cache
     return path
 

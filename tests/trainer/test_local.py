@@ -30,6 +30,27 @@ def console_script() -> str:
     return found
 
 
+def run_local(manifest: Path, cwd: Path, cache: Path, out: Path) -> subprocess.CompletedProcess[str]:
+    """`kubedgx run MANIFEST --local --output OUT` through the console script, offline, on the
+    session's built-in model cache; fails the test (with both streams' tails) unless it exits 0."""
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("KUBEDGX_FAULT")},
+        **OFFLINE,
+        "KUBEDGX_CACHE": str(cache),
+    }
+    result = subprocess.run(
+        [console_script(), "run", str(manifest), "--local", "--output", str(out)],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert result.returncode == 0, f"stdout:\n{result.stdout[-3000:]}\nstderr:\n{result.stderr[-6000:]}"
+    return result
+
+
 def quickstart_doc() -> dict[str, Any]:
     doc = yaml.safe_load(QUICKSTART.read_text(encoding="utf-8"))
     assert isinstance(doc, dict)
@@ -40,21 +61,7 @@ def test_quickstart_runs_end_to_end(tmp_path: Path, kubedgx_cache: Path) -> None
     from dgx_trainer import model
 
     out = tmp_path / "run"
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("KUBEDGX_FAULT")},
-        **OFFLINE,
-        "KUBEDGX_CACHE": str(kubedgx_cache),
-    }
-    result = subprocess.run(
-        [console_script(), "run", str(QUICKSTART), "--local", "--output", str(out)],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
-    assert result.returncode == 0, f"stdout:\n{result.stdout[-3000:]}\nstderr:\n{result.stderr[-6000:]}"
+    result = run_local(QUICKSTART, tmp_path, kubedgx_cache, out)
 
     summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
     assert summary["status"] == "Succeeded"
@@ -99,17 +106,7 @@ def test_the_moe_quickstart_trains_4bit_experts_end_to_end(tmp_path: Path, kubed
     """examples/moe-quickstart.yaml: the Mixtral example's path (4-bit fused experts, LoRA on them,
     the router's aux loss) at toy size, through the console script."""
     out = tmp_path / "run"
-    env = {**os.environ, **OFFLINE, "KUBEDGX_CACHE": str(kubedgx_cache)}
-    result = subprocess.run(
-        [console_script(), "run", str(EXAMPLES / "moe-quickstart.yaml"), "--local", "--output", str(out)],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
-    assert result.returncode == 0, f"stdout:\n{result.stdout[-3000:]}\nstderr:\n{result.stderr[-6000:]}"
+    result = run_local(EXAMPLES / "moe-quickstart.yaml", tmp_path, kubedgx_cache, out)
     summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
     assert summary["quantization"] == "nf4", "every fused expert tensor must be 4-bit for nf4 to be reported"
     assert summary["step"] == 60

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -15,8 +13,8 @@ import yaml
 
 from dgx_api.trainer_config import load_config
 from dgx_operator.cli import main
-from tests.trainer.conftest import DATA, OFFLINE
-from tests.trainer.test_local import console_script
+from tests.trainer.conftest import DATA
+from tests.trainer.test_local import run_local
 
 #: Written by hand, not by yaml.safe_dump (which would quote nothing and write 0.0002).
 MANIFEST = f"""\
@@ -92,16 +90,6 @@ def test_run_local_trains_with_the_learning_rate_the_manifest_says(tmp_path: Pat
     path = tmp_path / "job.yaml"
     path.write_text(MANIFEST, encoding="utf-8")
     out = tmp_path / "run"
-    env = {**os.environ, **OFFLINE, "KUBEDGX_CACHE": str(kubedgx_cache)}
-    result = subprocess.run(
-        [console_script(), "run", str(path), "--local", "--output", str(out)],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
-    assert result.returncode == 0, f"stdout:\n{result.stdout[-3000:]}\nstderr:\n{result.stderr[-4000:]}"
+    run_local(path, tmp_path, kubedgx_cache, out)
     progress = json.loads((out / "progress.json").read_text(encoding="utf-8"))
     assert progress["learningRate"] == pytest.approx(2e-4)  # constant schedule, no warm-up

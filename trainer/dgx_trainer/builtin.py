@@ -72,6 +72,16 @@ def digest(name: str, texts: Sequence[str]) -> str:
     return h.hexdigest()[:16]
 
 
+def texts(records: Any, source: Any) -> list[str]:
+    """The texts a built-in model's tokenizer trains on: the job's records rendered by its dataset
+    template. One function, because the pre-launch check builds the model and the workers must
+    find that same build in the cache (the digest is of these texts)."""
+    from dgx_trainer import data
+
+    found: list[str] = data.sample_texts(data.render(records, source, SPECIAL["eos"]))
+    return found
+
+
 def ensure(model: str, texts: Sequence[str], root: Path | None = None) -> Path:
     """The directory of the built model (building it if needed); usable by from_pretrained."""
     name = model[len(PREFIX) :]

@@ -15,7 +15,8 @@ What is checked (nothing loads weights):
    hold a config.json; a hub id needs the hub, or the cache when HF_HUB_OFFLINE=1. Only config.json
    and the tokenizer are read;
 4. the LoRA targets against the model's layers (a skeleton on the meta device), and the data:
-   :func:`dgx_trainer.data.check` with the job's tokenizer (chat templates);
+   every row once (:func:`dgx_trainer.data.check`, before a builtin model is built from them),
+   then the chat template on the job's tokenizer;
 5. memory: :mod:`dgx_trainer.memory`'s estimate against the GPUs' memory (``memoryCheck``).
 
 Then ``os.execvp`` replaces this process with torchrun (``python -m torch.distributed.run``, the
@@ -67,23 +68,16 @@ def _first_line(exc: BaseException) -> str:
     return (text[0] if text else type(exc).__name__)[:300]
 
 
-def _builtin_texts(cfg: TrainerConfig, base_dir: Path) -> list[str]:
-    """The texts builtin models train their tokenizer on, exactly as the workers compute them
-    (train.run), so that the model built here is the one they find in the cache."""
-    from dgx_trainer import data
-
-    records = data.load_records(cfg.dataset, base_dir)
-    texts: list[str] = data.sample_texts(data.render(records, cfg.dataset, builtin.SPECIAL["eos"]))
-    return texts
-
-
 def locate_model(cfg: TrainerConfig, base_dir: Path, env: Mapping[str, str]) -> tuple[str | None, list[Problem]]:
     """(what from_pretrained should open, problems). Relative names that exist under ``base_dir``
     are local directories, as in train.py; absolute, ./ or ~ names must exist; other names that look
     like hub ids are hub ids."""
     name = cfg.model.name
     if builtin.is_builtin(name):
-        return str(builtin.ensure(name, _builtin_texts(cfg, base_dir))), []
+        from dgx_trainer import data
+
+        texts = builtin.texts(data.load_records(cfg.dataset, base_dir), cfg.dataset)
+        return str(builtin.ensure(name, texts)), []
     expanded = Path(name).expanduser()
     local = expanded if expanded.is_absolute() else base_dir / expanded
     looks_local = expanded.is_absolute() or name.startswith((".", "~")) or not HUB_ID.fullmatch(name)
@@ -154,23 +148,31 @@ def read_model(
     return found, []
 
 
-def check_data(cfg: TrainerConfig, base_dir: Path, tokenizer: Any) -> list[Problem]:
-    """:func:`dgx_trainer.data.check`'s problems. Anything else it raises (a reader's error on a
-    file it could not parse) is still the data's fault here: one line, not a traceback."""
+def _data_problems(step: Any, *args: Any) -> tuple[Any, list[Problem]]:
+    """(what ``step`` returned, []) or (None, its problems). Anything else it raises (a reader's
+    error on a file it could not parse) is still the data's fault here: one line, not a traceback."""
+    try:
+        return step(*args), []
+    except ConfigError as exc:
+        return None, list(exc.problems)
+    except Exception as exc:
+        message = f"cannot read the data ({type(exc).__name__}: {_first_line(exc)}): check the files and dataset.format"
+        return None, [Problem("dataset.path", message)]
+
+
+def check_data(cfg: TrainerConfig, base_dir: Path) -> tuple[Any, list[Problem]]:
+    """Every row of the training and eval data (:func:`dgx_trainer.data.check`, without a
+    tokenizer): (its Checked, []) or (None, the problems). Run once; the chat template is checked
+    on that result when the tokenizer is there (:func:`check_chat_template`)."""
     from dgx_trainer import data
 
-    try:
-        data.check(cfg, base_dir, tokenizer)
-    except ConfigError as exc:
-        return list(exc.problems)
-    except Exception as exc:
-        return [
-            Problem(
-                "dataset.path",
-                f"cannot read the data ({type(exc).__name__}: {_first_line(exc)}): check the files and dataset.format",
-            )
-        ]
-    return []
+    return _data_problems(data.check, cfg, base_dir)
+
+
+def check_chat_template(cfg: TrainerConfig, base_dir: Path, tokenizer: Any, checked: Any) -> list[Problem]:
+    from dgx_trainer import data
+
+    return _data_problems(data.use_chat_template, cfg.dataset, base_dir, tokenizer, checked)[1]
 
 
 def check_targets(cfg: TrainerConfig, files: ModelFiles) -> list[Problem]:
@@ -270,11 +272,9 @@ def check(cfg: TrainerConfig, base_dir: Path, env: Mapping[str, str]) -> list[Pr
         moe.check_lora(cfg.lora)  # what peft refuses for LoRA on MoE expert parameters
     except ConfigError as exc:
         return list(exc.problems)
-    if builtin.is_builtin(cfg.model.name):
-        # A builtin model is built from the data's texts: the data must be readable first.
-        problems = check_data(cfg, base_dir, None)
-        if problems:
-            return problems
+    checked, data_problems = check_data(cfg, base_dir)
+    if data_problems and builtin.is_builtin(cfg.model.name):
+        return data_problems  # a builtin model is built from the data's texts: they must be readable
     try:
         path, problems = locate_model(cfg, base_dir, env)
     except ConfigError as exc:  # builtin: an unknown name
@@ -284,7 +284,10 @@ def check(cfg: TrainerConfig, base_dir: Path, env: Mapping[str, str]) -> list[Pr
         files, problems = read_model(cfg, path, env, tokenizer=True)
     problems += check_targets(cfg, files)
     problems += check_quantization(cfg, report)
-    problems += check_data(cfg, base_dir, files.tokenizer)
+    if data_problems:
+        problems += data_problems
+    elif files.tokenizer is not None:
+        problems += check_chat_template(cfg, base_dir, files.tokenizer, checked)
     if files.config is not None:
         problems += check_memory(cfg, files.config, report, env)
     return problems

@@ -185,10 +185,11 @@ def _agreed_resume(rt: Runtime) -> Path | None:
     return None if step is None else rt.output_dir / f"checkpoint-{step}"
 
 
-def _model_path(cfg: TrainerConfig, rt: Runtime, texts: list[str]) -> str:
+def _model_path(cfg: TrainerConfig, rt: Runtime, records: Any) -> str:
     name = cfg.model.name
     if builtin.is_builtin(name):
-        return str(builtin.ensure(name, texts))
+        # The built-in tokenizer is trained on the texts themselves, so they come before loading it.
+        return str(builtin.ensure(name, builtin.texts(records, cfg.dataset)))
     local = rt.base_dir / name
     return str(local) if not Path(name).is_absolute() and local.exists() else name
 
@@ -260,9 +261,7 @@ def run(cfg: TrainerConfig, rt: Runtime) -> dict[str, Any]:
     # Every row of the training and eval data, before a model is built: a bad row is exit 2 now.
     checked = data.check(cfg, rt.base_dir)
     records = data.load_records(cfg.dataset, rt.base_dir)
-    # The built-in tokenizer is trained on the texts themselves, so render before loading it.
-    draft = data.render(records, cfg.dataset, builtin.SPECIAL["eos"])
-    model_path = _model_path(cfg, rt, data.sample_texts(draft))
+    model_path = _model_path(cfg, rt, records)
     loaded = model.load(cfg, model_path, device, p)
     model.check_targets(loaded.model, cfg.lora)
     data.use_chat_template(cfg.dataset, rt.base_dir, loaded.tokenizer, checked)  # saved with the adapter
