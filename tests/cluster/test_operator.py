@@ -291,6 +291,25 @@ def test_on_failure_restarts_until_the_backoff_limit(operator: Operator, namespa
     assert "BackoffLimitExceeded" in reasons, reasons
 
 
+def test_the_trainers_exit_2_fails_an_on_failure_job_at_once(operator: Operator, namespace: Kubectl) -> None:
+    """Issue 14.6 on the real control plane: the built-in trainer's exit 2 (its pre-launch check
+    refused the config, data or model), as the kubelet reports it in the pod's status, ends an
+    OnFailure job with InvalidTrainerInput and the trainer's line, backoffLimit unspent."""
+    job = interactive_trainer_job("badrows")
+    del job["spec"]["debug"]  # the trainer's own command (kwok runs no container either way)
+    job["spec"] |= {"restartPolicy": "OnFailure", "backoffLimit": 3}
+    namespace.apply(job)
+    wait_job(namespace, "badrows", "Running", running_with(1), timeout=TIMEOUT)
+    (pod,) = live_workers(namespace, "badrows")
+    line = "dataset.outputField: train.jsonl:3: 'output' is null"
+    exit_worker(namespace, pod["metadata"]["name"], 2, f"trainer.yaml: invalid trainer config: {line}")
+    failed = wait_job(namespace, "badrows", "Failed", phase_is("Failed"), timeout=TIMEOUT, fail_on=())
+    failure = [c for c in dig(failed, "status", "conditions", default=[]) if c.get("type") == "Failed"]
+    assert [c.get("reason") for c in failure] == ["InvalidTrainerInput"], failure
+    assert line in failure[0].get("message", ""), failure
+    assert dig(failed, "status", "restarts") in (0, None)
+
+
 def test_exit_code_policy_retries_listed_codes_and_fails_on_others(operator: Operator, namespace: Kubectl) -> None:
     job = command_job("codes", min_nodes=1, max_nodes=1)
     job["spec"] |= {"restartPolicy": "ExitCode", "retryableExitCodes": [3], "backoffLimit": 5}
