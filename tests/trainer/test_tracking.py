@@ -62,3 +62,19 @@ def test_a_tracker_that_is_not_installed_is_a_config_error_naming_report_to(monk
     assert "wandb is not installed" in problem.message
     assert "pip install wandb" in problem.message
     tracking.check(["tensorboard"])  # installed: no error
+
+
+def test_the_pre_launch_check_refuses_a_missing_tracker_before_any_worker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dgx_api.trainer_config import parse_config
+    from dgx_trainer import launch
+
+    real = tracking.importlib.util.find_spec
+    monkeypatch.setattr(
+        tracking.importlib.util, "find_spec", lambda name, *a: None if name == "mlflow" else real(name, *a)
+    )
+    cfg = parse_config(config_data(tmp_path / "out", {"training.reportTo": ["mlflow"]}))
+    [problem] = launch.check(cfg, tmp_path, {})
+    assert problem.path == "training.reportTo"
+    assert "mlflow is not installed" in problem.message

@@ -266,10 +266,11 @@ def check(cfg: TrainerConfig, base_dir: Path, env: Mapping[str, str]) -> list[Pr
 
     hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # building a builtin model draws a bar per shard
     report = preflight.check(preflight.Expectation.from_env(env, allow_cpu=cfg.allow_cpu))
-    from dgx_trainer import moe
+    from dgx_trainer import moe, tracking
 
     try:
         moe.check_lora(cfg.lora)  # what peft refuses for LoRA on MoE expert parameters
+        tracking.check(cfg.training.report_to)  # a tracker whose library this image lacks
     except ConfigError as exc:
         return list(exc.problems)
     checked, data_problems = check_data(cfg, base_dir)
