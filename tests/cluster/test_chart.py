@@ -59,6 +59,12 @@ SERVER_FIELDS = ("resourceVersion", "uid", "creationTimestamp", "generation", "m
                  "deletionGracePeriodSeconds", "selfLink")  # fmt: skip
 TIMEOUT = 60
 POLL = 0.25
+#: How long a deleted CRD may take to go. The apiserver's CRD finalizer lists the CRD's objects
+#: first; a CRD deleted soon after it was created or changed meets its watch cache still
+#: initializing ("storage is (re)initializing"), and the finalizer's retries back off exponentially:
+#: minutes on a loaded machine (operator-framework/operator-controller#1437 waits 5 minutes). Seen in
+#: CI as a 60 s timeout in one test's teardown and the next test's install.
+CRD_GONE_TIMEOUT = 300
 #: (release, action, seconds) of every Helm call of this module; summarised at its end.
 TIMINGS: list[tuple[str, str, float]] = []
 #: The ci/ scenarios, by file name.
@@ -143,6 +149,15 @@ def established(k: Kubectl, crd: str) -> dict[str, Any]:
         return obj if (condition(obj, "Established") or {}).get("status") == "True" else None
 
     return wait_for(f"CRD {crd} Established", probe, timeout=TIMEOUT, interval=POLL)
+
+
+def serving_lists(k: Kubectl, *crds: str) -> None:
+    """Wait until each CRD's storage serves a list (lists come from the watch cache since v1.34;
+    Established comes earlier). A CRD deleted only then has its finalizer's first list succeed,
+    instead of backing off past CRD_GONE_TIMEOUT's cause."""
+    cluster = k.in_namespace(None)
+    wait_for(f"the storage of {', '.join(crds)} to serve lists", lambda: all(cluster.run("get", crd, "--all-namespaces",
+             check=False).returncode == 0 for crd in crds), timeout=TIMEOUT, interval=POLL)  # fmt: skip
 
 
 def stub_crd(group: str, kind: str, plural: str) -> dict[str, Any]:
@@ -296,7 +311,8 @@ class Release:
             obj = self.admin.get(*ref)
             return None if dig(obj, "metadata", "deletionTimestamp") else (obj,)
 
-        return wait_for(f"{ref[0]} {ref[1]} not terminating", probe, timeout=TIMEOUT, interval=POLL)[0]
+        timeout = CRD_GONE_TIMEOUT if ref[0] == CRD_RESOURCE else TIMEOUT
+        return wait_for(f"{ref[0]} {ref[1]} not terminating", probe, timeout=timeout, interval=POLL)[0]
 
     def _adopt(self, objects: list[dict[str, Any]]) -> None:
         """Note the release's cluster-scoped objects. Those that exist already and are not this
@@ -345,11 +361,14 @@ class Release:
         finally:
             leftovers = [r for r in sorted(self.cluster_scoped) if r not in self.adopted]
             leftovers += [(CRD_RESOURCE, crd) for crd in self.created_crds]
+            crds = [name for kind, name in leftovers if kind == CRD_RESOURCE and self.admin.get(kind, name)]
+            if crds:
+                serving_lists(self.admin, *crds)
             for ref in leftovers:
                 self.admin.run("delete", *ref, "--ignore-not-found", "--wait=false")
             wait_for(f"{len(leftovers)} cluster-scoped objects of release {self.name} to be gone",
-                     lambda: all(self.admin.get(*ref) is None for ref in leftovers), timeout=TIMEOUT,
-                     interval=POLL)  # fmt: skip
+                     lambda: all(self.admin.get(*ref) is None for ref in leftovers),
+                     timeout=CRD_GONE_TIMEOUT if crds else TIMEOUT, interval=POLL)  # fmt: skip
             for ref, before in sorted(self.adopted.items()):
                 self._write(ref, before)
             for ns in self.created_namespaces:
@@ -695,17 +714,12 @@ def test_uninstall_removes_the_crds_when_keep_is_false(release: Release) -> None
     objects = release.install(values)
     for crd in CRDS:
         assert KEEP_POLICY not in (dig(established(release.admin, crd), "metadata", "annotations") or {})
-    # A CRD deleted right after it was made meets its own watch cache still initializing: the CRD
-    # finalizer's list of its objects answers "storage is (re)initializing" and backs off past the
-    # timeout (seen once in CI). Established is not enough; a list served (lists come from the watch
-    # cache since v1.34) is.
-    wait_for("each CRD's storage to serve lists", lambda: all(cluster.run("get", crd, "--all-namespaces",
-             check=False).returncode == 0 for crd in CRDS), timeout=TIMEOUT, interval=POLL)  # fmt: skip
+    serving_lists(release.admin, *CRDS)  # see CRD_GONE_TIMEOUT
     answer = release.uninstall()
     assert answer["info"] == ""
     assert_gone(release, objects)
     wait_for("the CRDs to be deleted", lambda: all(release.admin.get(CRD_RESOURCE, c) is None for c in CRDS),
-             timeout=TIMEOUT, interval=POLL)  # fmt: skip
+             timeout=CRD_GONE_TIMEOUT, interval=POLL)  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------
