@@ -1,0 +1,220 @@
+"""The flytekit connector: CreateTask / GetTask / DeleteTask as DGXTrainingJobs.
+
+It runs in two places with the same code: in ``pyflyte serve connector`` for a Flyte deployment
+(propeller calls it over gRPC), and inside ``pyflyte run`` for a local run against any cluster
+(flytekit's AsyncConnectorExecutorMixin calls it in-process). A fresh API client per call: locally
+the calls run on flytekit's own loop but an abort (Ctrl-C) deletes through ``asyncio.run``, and a
+client made on one loop cannot be used on another.
+
+Settings (the connector's environment):
+
+- ``KUBEDGX_FLYTE_KUBECONFIG`` / ``KUBEDGX_FLYTE_CONTEXT``: which cluster (default: in-cluster
+  credentials in a pod, else ``KUBECONFIG`` and its current context);
+- ``KUBEDGX_FLYTE_NAMESPACE``: the namespace of every job (default: the execution's namespace,
+  which Flyte sets per project and domain, else ``default``);
+- ``KUBEDGX_FLYTE_DEFAULT_INSTANCE``: the instance of tasks that name none;
+- ``KUBEDGX_FLYTE_LOG_TEMPLATE``: a URL with ``{namespace}``, ``{job}``, ``{pod}`` for log links;
+- ``KUBEDGX_FLYTE_WORKER_ENV_<NAME>``: ``NAME`` set in every worker (blob-store settings such as
+  ``FLYTE_AWS_ENDPOINT``);
+- ``KUBEDGX_FLYTE_CATALOG``: the instance catalog the cluster's operator uses, if not the default.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from flytekit.extend.backend.base_connector import AsyncConnectorBase, ConnectorRegistry, Resource, ResourceMeta
+from flytekit.models.core.execution import TaskLog
+from kubernetes_asyncio import client, config
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from dgx_operator.api import GROUP, VERSION
+from flytekitplugins.dgx.manifest import (
+    FUNCTION_TASK,
+    KEY_LABEL,
+    QLORA_TASK,
+    Plan,
+    build,
+    digest,
+    options_from_env,
+)
+from flytekitplugins.dgx.phases import FAILED, SUCCEEDED, status_of
+
+log = logging.getLogger(__name__)
+
+JOBS = "dgxtrainingjobs"
+MOUNTS = "dgxdatamounts"
+#: The QLoRA task's output: the URI of the archived adapter (status.artifacts[name=adapter]).
+ADAPTER_OUTPUT = "adapter"
+
+
+class DGXConnectorError(RuntimeError):
+    """The cluster refused or lost what the connector asked for (the message says which object)."""
+
+
+@dataclass
+class DGXJobMetadata(ResourceMeta):  # type: ignore[misc]  # flytekit ships no type information
+    """What Flyte keeps between calls (JSON in the task's state): enough to find the job again."""
+
+    namespace: str
+    name: str
+    uid: str = ""
+    task_type: str = FUNCTION_TASK
+
+
+async def _api() -> client.ApiClient:
+    path = os.environ.get("KUBEDGX_FLYTE_KUBECONFIG") or None
+    context = os.environ.get("KUBEDGX_FLYTE_CONTEXT") or None
+    in_cluster = os.environ.get("KUBERNETES_SERVICE_HOST") and os.path.exists(
+        "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    )
+    if path is None and context is None and in_cluster:
+        config.load_incluster_config()  # type: ignore[no-untyped-call]
+        return client.ApiClient()
+    configuration = client.Configuration()
+    path = path or os.environ.get("KUBECONFIG", "").split(os.pathsep)[0] or None
+    await config.load_kube_config(config_file=path, context=context, client_configuration=configuration)
+    return client.ApiClient(configuration)
+
+
+def _detail(exc: ApiException) -> str:
+    try:
+        body = json.loads(exc.body or "{}")
+    except ValueError:
+        body = {}
+    return str(body.get("message") or exc.reason or exc.status)
+
+
+async def _create_or_get(api: client.CustomObjectsApi, plural: str, obj: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+    """(the object, whether this call created it)."""
+    ns, name = obj["metadata"]["namespace"], obj["metadata"]["name"]
+    try:
+        return await api.create_namespaced_custom_object(GROUP, VERSION, ns, plural, obj), True
+    except ApiException as exc:
+        if exc.status != 409:
+            kind = obj["kind"]
+            raise DGXConnectorError(f"creating {kind} {ns}/{name} was refused: {exc.status} {_detail(exc)}") from None
+    found: dict[str, Any] = await api.get_namespaced_custom_object(GROUP, VERSION, ns, plural, name)
+    return found, False
+
+
+async def apply_plan(plan: Plan) -> DGXJobMetadata:
+    """Create the mounts (an existing one is reused: its name is a hash of what it reads) and the
+    job; an existing job with this execution's key is adopted, one with another key is refused."""
+    api_client = await _api()
+    try:
+        api = client.CustomObjectsApi(api_client)
+        for mount in plan.mounts:
+            _, created = await _create_or_get(api, MOUNTS, mount)
+            log.info(
+                "DGXDataMount %s/%s %s", plan.namespace, mount["metadata"]["name"], "created" if created else "reused"
+            )
+        job, created = await _create_or_get(api, JOBS, plan.job)
+        labels = job.get("metadata", {}).get("labels") or {}
+        if not created and labels.get(KEY_LABEL) != digest(plan.key, 32):
+            raise DGXConnectorError(
+                f"DGXTrainingJob {plan.namespace}/{plan.name} exists and was not created for this task execution "
+                f"({plan.key}); delete it or run the task under another execution name"
+            )
+        log.info("DGXTrainingJob %s/%s %s", plan.namespace, plan.name, "created" if created else "adopted")
+        return DGXJobMetadata(plan.namespace, plan.name, str(job["metadata"].get("uid", "")), plan.task_type)
+    finally:
+        await api_client.close()
+
+
+async def read_job(meta: DGXJobMetadata) -> dict[str, Any] | None:
+    api_client = await _api()
+    try:
+        api = client.CustomObjectsApi(api_client)
+        try:
+            job: dict[str, Any] = await api.get_namespaced_custom_object(
+                GROUP, VERSION, meta.namespace, JOBS, meta.name
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise DGXConnectorError(
+                f"reading DGXTrainingJob {meta.namespace}/{meta.name}: {exc.status} {_detail(exc)}"
+            ) from None
+        if meta.uid and job.get("metadata", {}).get("uid") != meta.uid:
+            return None  # a new job of the same name: ours is gone
+        return job
+    finally:
+        await api_client.close()
+
+
+async def delete_job(meta: DGXJobMetadata) -> bool:
+    """Delete the job (its workers go with it, by owner reference); False when it was gone already."""
+    api_client = await _api()
+    try:
+        api = client.CustomObjectsApi(api_client)
+        body = client.V1DeleteOptions(propagation_policy="Background")
+        if meta.uid:
+            body.preconditions = client.V1Preconditions(uid=meta.uid)
+        try:
+            await api.delete_namespaced_custom_object(GROUP, VERSION, meta.namespace, JOBS, meta.name, body=body)
+        except ApiException as exc:
+            if exc.status in (404, 409):  # gone, or a different job of that name now (uid precondition)
+                return False
+            raise DGXConnectorError(
+                f"deleting DGXTrainingJob {meta.namespace}/{meta.name}: {exc.status} {_detail(exc)}"
+            ) from None
+        return True
+    finally:
+        await api_client.close()
+
+
+def _adapter(job: dict[str, Any]) -> str | None:
+    for artifact in (job.get("status") or {}).get("artifacts") or []:
+        if artifact.get("name") == "adapter" and artifact.get("uri"):
+            return str(artifact["uri"])
+    return None
+
+
+class DGXConnector(AsyncConnectorBase):  # type: ignore[misc]  # flytekit ships no type information
+    """One connector, ``kubedgx``, registered for both task types."""
+
+    name = "kubedgx"
+
+    def __init__(self, task_type: str = FUNCTION_TASK) -> None:
+        super().__init__(task_type_name=task_type, metadata_type=DGXJobMetadata)
+
+    async def create(
+        self,
+        task_template: Any,
+        output_prefix: str,
+        inputs: Any = None,
+        task_execution_metadata: Any = None,
+        **kwargs: Any,
+    ) -> DGXJobMetadata:
+        plan = build(task_template, output_prefix, task_execution_metadata, options_from_env())
+        for note in plan.notes:
+            log.warning("%s: %s", plan.name, note)
+        return await apply_plan(plan)
+
+    async def get(self, resource_meta: DGXJobMetadata, **kwargs: Any) -> Resource:
+        job = await read_job(resource_meta)
+        st = status_of(job, os.environ.get("KUBEDGX_FLYTE_LOG_TEMPLATE") or None)
+        links = [TaskLog(uri=uri, name=name) for name, uri in st.log_links]
+        outputs = None
+        phase, message = st.phase, st.message
+        if phase == SUCCEEDED and resource_meta.task_type == QLORA_TASK and job is not None:
+            uri = _adapter(job)
+            if uri is None:
+                phase, message = FAILED, f"{message}; but no adapter was archived (status.artifacts has none)"
+            else:
+                outputs = {ADAPTER_OUTPUT: uri}
+        return Resource(phase=phase, message=message, log_links=links, outputs=outputs, custom_info=st.custom_info)
+
+    async def delete(self, resource_meta: DGXJobMetadata, **kwargs: Any) -> None:
+        await delete_job(resource_meta)
+
+
+def register() -> None:
+    """Idempotent: importing the package twice (the entry point, then ``--modules``) registers once."""
+    for task_type in (FUNCTION_TASK, QLORA_TASK):
+        ConnectorRegistry.register(DGXConnector(task_type), override=True)

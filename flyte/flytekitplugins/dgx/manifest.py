@@ -1,0 +1,388 @@
+"""A Flyte task template (+ the execution's metadata) -> the DGXTrainingJob and DGXDataMounts to create.
+
+Pure: no cluster, no event loop, so the golden tests can pin every mapping. Everything it builds
+goes through kubedgx's own :class:`~dgx_operator.validation.Validator` (the one behind ``kubedgx
+validate`` and the admission webhook) before anything is sent, so a bad config fails at ``pyflyte
+run`` with the lines ``kubedgx validate`` would print for the same manifest.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from dgx_operator.api import API_VERSION
+from dgx_operator.api.trainingjob import MAX_JOB_NAME, RESERVED_ENV_NAMES, RESERVED_ENV_PREFIXES
+from dgx_operator.catalog import Catalog
+from dgx_operator.validation import Validator, object_label, reference_problems
+from flytekitplugins.dgx.config import DGXConfigError, DGXDataConfig, from_custom, input_path, output_path
+
+#: Task types (the connector's categories): a @task function, and the built-in QLoRA fine-tune.
+FUNCTION_TASK: Final = "dgx_training"
+QLORA_TASK: Final = "dgx_qlora"
+
+#: Labels and annotations the connector puts on what it creates.
+MANAGED_BY: Final = "flytekitplugins-dgx"
+KEY_LABEL: Final = "flyte.kubedgx.io/key"
+TASK_TYPE_LABEL: Final = "flyte.kubedgx.io/task-type"
+EXECUTION_ANNOTATION: Final = "flyte.kubedgx.io/task-execution"
+OUTPUT_PREFIX_ANNOTATION: Final = "flyte.kubedgx.io/output-prefix"
+#: The dirs of DGXDataConfig's mounts, for the function (os.pathsep-separated, in config order).
+INPUT_DIRS_ENV: Final = "DGX_INPUT_DIRS"
+OUTPUT_DIRS_ENV: Final = "DGX_OUTPUT_DIRS"
+#: The default instance when a task names none (the connector's setting overrides it).
+DEFAULT_INSTANCE: Final = "dgxa100.80g.8.norm"
+
+_FLYTE_GPU, _FLYTE_CPU, _FLYTE_MEMORY = 2, 1, 3  # flyteidl.core.Resources.ResourceName
+
+
+@dataclass(frozen=True)
+class Options:
+    """The connector's own settings (its environment, see :func:`options_from_env`)."""
+
+    namespace: str | None = None
+    default_instance: str = DEFAULT_INSTANCE
+    catalog: Catalog | None = None
+    #: Extra environment for every worker (e.g. FLYTE_AWS_ENDPOINT for the blob store).
+    env: Mapping[str, str] = field(default_factory=dict)
+
+
+def options_from_env(environ: Mapping[str, str] = os.environ) -> Options:
+    catalog = Catalog.load(environ["KUBEDGX_FLYTE_CATALOG"]) if environ.get("KUBEDGX_FLYTE_CATALOG") else None
+    prefix = "KUBEDGX_FLYTE_WORKER_ENV_"
+    return Options(
+        namespace=environ.get("KUBEDGX_FLYTE_NAMESPACE") or None,
+        default_instance=environ.get("KUBEDGX_FLYTE_DEFAULT_INSTANCE") or DEFAULT_INSTANCE,
+        catalog=catalog,
+        env={k.removeprefix(prefix): v for k, v in environ.items() if k.startswith(prefix) and k != prefix},
+    )
+
+
+@dataclass(frozen=True)
+class Execution:
+    """What Flyte's backend says about the execution (TaskExecutionMetadata); empty for a local run."""
+
+    project: str = ""
+    domain: str = ""
+    name: str = ""
+    node_id: str = ""
+    retry_attempt: int = 0
+    task_project: str = ""
+    task_domain: str = ""
+    task_name: str = ""
+    task_version: str = ""
+    namespace: str = ""
+    service_account: str = ""
+    labels: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    environment: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_metadata(cls, meta: Any) -> Execution:
+        """From flytekit's TaskExecutionMetadata model (None: a local run)."""
+        if meta is None:
+            return cls()
+        tei = meta.task_execution_id
+        node = tei.node_execution_id
+        ex = node.execution_id
+        task = tei.task_id
+        return cls(
+            project=ex.project or "",
+            domain=ex.domain or "",
+            name=ex.name or "",
+            node_id=node.node_id or "",
+            retry_attempt=int(tei.retry_attempt or 0),
+            task_project=task.project or "",
+            task_domain=task.domain or "",
+            task_name=task.name or "",
+            task_version=task.version or "",
+            namespace=meta.namespace or "",
+            service_account=meta.k8s_service_account or "",
+            labels=dict(meta.labels or {}),
+            annotations=dict(meta.annotations or {}),
+            environment=dict(meta.environment_variables or {}),
+        )
+
+    @property
+    def remote(self) -> bool:
+        return bool(self.name)
+
+    def key(self, output_prefix: str) -> str:
+        """What identifies one attempt of one node: a repeated CreateTask has the same key (and
+        adopts the job); a Flyte retry has the next retry_attempt (and gets a job of its own). A local
+        run has no execution id; its output prefix is unique to it."""
+        if self.remote:
+            return f"{self.project}/{self.domain}/{self.name}/{self.node_id}/{self.retry_attempt}"
+        return f"local/{output_prefix}"
+
+    def flyte_env(self) -> dict[str, str]:
+        """The variables pyflyte-execute reads to know which execution it runs in (entrypoint.py)."""
+        if not self.remote:
+            return {}
+        return {
+            "FLYTE_INTERNAL_EXECUTION_PROJECT": self.project,
+            "FLYTE_INTERNAL_EXECUTION_DOMAIN": self.domain,
+            "FLYTE_INTERNAL_EXECUTION_ID": self.name,
+            "FLYTE_INTERNAL_TASK_PROJECT": self.task_project,
+            "FLYTE_INTERNAL_TASK_DOMAIN": self.task_domain,
+            "FLYTE_INTERNAL_TASK_NAME": self.task_name,
+            "FLYTE_INTERNAL_TASK_VERSION": self.task_version,
+            "FLYTE_ATTEMPT_NUMBER": str(self.retry_attempt),
+        }
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What to create, in order: the mounts (create or reuse), then the job."""
+
+    namespace: str
+    name: str
+    key: str
+    task_type: str
+    mounts: tuple[dict[str, Any], ...]
+    job: dict[str, Any]
+    #: Resources or fields of the template that a DGXTrainingJob has no place for (said, not dropped silently).
+    notes: tuple[str, ...] = ()
+
+
+def _slug(text: str, limit: int) -> str:
+    s = re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+    return s[:limit].strip("-")
+
+
+def digest(text: str, n: int) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:n]
+
+
+def job_name(key: str, hint: str) -> str:
+    """A DNS-1035 label of at most MAX_JOB_NAME characters: readable part + key hash."""
+    readable = _slug(hint, MAX_JOB_NAME - len("flyte--") - 10)
+    name = f"flyte-{readable}-{digest(key, 10)}" if readable else f"flyte-{digest(key, 10)}"
+    return name[:MAX_JOB_NAME]
+
+
+def _quantity_gpu(value: str) -> int | str:
+    try:
+        return int(value)
+    except ValueError:
+        return value  # left for the Validator to name
+
+
+def _resources(template: Any, notes: list[str]) -> dict[str, Any]:
+    """Flyte ``Resources`` (requests, then limits) onto the job's per-node resources."""
+    res = getattr(getattr(template, "container", None), "resources", None)
+    if res is None:
+        return {}
+    out: dict[str, Any] = {}
+    for entries in (res.limits or [], res.requests or []):  # requests win
+        for e in entries:
+            if e.name == _FLYTE_GPU:
+                out["gpu"] = _quantity_gpu(str(e.value))
+            elif e.name == _FLYTE_CPU:
+                out["cpu"] = str(e.value)
+            elif e.name == _FLYTE_MEMORY:
+                out["memory"] = str(e.value)
+            else:
+                notes.append(f"Resources: {e.value} of resource {e.name} has no DGXTrainingJob field; ignored")
+    return out
+
+
+def _duration(delta: datetime.timedelta | float | None) -> str | None:
+    """The task's ``timeout`` (a timedelta; 0 or None when unset) as a Go duration."""
+    seconds = delta.total_seconds() if isinstance(delta, datetime.timedelta) else float(delta or 0)
+    return f"{int(seconds)}s" if seconds > 0 else None
+
+
+def _reserved(name: str) -> bool:
+    return name in RESERVED_ENV_NAMES or name.startswith(RESERVED_ENV_PREFIXES)
+
+
+def _mount(source: str, direction: str, data: DGXDataConfig, namespace: str) -> dict[str, Any]:
+    identity = "|".join(
+        [
+            source,
+            direction,
+            data.endpoint or "",
+            data.region or "",
+            data.credentials_secret or "",
+            data.credentials_key or "",
+        ]
+    )
+    spec: dict[str, Any] = {"source": source, "direction": direction}
+    if data.endpoint:
+        spec["endpoint"] = data.endpoint
+    if data.region:
+        spec["region"] = data.region
+    if data.credentials_secret:
+        spec["credentialsSecretRef"] = {"name": data.credentials_secret} | (
+            {"key": data.credentials_key} if data.credentials_key else {}
+        )
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "DGXDataMount",
+        "metadata": {
+            "name": f"flyte-{direction.lower()}-{digest(identity, 12)}",
+            "namespace": namespace,
+            "labels": {"app.kubernetes.io/managed-by": MANAGED_BY},
+            "annotations": {"flyte.kubedgx.io/source": source[:1024]},
+        },
+        "spec": spec,
+    }
+
+
+def build(
+    template: Any,
+    output_prefix: str,
+    metadata: Any = None,
+    options: Options | None = None,
+) -> Plan:
+    """The plan for one CreateTask. Raises :class:`DGXConfigError` with every problem found."""
+    options = options or Options()
+    execution = Execution.from_metadata(metadata)
+    task = str(getattr(getattr(template, "id", None), "name", "") or "task")
+    task_type = str(template.type)
+    custom = _custom(template)
+    settings = from_custom(custom, task)
+    place, elastic, data = settings.placement, settings.elastic, settings.data
+    notes: list[str] = []
+    lines: list[str] = []
+
+    namespace = place.namespace or options.namespace or execution.namespace or "default"
+    key = execution.key(output_prefix)
+    hint = execution.name if execution.remote else task.rsplit(".", 1)[-1]
+    name = job_name(key, hint)
+
+    spec: dict[str, Any] = {"instance": place.instance or options.default_instance, "priority": place.priority}
+    max_duration = place.max_duration or _duration(getattr(getattr(template, "metadata", None), "timeout", None))
+    for field_name, value in (("maxDuration", max_duration), ("maxPending", place.max_pending)):
+        if value:
+            spec[field_name] = value
+    if place.data_cache != "none":
+        spec["dataCache"] = place.data_cache
+    if place.debug or place.interactive:
+        spec["debug"] = {"enabled": bool(place.debug), "interactive": bool(place.interactive)}
+    if place.restart_policy:
+        spec["restartPolicy"] = place.restart_policy
+    if place.backoff_limit is not None:
+        spec["backoffLimit"] = place.backoff_limit
+    if elastic is not None:
+        spec["elastic"] = {
+            k: v
+            for k, v in (
+                ("minNodes", elastic.min_nodes),
+                ("maxNodes", elastic.max_nodes),
+                ("nprocPerNode", elastic.nproc_per_node),
+                ("maxRestarts", elastic.max_restarts),
+            )
+            if v is not None
+        }
+    resources = _resources(template, notes)
+    if resources:
+        spec["resources"] = resources
+    if execution.service_account:
+        spec["serviceAccountName"] = execution.service_account
+
+    container = getattr(template, "container", None)
+    image = getattr(container, "image", None) or (custom or {}).get("image") or None
+    if image:
+        spec["image"] = image
+
+    env: dict[str, str] = {}
+    for source, values in (("environment", dict(getattr(container, "env", None) or {})),
+                           ("the execution's environment", execution.environment)):  # fmt: skip
+        for k, v in values.items():
+            if _reserved(k):
+                lines.append(
+                    f"{source}.{k}: is reserved: kubedgx sets {k} for torchrun (names starting PET_, TORCHELASTIC_ "
+                    f"or KUBEDGX_, and MASTER_ADDR, WORLD_SIZE, RANK, ...); configure the nodes and processes with "
+                    f"DGXTorchElastic instead"
+                )
+            else:
+                env[k] = str(v)
+    env |= execution.flyte_env() | dict(options.env)
+
+    mounts: list[dict[str, Any]] = []
+    refs: list[dict[str, str]] = []
+    if data is not None:
+        for i, source in enumerate(data.input_mounts):
+            mounts.append(_mount(source, "In", data, namespace))
+            refs.append({"name": mounts[-1]["metadata"]["name"], "mountPath": input_path(i)})
+        for i, source in enumerate(data.output_mounts):
+            mounts.append(_mount(source, "Out", data, namespace))
+            refs.append({"name": mounts[-1]["metadata"]["name"], "mountPath": output_path(i)})
+        if data.input_mounts:
+            env[INPUT_DIRS_ENV] = os.pathsep.join(data.input_paths)
+        if data.output_mounts:
+            env[OUTPUT_DIRS_ENV] = os.pathsep.join(data.output_paths)
+    if refs:
+        spec["dataMounts"] = refs
+
+    if task_type == QLORA_TASK:
+        if settings.trainer is None:
+            lines.append("trainer: the QLoRA task needs its trainer section (DGXQLoRATask(trainer=...))")
+        else:
+            spec["trainer"] = dict(settings.trainer)
+        if data is None or not data.output_mounts:
+            lines.append(
+                "DGXDataConfig.output_mounts: the QLoRA task returns the URI of its archived adapter, which needs "
+                "an output mount to archive to; add output_mounts=['s3://bucket/prefix']"
+            )
+    else:
+        command = [*(getattr(container, "command", None) or []), *(getattr(container, "args", None) or [])]
+        if not command:
+            lines.append("container: the task template has no command; was it built by this plugin's DGX task?")
+        spec["command"] = command
+    if env:
+        spec["env"] = [{"name": k, "value": v} for k, v in sorted(env.items())]
+
+    labels = dict(execution.labels.items()) | {
+        "app.kubernetes.io/managed-by": MANAGED_BY,
+        KEY_LABEL: digest(key, 32),
+        TASK_TYPE_LABEL: task_type.replace("_", "-"),
+    }
+    annotations = dict(execution.annotations) | {
+        EXECUTION_ANNOTATION: key[:4096],
+        OUTPUT_PREFIX_ANNOTATION: output_prefix[:4096],
+    }
+    job = {
+        "apiVersion": API_VERSION,
+        "kind": "DGXTrainingJob",
+        "metadata": {"name": name, "namespace": namespace, "labels": labels, "annotations": annotations},
+        "spec": spec,
+    }
+    lines += validate([*mounts, job], options.catalog or Catalog.load())
+    if lines:
+        raise DGXConfigError(task, lines)
+    return Plan(namespace, name, key, task_type, tuple(mounts), job, tuple(notes))
+
+
+def validate(objects: Sequence[Mapping[str, Any]], catalog: Catalog) -> list[str]:
+    """``kubedgx validate``'s lines for these objects (its Validator, then the rules across them)."""
+    validator = Validator(catalog)
+    lines: list[str] = []
+    valid: list[tuple[Mapping[str, Any], str]] = []
+    for obj in objects:
+        outcome = validator.validate(obj)
+        label = object_label(obj)
+        lines += [f"{label}: {p}" for p in outcome.problems]
+        if outcome.ok:
+            valid.append((obj, label))
+    lines += [f"{label}: {p}" for label, p in reference_problems(catalog, valid)]
+    return lines
+
+
+def _custom(template: Any) -> Mapping[str, Any] | None:
+    custom = getattr(template, "custom", None)
+    if custom is None:
+        return None
+    if isinstance(custom, Mapping):
+        return custom
+    from google.protobuf import json_format  # a Struct straight from the wire
+
+    out: dict[str, Any] = json_format.MessageToDict(custom)
+    return out
