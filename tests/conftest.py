@@ -12,6 +12,8 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+# flytekit installs a rich traceback hook at import unless told not to: keep pytest's plain tracebacks.
+os.environ.setdefault("FLYTE_SDK_RICH_TRACEBACKS", "0")
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"

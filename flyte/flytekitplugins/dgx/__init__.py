@@ -19,6 +19,8 @@ from flytekitplugins.dgx.image import DGXImageSpec, ImageSpecError, dgx_image_sp
 from flytekitplugins.dgx.qlora import DGXQLoRATask
 from flytekitplugins.dgx.task import DGXFunctionTask
 
+__version__ = "0.1.0"
+
 register()
 
 __all__ = [

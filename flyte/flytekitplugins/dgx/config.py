@@ -85,6 +85,13 @@ class DGXDataConfig(_Placement):
     endpoint: str | None = None
     region: str | None = None
 
+    def __post_init__(self) -> None:
+        # Lists become tuples: the config stays hashable and equal to its round trip through the template.
+        for name in ("input_mounts", "output_mounts"):
+            value = getattr(self, name)
+            if isinstance(value, list):
+                object.__setattr__(self, name, tuple(value))
+
     @property
     def input_paths(self) -> list[str]:
         """Where input ``i`` appears in the workers (the function reads its data there)."""
