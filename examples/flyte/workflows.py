@@ -116,6 +116,8 @@ qlora_legal = DGXQLoRATask(
 @task(task_config=DGXConfig(instance="dgxh100.80g.8.norm", max_duration="30m"))
 def square(n: int) -> int:
     """Runs in the DGXTrainingJob's worker pod (pyflyte-execute), not in the submitting process."""
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
     return n * n
 
 

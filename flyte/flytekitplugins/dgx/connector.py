@@ -21,6 +21,7 @@ Settings (the connector's environment):
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -64,6 +65,7 @@ class DGXJobMetadata(ResourceMeta):  # type: ignore[misc]  # flytekit ships no t
     name: str
     uid: str = ""
     task_type: str = FUNCTION_TASK
+    output_prefix: str = ""
 
 
 async def _api() -> client.ApiClient:
@@ -114,6 +116,12 @@ async def apply_plan(plan: Plan) -> DGXJobMetadata:
                 "DGXDataMount %s/%s %s", plan.namespace, mount["metadata"]["name"], "created" if created else "reused"
             )
         job, created = await _create_or_get(api, JOBS, plan.job)
+        if job.get("metadata", {}).get("deletionTimestamp"):
+            # This execution's job, still going (an abort, then a retried create): adopting it would
+            # report a job that is about to vanish. Flyte retries a failed create.
+            raise DGXConnectorError(
+                f"DGXTrainingJob {plan.namespace}/{plan.name} is being deleted; create the task again once it is gone"
+            )
         labels = job.get("metadata", {}).get("labels") or {}
         if not created and labels.get(KEY_LABEL) != digest(plan.key, 32):
             raise DGXConnectorError(
@@ -121,7 +129,8 @@ async def apply_plan(plan: Plan) -> DGXJobMetadata:
                 f"({plan.key}); delete it or run the task under another execution name"
             )
         log.info("DGXTrainingJob %s/%s %s", plan.namespace, plan.name, "created" if created else "adopted")
-        return DGXJobMetadata(plan.namespace, plan.name, str(job["metadata"].get("uid", "")), plan.task_type)
+        uid = str(job["metadata"].get("uid", ""))
+        return DGXJobMetadata(plan.namespace, plan.name, uid, plan.task_type, plan.output_prefix)
     finally:
         await api_client.close()
 
@@ -168,6 +177,26 @@ async def delete_job(meta: DGXJobMetadata) -> bool:
         await api_client.close()
 
 
+def task_error(output_prefix: str) -> str | None:
+    """The message of the error.pb pyflyte-execute wrote for the function's exception (what the user
+    needs; the worker's exit code and last log line are only the symptom). None when there is none."""
+    if not output_prefix:
+        return None
+    from flyteidl.core.errors_pb2 import ErrorDocument
+    from flytekit.core.context_manager import FlyteContextManager
+
+    ctx = FlyteContextManager.current_context()
+    local = ctx.file_access.get_random_local_path()
+    try:
+        ctx.file_access.get_data(f"{output_prefix.rstrip('/')}/error.pb", local)
+        with open(local, "rb") as fh:
+            doc = ErrorDocument.FromString(fh.read())
+    except Exception:  # absent, unreadable or not an ErrorDocument: the job's reason stands alone
+        return None
+    message = " ".join(doc.error.message.split())
+    return message[:1000] or None
+
+
 def _adapter(job: dict[str, Any]) -> str | None:
     for artifact in (job.get("status") or {}).get("artifacts") or []:
         if artifact.get("name") == "adapter" and artifact.get("uri"):
@@ -208,6 +237,10 @@ class DGXConnector(AsyncConnectorBase):  # type: ignore[misc]  # flytekit ships 
                 phase, message = FAILED, f"{message}; but no adapter was archived (status.artifacts has none)"
             else:
                 outputs = {ADAPTER_OUTPUT: uri}
+        if phase == FAILED and resource_meta.task_type == FUNCTION_TASK and job is not None:
+            error = await asyncio.to_thread(task_error, resource_meta.output_prefix)
+            if error:
+                message = f"{message}; the task raised: {error}"
         return Resource(phase=phase, message=message, log_links=links, outputs=outputs, custom_info=st.custom_info)
 
     async def delete(self, resource_meta: DGXJobMetadata, **kwargs: Any) -> None:

@@ -148,6 +148,8 @@ class Plan:
     job: dict[str, Any]
     #: Resources or fields of the template that a DGXTrainingJob has no place for (said, not dropped silently).
     notes: tuple[str, ...] = ()
+    #: Where the task's outputs.pb (or error.pb) is written.
+    output_prefix: str = ""
 
 
 def _slug(text: str, limit: int) -> str:
@@ -337,6 +339,9 @@ def build(
         if not command:
             lines.append("container: the task template has no command; was it built by this plugin's DGX task?")
         spec["command"] = command
+        # pyflyte-execute catches the function's exception, writes error.pb and exits 0 unless told
+        # otherwise: the worker must exit non-zero so the job's restart policy and Failed reason apply.
+        env.setdefault("FLYTE_FAIL_ON_ERROR", "true")
     if env:
         spec["env"] = [{"name": k, "value": v} for k, v in sorted(env.items())]
 
@@ -358,7 +363,7 @@ def build(
     lines += validate([*mounts, job], options.catalog or Catalog.load())
     if lines:
         raise DGXConfigError(task, lines)
-    return Plan(namespace, name, key, task_type, tuple(mounts), job, tuple(notes))
+    return Plan(namespace, name, key, task_type, tuple(mounts), job, tuple(notes), output_prefix)
 
 
 def validate(objects: Sequence[Mapping[str, Any]], catalog: Catalog) -> list[str]:

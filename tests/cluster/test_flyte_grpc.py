@@ -1,0 +1,367 @@
+"""``pyflyte serve connector`` with the kubedgx connector, called over gRPC as Flyte's backend calls it.
+
+Propeller's connector plugin talks to a connector deployment through ``flyteidl.service``'s
+AsyncAgentService (CreateTask / GetTask / DeleteTask) and AgentMetadataService (ListAgents), after
+the deployment's grpc.health.v1 check says SERVING. Here the real server runs as a subprocess
+against this suite's kube-apiserver; the client sends what propeller sends: a registered task
+template (``square`` from examples/flyte/workflows.py, serialized by flytekit, its args rendered
+with the output prefix) and the execution's TaskExecutionMetadata. No operator runs: the test plays
+the operator by writing the job's status subresource, and reads back the phases Flyte would show.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections import OrderedDict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+grpc = pytest.importorskip("grpc")
+pytest.importorskip("grpc_health.v1.health_pb2_grpc", reason="flytekit[connector] is not installed")
+pytest.importorskip("flytekit", reason="flytekit is not installed (pip install -e ./flyte[connector])")
+pytest.importorskip("flytekitplugins.dgx", reason="flytekitplugins-dgx is not installed (pip install -e ./flyte)")
+
+from flyteidl.admin import agent_pb2  # noqa: E402
+from flyteidl.core import identifier_pb2, literals_pb2  # noqa: E402
+from flyteidl.core.execution_pb2 import TaskExecution  # noqa: E402
+from flyteidl.service.agent_pb2_grpc import AgentMetadataServiceStub, AsyncAgentServiceStub  # noqa: E402
+from flytekit import task  # noqa: E402
+from flytekit.configuration import ImageConfig, SerializationSettings  # noqa: E402
+from flytekit.core.base_task import PythonTask  # noqa: E402
+from flytekit.core.context_manager import ExecutionState, FlyteContextManager  # noqa: E402
+from flytekit.extend.backend.utils import render_task_template  # noqa: E402
+from flytekit.models.task import TaskExecutionMetadata, TaskTemplate  # noqa: E402
+from flytekit.tools.translator import get_serializable  # noqa: E402
+from grpc_health.v1 import health_pb2, health_pb2_grpc  # noqa: E402
+
+from flytekitplugins.dgx import DGXConfig, DGXConfigError  # noqa: E402
+from flytekitplugins.dgx.manifest import build  # noqa: E402
+from tests.chart.conftest import Rendered  # noqa: E402
+from tests.cluster.controlplane import CONTEXT, ControlPlane, free_port, stop_process_group  # noqa: E402
+from tests.cluster.operator import install  # noqa: E402
+from tests.conftest import EXAMPLES  # noqa: E402
+from tests.e2e.kubectl import JOBS, Kubectl, dig, wait_for  # noqa: E402
+
+#: The examples' workflows module, importable by its name as `pyflyte run examples/flyte/workflows.py` has it.
+if str(EXAMPLES / "flyte") not in sys.path:
+    sys.path.insert(0, str(EXAMPLES / "flyte"))
+import workflows  # noqa: E402
+
+PYFLYTE = shutil.which("pyflyte", path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
+FUNCTION_TASK = agent_pb2.TaskCategory(name="dgx_training", version=0)
+#: Seconds one gRPC call may take (each CreateTask/GetTask/DeleteTask is a few apiserver calls).
+RPC_TIMEOUT = 30
+#: The server's own lifetime (``--timeout``): it outlives this module, and stops by itself if the finalizer never runs.
+SERVER_LIFETIME = 300
+PROJECT, DOMAIN = "flytesnacks", "development"
+OUTPUT_PREFIX = "s3://flyte-bucket/metadata/propeller/flytesnacks-development-abc123/n0/data/0"
+
+
+@task(task_config=DGXConfig(instance="not-an-instance"))
+def misplaced(n: int) -> int:
+    """A DGX task whose instance no catalog has: the connector must refuse it before the apiserver sees it."""
+    return n
+
+
+# -- the server -------------------------------------------------------------------------------
+
+
+class Connector:
+    """The ``pyflyte serve connector`` process and a channel to it."""
+
+    def __init__(self, process: subprocess.Popen[bytes], log_path: Path, port: int) -> None:
+        self.process = process
+        self.log_path = log_path
+        self.channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+        self.tasks = AsyncAgentServiceStub(self.channel)
+        self.metadata = AgentMetadataServiceStub(self.channel)
+        self.health = health_pb2_grpc.HealthStub(self.channel)
+
+    def tail(self, lines: int = 60) -> str:
+        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def serving(self) -> bool:
+        if self.process.poll() is not None:
+            raise AssertionError(f"pyflyte serve connector exited {self.process.returncode}:\n{self.tail()}")
+        try:
+            answer = self.health.Check(
+                health_pb2.HealthCheckRequest(service="flyteidl.service.AsyncAgentService"), timeout=2
+            )
+        except grpc.RpcError:
+            return False  # not listening yet
+        return bool(answer.status == health_pb2.HealthCheckResponse.SERVING)
+
+    def stop(self) -> None:
+        self.channel.close()
+        stop_process_group(self.process, timeout=10)
+
+
+@pytest.fixture(scope="module")
+def crds(control_plane: ControlPlane, kubectl: Kubectl) -> list[Rendered]:
+    """The chart's CRDs (and the rest of it but the Deployment); no operator: the test writes every status."""
+    control_plane.slot.release()  # an earlier module's operator would reconcile these jobs
+    return install(kubectl)
+
+
+@pytest.fixture(scope="module")
+def connector(
+    control_plane: ControlPlane, crds: list[Rendered], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Connector]:
+    assert PYFLYTE is not None, "the pyflyte console script is not installed next to this interpreter"
+    workdir = tmp_path_factory.mktemp("flyte-connector")
+    port, prometheus_port = free_port(), free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KUBEDGX_FLYTE_") and k != "KUBECONFIG"}
+    env |= {
+        "KUBEDGX_FLYTE_KUBECONFIG": str(control_plane.kubeconfig),
+        "KUBEDGX_FLYTE_CONTEXT": CONTEXT,
+        "FLYTE_SDK_RICH_TRACEBACKS": "0",
+        "PYTHONUNBUFFERED": "1",
+    }
+    argv = [PYFLYTE, "serve", "connector", "--port", str(port), "--prometheus_port", str(prometheus_port),
+            "--modules", "flytekitplugins.dgx", "--timeout", str(SERVER_LIFETIME)]  # fmt: skip
+    log_path = workdir / "connector.log"
+    with log_path.open("ab") as log:
+        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                   cwd=workdir, start_new_session=True)  # fmt: skip
+    server = Connector(process, log_path, port)
+    try:
+        wait_for("pyflyte serve connector to report SERVING", server.serving, timeout=90, interval=0.3,
+                 diagnose=server.tail)  # fmt: skip
+        yield server
+    finally:
+        server.stop()
+
+
+# -- what propeller sends ---------------------------------------------------------------------
+
+
+def serialized(python_task: PythonTask) -> Any:
+    """The task's template as `pyflyte register` would store it, args rendered as propeller renders
+    them for ``OUTPUT_PREFIX``. Inside an execution context: otherwise flytekit would try to build the
+    task's ImageSpec with docker."""
+    ctx = FlyteContextManager.current_context()
+    state = ctx.new_execution_state().with_params(mode=ExecutionState.Mode.LOCAL_TASK_EXECUTION)
+    with FlyteContextManager.with_context(ctx.with_execution_state(state)):
+        template = get_serializable(OrderedDict(), SerializationSettings(ImageConfig.auto_default_image()),
+                                    python_task).template  # fmt: skip
+    proto = render_task_template(template, OUTPUT_PREFIX).to_flyte_idl()
+    # A registered task has its project, domain and version (serialization leaves them empty).
+    proto.id.project, proto.id.domain, proto.id.version = PROJECT, DOMAIN, "v1"
+    return proto
+
+
+def execution_metadata(namespace: str, execution: str, *, retry_attempt: int = 0) -> agent_pb2.TaskExecutionMetadata:
+    task_id = identifier_pb2.Identifier(
+        resource_type=identifier_pb2.TASK, project=PROJECT, domain=DOMAIN, name="workflows.square", version="v1"
+    )
+    node = identifier_pb2.NodeExecutionIdentifier(
+        node_id="n0",
+        execution_id=identifier_pb2.WorkflowExecutionIdentifier(project=PROJECT, domain=DOMAIN, name=execution),
+    )
+    return agent_pb2.TaskExecutionMetadata(
+        task_execution_id=identifier_pb2.TaskExecutionIdentifier(
+            task_id=task_id, node_execution_id=node, retry_attempt=retry_attempt
+        ),
+        namespace=namespace,
+        labels={"execution-id": execution, "shard-key": "7"},
+        annotations={"cluster-autoscaler.kubernetes.io/safe-to-evict": "false"},
+        environment_variables={"FLYTE_TEST_FROM_PROPELLER": "yes"},
+    )
+
+
+def create_request(template: Any, metadata: agent_pb2.TaskExecutionMetadata) -> agent_pb2.CreateTaskRequest:
+    n = literals_pb2.Literal(scalar=literals_pb2.Scalar(primitive=literals_pb2.Primitive(integer=4)))
+    return agent_pb2.CreateTaskRequest(
+        inputs=literals_pb2.LiteralMap(literals={"n": n}),
+        template=template,
+        output_prefix=OUTPUT_PREFIX,
+        task_execution_metadata=metadata,
+    )
+
+
+def get_task(server: Connector, meta: bytes, category: agent_pb2.TaskCategory = FUNCTION_TASK) -> Any:
+    request = agent_pb2.GetTaskRequest(
+        task_type=category.name, task_category=category, resource_meta=meta, output_prefix=OUTPUT_PREFIX
+    )
+    return server.tasks.GetTask(request, timeout=RPC_TIMEOUT).resource
+
+
+def delete_task(server: Connector, meta: bytes) -> agent_pb2.DeleteTaskResponse:
+    request = agent_pb2.DeleteTaskRequest(task_type=FUNCTION_TASK.name, task_category=FUNCTION_TASK, resource_meta=meta)
+    return server.tasks.DeleteTask(request, timeout=RPC_TIMEOUT)
+
+
+def phase_name(phase: int) -> str:
+    return str(TaskExecution.Phase.Name(phase))
+
+
+def now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def set_status(k: Kubectl, name: str, status: dict[str, Any]) -> None:
+    """What the operator would write: the status subresource (the spec is untouched)."""
+    k.run("patch", JOBS, name, "--subresource=status", "--type=merge", "-p", json.dumps({"status": status}))
+
+
+def env_of(job: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: e.get("value", "") for e in dig(job, "spec", "env", default=[]) or []}
+
+
+# -- the tests --------------------------------------------------------------------------------
+
+
+def test_lists_the_kubedgx_connector_with_both_task_categories(connector: Connector) -> None:
+    agents = connector.metadata.ListAgents(agent_pb2.ListAgentsRequest(), timeout=RPC_TIMEOUT).agents
+    by_name = {a.name: a for a in agents}
+    assert "kubedgx" in by_name, f"ListAgents: {sorted(by_name)}"
+    categories = {(c.name, c.version) for c in by_name["kubedgx"].supported_task_categories}
+    assert categories == {("dgx_training", 0), ("dgx_qlora", 0)}
+    assert not by_name["kubedgx"].is_sync
+    # Every service the deployment serves says SERVING (propeller's health probe asks the server as a whole).
+    for service in ("", "flyteidl.service.AsyncAgentService", "flyteidl.service.AgentMetadataService"):
+        answer = connector.health.Check(health_pb2.HealthCheckRequest(service=service), timeout=RPC_TIMEOUT)
+        assert answer.status == health_pb2.HealthCheckResponse.SERVING, service
+
+
+def test_create_get_delete_round_trip(connector: Connector, namespace: Kubectl) -> None:
+    ns = namespace.namespace
+    assert ns is not None
+    template = serialized(workflows.square)
+    request = create_request(template, execution_metadata(ns, "abc123"))
+
+    # CreateTask: one DGXTrainingJob in the execution's namespace, running the rendered pyflyte-execute.
+    first = connector.tasks.CreateTask(request, timeout=RPC_TIMEOUT)
+    meta = json.loads(first.resource_meta)
+    assert meta["namespace"] == ns, meta
+    assert meta["task_type"] == "dgx_training", meta
+    assert meta["uid"], meta
+    job = namespace.get(JOBS, meta["name"])
+    assert job is not None, f"CreateTask answered {meta} but no job {meta['name']} exists in {ns}"
+    assert job["metadata"]["uid"] == meta["uid"]
+    assert meta["name"].startswith("flyte-abc123-"), meta["name"]
+    spec = job["spec"]
+    assert spec["command"] == list(template.container.args)
+    assert spec["command"][:3] == ["pyflyte-execute", "--inputs", f"{OUTPUT_PREFIX}/inputs.pb"]
+    assert spec["command"][-4:] == ["task-module", "workflows", "task-name", "square"]
+    assert "{{" not in " ".join(spec["command"]), "propeller's placeholders reached the job unrendered"
+    assert spec["image"] == template.container.image
+    assert spec["instance"] == "dgxh100.80g.8.norm"
+    assert spec["maxDuration"] == "30m"
+    env = env_of(job)
+    assert env["FLYTE_INTERNAL_EXECUTION_ID"] == "abc123"
+    assert env["FLYTE_INTERNAL_EXECUTION_PROJECT"] == PROJECT
+    assert env["FLYTE_INTERNAL_EXECUTION_DOMAIN"] == DOMAIN
+    assert env["FLYTE_INTERNAL_TASK_NAME"] == "workflows.square"
+    assert env["FLYTE_INTERNAL_TASK_VERSION"] == "v1"
+    assert env["FLYTE_ATTEMPT_NUMBER"] == "0"
+    assert env["FLYTE_FAIL_ON_ERROR"] == "true", "a raising function must fail the worker, not exit 0"
+    assert env["FLYTE_TEST_FROM_PROPELLER"] == "yes", "the execution's environment_variables were dropped"
+    labels = job["metadata"].get("labels") or {}
+    assert labels.get("execution-id") == "abc123"
+    assert labels.get("app.kubernetes.io/managed-by") == "flytekitplugins-dgx"
+    annotations = job["metadata"].get("annotations") or {}
+    assert annotations.get("flyte.kubedgx.io/output-prefix") == OUTPUT_PREFIX
+
+    # CreateTask again (propeller retries a create whose answer it lost): the same job is adopted.
+    again = connector.tasks.CreateTask(request, timeout=RPC_TIMEOUT)
+    meta_again = json.loads(again.resource_meta)
+    assert (meta_again["name"], meta_again["uid"]) == (meta["name"], meta["uid"])
+    assert [j["metadata"]["name"] for j in namespace.select(JOBS)] == [meta["name"]]
+
+    # GetTask through the phases the operator writes.
+    resource = get_task(connector, first.resource_meta)
+    assert resource.phase == TaskExecution.QUEUED, phase_name(resource.phase)
+    assert "pending" in resource.message
+    assert resource.custom_info["job"] == f"{ns}/{meta['name']}"
+
+    set_status(namespace, meta["name"], {
+        "phase": "Running", "nodes": "1/1", "startTime": now(),
+        "conditions": [{"type": "Running", "status": "True", "reason": "WorkersRunning",
+                        "message": "1/1 workers running", "lastTransitionTime": now()}],
+    })  # fmt: skip
+    resource = get_task(connector, first.resource_meta)
+    assert resource.phase == TaskExecution.RUNNING, (phase_name(resource.phase), resource.message)
+    assert resource.message == "running: nodes 1/1"
+    assert resource.custom_info["phase"] == "Running"
+
+    set_status(namespace, meta["name"], {
+        "phase": "Failed", "nodes": "0/1", "completionTime": now(),
+        "conditions": [
+            {"type": "Running", "status": "False", "reason": "WorkerFailed", "message": "worker 0 exited 1",
+             "lastTransitionTime": now()},
+            {"type": "Failed", "status": "True", "reason": "WorkerFailed",
+             "message": "worker 0 exited 1: ZeroDivisionError: division by zero", "lastTransitionTime": now()},
+        ],
+    })  # fmt: skip
+    resource = get_task(connector, first.resource_meta)
+    assert resource.phase == TaskExecution.FAILED, (phase_name(resource.phase), resource.message)
+    assert "WorkerFailed" in resource.message
+    assert "ZeroDivisionError: division by zero" in resource.message
+
+    # DeleteTask (an abort): the job goes; a second DeleteTask is no error.
+    assert delete_task(connector, first.resource_meta) == agent_pb2.DeleteTaskResponse()
+    wait_for(f"job {meta['name']} to be deleted", lambda: namespace.get(JOBS, meta["name"]) is None, timeout=30,
+             interval=0.2)  # fmt: skip
+    delete_task(connector, first.resource_meta)
+    assert namespace.select(JOBS) == []
+
+    # GetTask after the job is gone: a permanent failure that says so.
+    resource = get_task(connector, first.resource_meta)
+    assert resource.phase == TaskExecution.FAILED, (phase_name(resource.phase), resource.message)
+    assert "gone" in resource.message
+    assert "deleted" in resource.message
+
+
+def test_a_retry_attempt_gets_a_job_of_its_own(connector: Connector, namespace: Kubectl) -> None:
+    """Flyte's retry of a node is a new attempt: a new job, the first one left alone."""
+    ns = namespace.namespace
+    assert ns is not None
+    template = serialized(workflows.square)
+    first = json.loads(connector.tasks.CreateTask(create_request(template, execution_metadata(ns, "retry1")),
+                                                  timeout=RPC_TIMEOUT).resource_meta)  # fmt: skip
+    second = json.loads(connector.tasks.CreateTask(
+        create_request(template, execution_metadata(ns, "retry1", retry_attempt=1)), timeout=RPC_TIMEOUT
+    ).resource_meta)  # fmt: skip
+    assert first["name"] != second["name"]
+    assert first["uid"] != second["uid"]
+    assert sorted(j["metadata"]["name"] for j in namespace.select(JOBS)) == sorted([first["name"], second["name"]])
+    job = namespace.get(JOBS, second["name"])
+    assert env_of(job or {})["FLYTE_ATTEMPT_NUMBER"] == "1"
+
+
+def test_a_bad_config_is_refused_with_the_validators_message(connector: Connector, namespace: Kubectl) -> None:
+    ns = namespace.namespace
+    assert ns is not None
+    request = create_request(serialized(misplaced), execution_metadata(ns, "bad1"))
+    # What kubedgx's Validator says of the same template, in-process: the lines the server must pass on.
+    with pytest.raises(DGXConfigError) as local:
+        build(TaskTemplate.from_flyte_idl(request.template), OUTPUT_PREFIX,
+              TaskExecutionMetadata.from_flyte_idl(request.task_execution_metadata))  # fmt: skip
+    (line,) = local.value.lines
+    assert 'spec.instance: invalid value "not-an-instance"' in line, line
+    with pytest.raises(grpc.RpcError) as refused:
+        connector.tasks.CreateTask(request, timeout=RPC_TIMEOUT)
+    error = refused.value
+    assert error.code() == grpc.StatusCode.INTERNAL, (error.code(), error.details())
+    details = error.details() or ""
+    assert line in details, details
+    assert namespace.select(JOBS) == [], "a refused config must create nothing"
+
+
+def test_an_unknown_task_category_is_not_found(connector: Connector) -> None:
+    category = agent_pb2.TaskCategory(name="no_such_task", version=0)
+    meta = json.dumps({"namespace": "default", "name": "flyte-x", "uid": "", "task_type": "dgx_training"}).encode()
+    with pytest.raises(grpc.RpcError) as refused:
+        get_task(connector, meta, category)
+    assert refused.value.code() == grpc.StatusCode.NOT_FOUND, refused.value.details()
+    assert "no_such_task" in (refused.value.details() or "")

@@ -1,0 +1,177 @@
+"""``pyflyte run examples/flyte/workflows.py wf`` end to end on the real control plane.
+
+pyflyte runs the workflow locally; its DGX task goes through the kubedgx connector in-process, which
+creates a DGXTrainingJob; the operator (as the chart's ServiceAccount) creates the worker pod, the
+real scheduler puts it on a fake DGX node, and kwok marks it Running. kwok runs no containers, so
+:class:`Kubelet` stands in for the kubelet: it executes each Running worker pod's command with the
+pod's environment as a local process (the project's folder as the image's working directory), then
+reports its exit code through the pod's status (the kwok stage of tests/cluster/stages). So the task's
+function body really runs under ``pyflyte-execute``, its output goes through Flyte's blob store (the
+local raw-output folder pyflyte made), and the job's phases reach pyflyte through the connector's
+``get``. What the stand-in changes, and why: the rendezvous address (the pod's DNS name is the
+headless Service's, which this machine cannot resolve) and PET_NPROC_PER_NODE (2 CPU processes instead
+of the node's 8 GPUs, so torch elastic's multi-process path and rank 0's outputs are exercised).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.chart.conftest import Rendered
+from tests.cluster.controlplane import CONTEXT, EXIT_CODE_LABEL, MESSAGE_ANNOTATION, ControlPlane, free_port
+from tests.cluster.operator import Operator, chart_operator, install
+from tests.conftest import ROOT
+from tests.e2e.kubectl import Kubectl, dig
+
+WORKFLOWS = ROOT / "examples" / "flyte" / "workflows.py"
+RUN_TIMEOUT = 300
+BIN = str(Path(sys.executable).parent)
+
+
+@pytest.fixture(scope="module")
+def chart(kubectl: Kubectl) -> list[Rendered]:
+    return install(kubectl)
+
+
+@pytest.fixture(scope="module")
+def operator(
+    control_plane: ControlPlane, kubectl: Kubectl, chart: list[Rendered], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Operator]:
+    with chart_operator(control_plane, kubectl, __name__, chart, tmp_path_factory.mktemp("operator")) as op:
+        yield op
+
+
+class Kubelet:
+    """Runs the namespace's Running worker pods as local processes and reports how they ended."""
+
+    def __init__(self, k: Kubectl, workdir: Path, logs: Path) -> None:
+        self.k, self.workdir, self.logs = k, workdir, logs
+        self.ran: dict[str, int] = {}
+        self.errors: list[BaseException] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="kubelet", daemon=True)
+
+    def __enter__(self) -> Kubelet:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=60)
+
+    def _loop(self) -> None:
+        try:
+            while not self._stop.wait(0.5):  # the pace of the polling, not a synchronisation
+                for pod in self.k.select("pods", {"app.kubernetes.io/managed-by": "kubedgx"}):
+                    name = pod["metadata"]["name"]
+                    if name not in self.ran and dig(pod, "status", "phase") == "Running":
+                        self.ran[name] = self.run(pod)
+        except BaseException as exc:  # surfaced by the test
+            self.errors.append(exc)
+
+    def run(self, pod: dict[str, Any]) -> int:
+        (container,) = [c for c in pod["spec"]["containers"] if c["name"] == "trainer"] or pod["spec"]["containers"][:1]
+        env = {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
+        env |= {
+            "PET_RDZV_ENDPOINT": f"127.0.0.1:{free_port()}",
+            "MASTER_ADDR": "127.0.0.1",
+            "PET_NPROC_PER_NODE": "2",
+            "PATH": os.pathsep.join([BIN, os.environ.get("PATH", "")]),
+            "PYTHONPATH": str(self.workdir),
+            "FLYTE_SDK_RICH_TRACEBACKS": "0",
+            "HOME": os.environ.get("HOME", "/root"),
+        }
+        command = [*container.get("command", []), *container.get("args", [])]
+        log = self.logs / f"{pod['metadata']['name']}.log"
+        with log.open("w") as out:
+            rc = subprocess.run(command, env=env, cwd=self.workdir, stdout=out, stderr=subprocess.STDOUT,
+                                timeout=RUN_TIMEOUT, check=False).returncode  # fmt: skip
+        name = pod["metadata"]["name"]
+        if rc:
+            tail = log.read_text(errors="replace").strip().splitlines()[-1:] or [""]
+            self.k.run("annotate", "pod", name, f"{MESSAGE_ANNOTATION}={tail[0][:900]}", "--overwrite")
+        self.k.run("label", "pod", name, f"{EXIT_CODE_LABEL}={rc}", "--overwrite")
+        return rc
+
+
+def pyflyte(control_plane: ControlPlane, namespace: Kubectl, *args: str) -> subprocess.CompletedProcess[str]:
+    env = os.environ | {
+        "KUBEDGX_FLYTE_KUBECONFIG": str(control_plane.kubeconfig),
+        "KUBEDGX_FLYTE_CONTEXT": CONTEXT,
+        "KUBEDGX_FLYTE_NAMESPACE": str(namespace.namespace),
+        "FLYTE_SDK_RICH_TRACEBACKS": "0",
+        "PATH": os.pathsep.join([BIN, os.environ.get("PATH", "")]),
+    }
+    return subprocess.run([os.path.join(BIN, "pyflyte"), "run", *args], env=env, cwd=ROOT, capture_output=True,
+                          text=True, timeout=RUN_TIMEOUT, check=False)  # fmt: skip
+
+
+def test_pyflyte_run_runs_the_dgx_task_s_body_in_the_worker_pod_and_gets_its_output(
+    operator: Operator, namespace: Kubectl, control_plane: ControlPlane, tmp_path: Path
+) -> None:
+    with Kubelet(namespace, WORKFLOWS.parent, tmp_path) as kubelet:
+        result = pyflyte(control_plane, namespace, str(WORKFLOWS), "wf", "--n", "4")
+    logs = "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in sorted(tmp_path.glob("*.log")))
+    assert not kubelet.errors, kubelet.errors
+    assert result.returncode == 0, f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}\n{logs}"
+    # square(4) = 16 ran in the pod, plus_one ran in pyflyte: 17 came back through Flyte.
+    assert result.stdout.strip().splitlines()[-1].strip() == "17", result.stdout[-2000:]
+    assert list(kubelet.ran.values()) == [0], kubelet.ran
+    (job,) = namespace.get_json("get", "dgxtrainingjobs")["items"]
+    assert dig(job, "status", "phase") == "Succeeded"
+    assert dig(job, "spec", "command", 0) == "pyflyte-execute"
+    assert "global rank 0" not in logs, "one node: rank 0 is here, its outputs are written"
+
+
+def test_a_failing_task_fails_pyflyte_run_with_the_job_s_reason(
+    operator: Operator, namespace: Kubectl, control_plane: ControlPlane, tmp_path: Path
+) -> None:
+    """The function raises in the pod: pyflyte-execute exits 1 (FLYTE_FAIL_ON_ERROR, which the
+    connector sets; without it the worker would exit 0 and the job would "succeed"), the job fails
+    (restartPolicy Never), and pyflyte says why."""
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "failing.py").write_text(
+        "from flytekit import task\nfrom flytekitplugins.dgx import DGXConfig\n\n"
+        "@task(task_config=DGXConfig(instance='dgxh100.80g.8.norm', restart_policy='Never'))\n"
+        "def boom(n: int) -> int:\n    if n < 0:\n        raise ValueError(f'no square for {n}')\n    return n * n\n",
+        encoding="utf-8",
+    )
+    with Kubelet(namespace, code, tmp_path) as kubelet:
+        result = pyflyte(control_plane, namespace, str(code / "failing.py"), "boom", "--n", "-1")
+    assert not kubelet.errors, kubelet.errors
+    output = " ".join((result.stdout + result.stderr).split())  # rich wraps lines at the terminal's width
+    assert result.returncode != 0, output[-3000:]
+    assert "Failed to run the task" in output, output[-3000:]
+    assert "failed: WorkerFailed: flyte-boom-" in output, output[-3000:]
+    assert "restartPolicy is Never" in output, output[-3000:]
+    assert "the task raised: " in output, output[-3000:]
+    assert "no square for -1" in output, "the function's own exception, from error.pb"
+    assert list(kubelet.ran.values()) == [1], kubelet.ran
+    (job,) = namespace.get_json("get", "dgxtrainingjobs")["items"]
+    assert dig(job, "status", "phase") == "Failed"
+
+
+def test_a_bad_config_fails_pyflyte_run_before_anything_is_created(
+    operator: Operator, namespace: Kubectl, control_plane: ControlPlane, tmp_path: Path
+) -> None:
+    bad = tmp_path / "bad.py"
+    bad.write_text(
+        "from flytekit import task\nfrom flytekitplugins.dgx import DGXConfig\n\n"
+        "@task(task_config=DGXConfig(instance='dgxh100.80g.8.norm', max_duration='1 day'))\n"
+        "def t() -> int:\n    return 1\n",
+        encoding="utf-8",
+    )
+    result = pyflyte(control_plane, namespace, str(bad), "t")
+    output = " ".join((result.stdout + result.stderr).split())
+    assert result.returncode != 0
+    assert 'spec.maxDuration: invalid value "1 day": must be a Go duration' in output, output[-3000:]
+    assert namespace.get_json("get", "dgxtrainingjobs")["items"] == []
