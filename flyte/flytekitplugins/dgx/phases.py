@@ -22,7 +22,7 @@ SUCCEEDED: Final = TaskExecution.SUCCEEDED
 FAILED: Final = TaskExecution.FAILED
 
 #: Running-condition reasons of a Pending job that mean "no room now" rather than "not looked at yet".
-NO_CAPACITY_REASONS: Final = frozenset({"Unschedulable", "InsufficientNodes", "WaitingForNodes", "Preempted"})
+NO_CAPACITY_REASONS: Final = frozenset({"Unschedulable", "QuotaExceeded"})
 
 
 @dataclass(frozen=True)
@@ -95,6 +95,9 @@ def status_of(job: Mapping[str, Any] | None, log_template: str | None = None) ->
 
     if phase in (None, "Pending"):
         why = _why(running)
+        quota = _condition(job, "WorkersPending")
+        if quota.get("status") == "True" and quota.get("reason") in NO_CAPACITY_REASONS:
+            return done(WAITING, f"waiting for quota: {_why(quota)}")
         if running.get("reason") in NO_CAPACITY_REASONS:
             return done(WAITING, f"waiting for nodes: {why}")
         return done(QUEUED, f"pending: {why}" if why else "pending: the operator has not placed the workers yet")
