@@ -1,0 +1,144 @@
+"""The kubedgx connector against the real control plane with the operator running: the job's phases
+come from the operator and the workers' fates from kwok (a label makes a worker exit with a code),
+so what Flyte is told is what a cluster really goes through: running, a restart, success; a job too
+wide for the nodes there are; a suspended job; an abort deleting the job and its pods."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from flyteidl.core.execution_pb2 import TaskExecution
+from flytekit import task
+
+from flytekitplugins.dgx import DGXConfig, DGXTorchElastic
+from flytekitplugins.dgx.connector import DGXConnector, DGXJobMetadata
+from tests.chart.conftest import Rendered
+from tests.cluster.controlplane import CONTEXT, EXIT_CODE_LABEL, ControlPlane
+from tests.cluster.operator import Operator, chart_operator, install
+from tests.e2e.jobs import live_workers, running_workers
+from tests.e2e.kubectl import Kubectl, dig, wait_for
+from tests.flyte.flyte import metadata, template
+
+TIMEOUT = 90
+PREFIX = "s3://flyte-bucket/metadata/run/n0/0"
+
+
+@task(task_config=DGXConfig(instance="dgxh100.80g.8.norm", restart_policy="OnFailure", backoff_limit=3))
+def retried() -> int:
+    return 1
+
+
+@task(task_config=DGXTorchElastic(instance="dgxh100.80g.8.norm", min_nodes=16, max_nodes=16))
+def too_wide() -> int:
+    return 1
+
+
+@pytest.fixture(scope="module")
+def chart(kubectl: Kubectl) -> list[Rendered]:
+    return install(kubectl)
+
+
+@pytest.fixture(scope="module")
+def operator(
+    control_plane: ControlPlane, kubectl: Kubectl, chart: list[Rendered], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Operator]:
+    with chart_operator(control_plane, kubectl, __name__, chart, tmp_path_factory.mktemp("operator")) as op:
+        yield op
+
+
+@pytest.fixture
+def connector(control_plane: ControlPlane, monkeypatch: pytest.MonkeyPatch) -> DGXConnector:
+    monkeypatch.setenv("KUBEDGX_FLYTE_KUBECONFIG", str(control_plane.kubeconfig))
+    monkeypatch.setenv("KUBEDGX_FLYTE_CONTEXT", CONTEXT)
+    monkeypatch.delenv("KUBEDGX_FLYTE_NAMESPACE", raising=False)
+    monkeypatch.setenv("KUBEDGX_FLYTE_LOG_TEMPLATE", "https://logs.example/{namespace}/{pod}")
+    return DGXConnector()
+
+
+def create(connector: DGXConnector, t: Any, ns: str, name: str = "exec1") -> DGXJobMetadata:
+    meta = asyncio.run(
+        connector.create(
+            task_template=template(t, PREFIX), output_prefix=PREFIX, task_execution_metadata=metadata(ns, name)
+        )
+    )
+    assert isinstance(meta, DGXJobMetadata)
+    return meta
+
+
+def flyte_phase(connector: DGXConnector, meta: DGXJobMetadata, phase: int, words: str = "") -> Any:
+    """Wait until the connector reports ``phase`` with ``words`` in its message; the Resource."""
+
+    def probe() -> Any:
+        resource = asyncio.run(connector.get(resource_meta=meta))
+        return resource if resource.phase == phase and words in (resource.message or "") else None
+
+    return wait_for(f"Flyte phase {TaskExecution.Phase.Name(phase)} {words!r} of {meta.name}", probe, timeout=TIMEOUT,
+                    interval=0.5)  # fmt: skip
+
+
+def exit_worker(k: Kubectl, pod: str, code: int) -> None:
+    k.run("label", "pod", pod, f"{EXIT_CODE_LABEL}={code}", "--overwrite")
+
+
+def test_running_then_a_restart_then_success_as_flyte_sees_them(
+    operator: Operator, namespace: Kubectl, connector: DGXConnector
+) -> None:
+    ns = str(namespace.namespace)
+    meta = create(connector, retried, ns)
+    assert create(connector, retried, ns) == meta, "a repeated create adopts the job"
+    running = flyte_phase(connector, meta, TaskExecution.RUNNING, "running: nodes 1/1")
+    assert [(link.name, link.uri) for link in running.log_links] == [
+        ("worker 0", f"https://logs.example/{ns}/{meta.name}-worker-0")
+    ]
+    (first,) = running_workers(namespace, meta.name)
+    exit_worker(namespace, first["metadata"]["name"], 1)
+    # The worker is replaced (restartPolicy OnFailure) and the restart is counted in the message.
+    flyte_phase(connector, meta, TaskExecution.RUNNING, "restarts 1")
+    (second,) = wait_for("the replacement worker running", lambda: [p for p in running_workers(namespace, meta.name)
+                         if p["metadata"]["uid"] != first["metadata"]["uid"]] or None, timeout=TIMEOUT)  # fmt: skip
+    exit_worker(namespace, second["metadata"]["name"], 0)
+    done = flyte_phase(connector, meta, TaskExecution.SUCCEEDED, "succeeded")
+    assert done.outputs is None, "a function task's outputs are its outputs.pb"
+    assert done.custom_info["restarts"] == 1
+
+
+def test_a_job_wider_than_the_cluster_waits_for_resources_with_the_scheduler_s_words(
+    operator: Operator, namespace: Kubectl, connector: DGXConnector
+) -> None:
+    meta = create(connector, too_wide, str(namespace.namespace))
+    resource = flyte_phase(connector, meta, TaskExecution.WAITING_FOR_RESOURCES, "waiting for nodes: Unschedulable")
+    assert "nodes are available" in resource.message
+
+
+def test_a_suspended_job_waits_for_resources_and_runs_when_resumed(
+    operator: Operator, namespace: Kubectl, connector: DGXConnector
+) -> None:
+    meta = create(connector, retried, str(namespace.namespace))
+    flyte_phase(connector, meta, TaskExecution.RUNNING)
+    namespace.patch("dgxtrainingjobs", meta.name, {"spec": {"suspend": True}})
+    flyte_phase(connector, meta, TaskExecution.WAITING_FOR_RESOURCES, "suspended")
+    wait_for("the workers deleted", lambda: not live_workers(namespace, meta.name), timeout=TIMEOUT)
+    namespace.patch("dgxtrainingjobs", meta.name, {"spec": {"suspend": False}})
+    flyte_phase(connector, meta, TaskExecution.RUNNING, "running")
+
+
+def test_abort_deletes_the_job_and_its_workers_and_a_second_delete_is_harmless(
+    operator: Operator, namespace: Kubectl, connector: DGXConnector
+) -> None:
+    meta = create(connector, retried, str(namespace.namespace))
+    flyte_phase(connector, meta, TaskExecution.RUNNING)
+    asyncio.run(connector.delete(resource_meta=meta))
+    wait_for("the job gone", lambda: namespace.get("dgxtrainingjobs", meta.name) is None, timeout=TIMEOUT)
+    wait_for("its workers gone", lambda: not namespace.select("pods", {"kubedgx.io/job-name": meta.name}),
+             timeout=TIMEOUT)  # fmt: skip
+    asyncio.run(connector.delete(resource_meta=meta))
+    gone = asyncio.run(connector.get(resource_meta=meta))
+    assert gone.phase == TaskExecution.FAILED
+    assert "gone" in gone.message
+    # A new create for the same execution after the abort makes a new job (a new uid), not the old one.
+    again = create(connector, retried, str(namespace.namespace))
+    assert (again.name, again.uid != meta.uid) == (meta.name, True)
+    assert dig(namespace.get("dgxtrainingjobs", meta.name), "metadata", "uid") == again.uid
