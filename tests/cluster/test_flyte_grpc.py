@@ -153,7 +153,8 @@ def serialized(python_task: PythonTask) -> Any:
     with FlyteContextManager.with_context(ctx.with_execution_state(state)):
         template = get_serializable(OrderedDict(), SerializationSettings(ImageConfig.auto_default_image()),
                                     python_task).template  # fmt: skip
-    proto = render_task_template(template, OUTPUT_PREFIX).to_flyte_idl()
+    rendered = render_task_template(template, OUTPUT_PREFIX) if template.container is not None else template
+    proto = rendered.to_flyte_idl()
     # A registered task has its project, domain and version (serialization leaves them empty).
     proto.id.project, proto.id.domain, proto.id.version = PROJECT, DOMAIN, "v1"
     return proto
@@ -365,3 +366,41 @@ def test_an_unknown_task_category_is_not_found(connector: Connector) -> None:
         get_task(connector, meta, category)
     assert refused.value.code() == grpc.StatusCode.NOT_FOUND, refused.value.details()
     assert "no_such_task" in (refused.value.details() or "")
+
+
+QLORA_TASK = agent_pb2.TaskCategory(name="dgx_qlora", version=0)
+
+
+def test_the_qlora_task_returns_the_archived_adapter_s_uri(connector: Connector, namespace: Kubectl) -> None:
+    """The built-in fine-tune: no container in the template, spec.trainer from the task; on
+    Succeeded its one output is status.artifacts' adapter URI, as a Flyte literal (no outputs.pb:
+    no Flyte code runs in the trainer's pods). A success without an archived adapter is a failure."""
+    ns = namespace.namespace
+    assert ns is not None
+    template = serialized(workflows.qlora_legal)
+    assert not template.HasField("container")
+    request = agent_pb2.CreateTaskRequest(template=template, output_prefix=OUTPUT_PREFIX,
+                                          task_execution_metadata=execution_metadata(ns, "qlora1"))  # fmt: skip
+    meta = connector.tasks.CreateTask(request, timeout=RPC_TIMEOUT).resource_meta
+    name = json.loads(meta)["name"]
+    job = namespace.get(JOBS, name)
+    assert job is not None
+    assert job["spec"]["trainer"]["lora"] == {"r": 16, "alpha": 32}
+    assert "command" not in job["spec"]
+    mounts = namespace.get_json("get", "dgxdatamounts")["items"]
+    assert sorted(m["spec"]["direction"] for m in mounts) == ["In", "Out"]
+
+    set_status(namespace, name, {"phase": "Succeeded", "conditions": [
+        {"type": "Succeeded", "status": "True", "reason": "Completed", "message": "trained",
+         "lastTransitionTime": now()}]})  # fmt: skip
+    no_adapter = get_task(connector, meta, QLORA_TASK)
+    assert phase_name(no_adapter.phase) == "FAILED", no_adapter
+    assert "no adapter was archived" in no_adapter.message
+
+    uri = "s3://my-bucket/adapters/final/flyte-qlora1-0a1b2c3d/adapter/"
+    set_status(
+        namespace, name, {"artifacts": [{"name": "adapter", "uri": uri, "mount": mounts[0]["metadata"]["name"]}]}
+    )
+    done = get_task(connector, meta, QLORA_TASK)
+    assert phase_name(done.phase) == "SUCCEEDED", done
+    assert done.outputs.literals["adapter"].scalar.primitive.string_value == uri
