@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import posixpath
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 #: Where DGXDataConfig's mounts appear in the workers: inputs/<i> and outputs/<i> below it.
@@ -137,7 +137,6 @@ class Settings:
     data: DGXDataConfig | None = None
     #: The built-in fine-tune's ``trainer`` section (camelCase, as in spec.trainer); None for a function task.
     trainer: Mapping[str, Any] | None = None
-    extra: Mapping[str, Any] = field(default_factory=dict)
 
 
 def settings_of(config: _Placement, trainer: Mapping[str, Any] | None = None) -> Settings:
