@@ -1,4 +1,5 @@
-"""kubedgx is four distributions, one per layer, so that each image installs only what it runs.
+"""kubedgx is five distributions, one per layer (the fifth, the Flyte plugin, runs in no kubedgx
+image: in Flyte's connector service and in the user's image), so that each installs only what it runs.
 
 Read from the sources, not from a list kept by hand: each package's imports (its AST) decide which
 of kubedgx's distributions it needs and which third-party packages its distribution must bring; the
@@ -37,7 +38,7 @@ class Distribution:
     folder: str  # relative to the repository root; "." for the root project
     name: str
     version: str
-    package: str  # the one top-level import package it ships
+    package: str  # the one import package it ships (flytekitplugins.dgx: a portion of a namespace package)
     requires: tuple[Requirement, ...]
     extras: dict[str, tuple[Requirement, ...]]
 
@@ -46,7 +47,7 @@ def _read(folder: str) -> Distribution:
     data = tomllib.loads((ROOT / folder / "pyproject.toml").read_text(encoding="utf-8"))
     project = data["project"]
     find = data["tool"]["setuptools"]["packages"]["find"]
-    (package,) = [p for p in find["include"] if "*" not in p and "." not in p]
+    (package,) = [p for p in find["include"] if "*" not in p and "." not in p.removeprefix("flytekitplugins.")]
     extras = {k: tuple(Requirement(r) for r in v) for k, v in project.get("optional-dependencies", {}).items()}
     return Distribution(
         folder,
@@ -58,16 +59,18 @@ def _read(folder: str) -> Distribution:
     )
 
 
-DISTRIBUTIONS = tuple(_read(f) for f in ("api", "datasync", "trainer", "."))
+DISTRIBUTIONS = tuple(_read(f) for f in ("api", "datasync", "trainer", ".", "flyte"))
 BY_PACKAGE = {d.package: d for d in DISTRIBUTIONS}
 BY_NAME = {d.name: d for d in DISTRIBUTIONS}
 OURS = set(BY_NAME)
 
 
 def test_one_distribution_per_source_folder() -> None:
-    assert {d.package for d in DISTRIBUTIONS} == {"dgx_api", "dgx_datasync", "dgx_trainer", "dgx_operator"}
+    assert {d.package for d in DISTRIBUTIONS} == {
+        "dgx_api", "dgx_datasync", "dgx_trainer", "dgx_operator", "flytekitplugins.dgx"
+    }  # fmt: skip
     for d in DISTRIBUTIONS:
-        source = ROOT / ("operator" if d.folder == "." else d.folder) / d.package
+        source = _source_dir(d)
         assert (source / "__init__.py").is_file(), f"{source}: a regular package (a namespace package ships no files)"
         assert (source / "py.typed").is_file(), f"{source}: typed (py.typed) for the other layers' mypy"
 
@@ -87,7 +90,7 @@ def test_versions_agree_and_our_requirements_pin_them() -> None:
 
 
 def _source_dir(d: Distribution) -> Path:
-    return ROOT / ("operator" if d.folder == "." else d.folder) / d.package
+    return ROOT / ("operator" if d.folder == "." else d.folder) / d.package.replace(".", "/")
 
 
 @cache
@@ -100,7 +103,7 @@ def top_level_imports(package: str) -> frozenset[str]:
                 found |= {a.name.split(".")[0] for a in node.names}
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                 found.add(node.module.split(".")[0])
-    return frozenset(found - set(sys.stdlib_module_names) - {package, "__future__"})
+    return frozenset(found - set(sys.stdlib_module_names) - {package.split(".")[0], "__future__"})
 
 
 def ours_imported(package: str) -> set[str]:
@@ -280,12 +283,13 @@ def test_a_wheel_holds_exactly_its_package(d: Distribution, wheels: dict[str, Pa
     with zipfile.ZipFile(wheels[d.name]) as z:
         names = z.namelist()
     top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
-    assert top == {d.package}, f"{wheels[d.name].name} holds {sorted(top)}"
+    path = d.package.replace(".", "/")
+    assert top == {path.split("/")[0]}, f"{wheels[d.name].name} holds {sorted(top)}"
     shipped = {n for n in names if n.endswith(".py")}
     source = _source_dir(d)
-    expected = {f"{d.package}/{p.relative_to(source).as_posix()}" for p in source.rglob("*.py")}
+    expected = {f"{path}/{p.relative_to(source).as_posix()}" for p in source.rglob("*.py")}
     assert shipped == expected
-    assert f"{d.package}/py.typed" in names
+    assert f"{path}/py.typed" in names
     if d.package == "dgx_operator":
         assert "dgx_operator/catalog.yaml" in names, "the built-in instance catalog ships with the operator"
     metadata = next(n for n in names if n.endswith(".dist-info/METADATA"))
