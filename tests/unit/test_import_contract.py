@@ -22,8 +22,8 @@ from tests.conftest import ROOT
 LINT_IMPORTS = shutil.which("lint-imports") or "lint-imports"
 
 
-#: The source folders, one per distribution (their packages: dgx_api, dgx_datasync, ...).
-FOLDERS = ("api", "datasync", "operator", "trainer")
+#: The source folders, one per distribution (their packages: dgx_api, dgx_datasync, ..., flytekitplugins.dgx).
+FOLDERS = ("api", "datasync", "operator", "trainer", "flyte")
 
 
 def run_lint_imports(cwd: Path, pythonpath: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -36,7 +36,7 @@ def run_lint_imports(cwd: Path, pythonpath: Path | None = None) -> subprocess.Co
 def test_contracts_are_kept() -> None:
     result = run_lint_imports(ROOT)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "7 kept, 0 broken" in result.stdout
+    assert "9 kept, 0 broken" in result.stdout
 
 
 def broken_copy(tmp_path: Path, module: str, line: str) -> subprocess.CompletedProcess[str]:
@@ -83,6 +83,15 @@ def test_the_layers_contract_catches_an_import_across_or_upwards(tmp_path: Path,
         ("trainer/dgx_trainer/train.py", "import kopf", "never use what only the operator image has BROKEN"),
         ("datasync/dgx_datasync/sync.py", "import torch", "the data plane and the contract stay free of torch BROKEN"),
         ("api/dgx_api/schema.py", "import s3fs", "the shared contract needs no object-storage client BROKEN"),
+        # flytekit stays in the Flyte plugin; the plugin stays off the operator's runtime.
+        ("operator/dgx_operator/render/pod.py", "import flytekit", "never import it BROKEN"),
+        ("trainer/dgx_trainer/train.py", "import flytekitplugins.dgx", "never import it BROKEN"),
+        ("flyte/flytekitplugins/dgx/connector.py", "import kopf", "never its runtime (kopf, handlers) BROKEN"),
+        (
+            "flyte/flytekitplugins/dgx/manifest.py",
+            "from dgx_operator import handlers",
+            "never its runtime (kopf, handlers) BROKEN",
+        ),
     ],
 )
 def test_each_image_layer_contract_catches_a_foreign_import(
@@ -150,3 +159,13 @@ def test_the_cli_path_imports_no_kopf_or_cluster_client_at_run_time() -> None:
 
 def test_the_runtime_check_can_fail() -> None:
     assert "kopf" in imported_after("['dgx_operator.handlers']", ("kopf",))
+
+
+def test_no_operator_trainer_or_data_plane_module_imports_flytekit_at_run_time() -> None:
+    modules = f"{ALL} + {walk('dgx_trainer')} + {walk('dgx_datasync')} + {walk('dgx_api')}"
+    assert imported_after(modules, ("flytekit", "flyteidl", "flytekitplugins.dgx")) == []
+
+
+def test_the_flyte_plugin_imports_neither_kopf_nor_torch_when_it_submits() -> None:
+    """The connector service and a user's laptop have no torch (it is imported in the pods only)."""
+    assert imported_after(walk("flytekitplugins.dgx"), ("kopf", "torch", "dgx_operator.handlers", "dgx_trainer")) == []
