@@ -13,10 +13,10 @@ import pytest
 from flyteidl.core.execution_pb2 import TaskExecution
 from flytekit import task
 
-from flytekitplugins.dgx import DGXConfig, DGXDataConfig, DGXTorchElastic
+from flytekitplugins.dgx import DGXConfig, DGXTorchElastic
 from flytekitplugins.dgx.connector import DGXConnector, DGXJobMetadata
 from tests.chart.conftest import Rendered
-from tests.cluster.controlplane import CONTEXT, EXIT_CODE_LABEL, ControlPlane, free_port
+from tests.cluster.controlplane import CONTEXT, EXIT_CODE_LABEL, ControlPlane
 from tests.cluster.operator import Operator, chart_operator, install
 from tests.e2e.jobs import live_workers, running_workers
 from tests.e2e.kubectl import Kubectl, dig, wait_for
@@ -33,17 +33,6 @@ def retried() -> int:
 
 @task(task_config=DGXTorchElastic(instance="dgxh100.80g.8.norm", min_nodes=16, max_nodes=16))
 def too_wide() -> int:
-    return 1
-
-
-#: An S3 endpoint on loopback that refuses connections: listing it is "Unreachable", a transient
-#: error, so the operator keeps the mount Syncing (retrying) and the job WaitingForData.
-UNREACHABLE = f"http://127.0.0.1:{free_port()}"
-
-
-@task(task_config=DGXDataConfig(instance="dgxh100.80g.8.norm", input_mounts=["s3://corpus/train"],
-                                endpoint=UNREACHABLE, region="us-east-1"))  # fmt: skip
-def needs_data() -> int:
     return 1
 
 
@@ -122,16 +111,6 @@ def test_a_job_wider_than_the_cluster_waits_for_resources_with_the_scheduler_s_w
     meta = create(connector, too_wide, str(namespace.namespace))
     resource = flyte_phase(connector, meta, TaskExecution.WAITING_FOR_RESOURCES, "waiting for nodes: Unschedulable")
     assert "nodes are available" in resource.message
-
-
-def test_a_job_whose_data_is_not_synced_yet_is_initializing(
-    operator: Operator, namespace: Kubectl, connector: DGXConnector
-) -> None:
-    meta = create(connector, needs_data, str(namespace.namespace))
-    resource = flyte_phase(connector, meta, TaskExecution.INITIALIZING, "syncing data to the nodes: DataNotReady")
-    (mount,) = namespace.get_json("get", "dgxdatamounts")["items"]
-    assert f"waiting for DGXDataMount {mount['metadata']['name']} (Syncing)" in resource.message
-    assert not live_workers(namespace, meta.name), "no worker before the data is there"
 
 
 def test_a_suspended_job_waits_for_resources_and_runs_when_resumed(
