@@ -105,15 +105,16 @@ def status_of(job: Mapping[str, Any] | None, log_template: str | None = None) ->
         return done(WAITING, f"suspended (queued by Kueue or spec.suspend): {_why(_condition(job, 'Suspended'))}")
     if phase == "WaitingForData":
         return done(INITIALIZING, f"syncing data to the nodes: {_why(_condition(job, 'DataReady'))}")
+    progress = _progress(status)
     if phase == "Running":
-        return done(RUNNING, "running" + (f": {_progress(status)}" if _progress(status) else ""))
+        return done(RUNNING, f"running: {progress}" if progress else "running")
     if phase == "Restarting":
-        return done(RUNNING, f"restarting: {_why(_condition(job, 'Restarting'))}" + (
-            f" ({_progress(status)})" if _progress(status) else ""))  # fmt: skip
+        restarting = f"restarting: {_why(_condition(job, 'Restarting'))}"
+        return done(RUNNING, f"{restarting} ({progress})" if progress else restarting)
     if phase == "Succeeded":
         archived = _condition(job, "Archived")
         extra = f"; {_why(archived)}" if archived else ""
-        return done(SUCCEEDED, f"succeeded: {_progress(status) or _why(_condition(job, 'Succeeded'))}{extra}")
+        return done(SUCCEEDED, f"succeeded: {progress or _why(_condition(job, 'Succeeded'))}{extra}")
     if phase == "Failed":
         return done(FAILED, f"failed: {_why(_condition(job, 'Failed')) or 'no reason recorded'}")
     return done(QUEUED, f"unknown phase {phase!r}")
