@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.chart.conftest import Rendered
 from tests.cluster.controlplane import ControlPlane
+from tests.cluster.operator import Operator, chart_operator, install
 from tests.e2e.kubectl import JOBS, Kubectl, wait_for
 
 #: How long a test's namespace may take to go once deleted (its jobs' finalizers released).
@@ -85,3 +87,23 @@ def namespace(kubectl: Kubectl, request: pytest.FixtureRequest) -> Iterator[Kube
             f"namespace {name} was not deleted within {NAMESPACE_TIMEOUT}s; jobs holding "
             f"finalizers (now stripped): {stuck}"
         ) from None
+
+
+@pytest.fixture(scope="module")
+def chart(kubectl: Kubectl) -> list[Rendered]:
+    """The chart's objects with its default values (modules that need other values define their own)."""
+    return install(kubectl)
+
+
+@pytest.fixture(scope="module")
+def operator(
+    control_plane: ControlPlane,
+    kubectl: Kubectl,
+    chart: list[Rendered],
+    tmp_path_factory: pytest.TempPathFactory,
+    request: pytest.FixtureRequest,
+) -> Iterator[Operator]:
+    """The module's operator as the chart's ServiceAccount, in the control plane's operator slot."""
+    workdir = tmp_path_factory.mktemp("operator")
+    with chart_operator(control_plane, kubectl, request.module.__name__, chart, workdir) as op:
+        yield op

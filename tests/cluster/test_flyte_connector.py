@@ -6,7 +6,6 @@ wide for the nodes there are; a suspended job; an abort deleting the job and its
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -15,9 +14,8 @@ from flytekit import task
 
 from flytekitplugins.dgx import DGXConfig, DGXTorchElastic
 from flytekitplugins.dgx.connector import DGXConnector, DGXJobMetadata
-from tests.chart.conftest import Rendered
 from tests.cluster.controlplane import CONTEXT, EXIT_CODE_LABEL, ControlPlane
-from tests.cluster.operator import Operator, chart_operator, install
+from tests.cluster.operator import Operator
 from tests.e2e.jobs import live_workers, running_workers
 from tests.e2e.kubectl import Kubectl, dig, wait_for
 from tests.flyte.flyte import metadata, template
@@ -34,19 +32,6 @@ def retried() -> int:
 @task(task_config=DGXTorchElastic(instance="dgxh100.80g.8.norm", min_nodes=16, max_nodes=16))
 def too_wide() -> int:
     return 1
-
-
-@pytest.fixture(scope="module")
-def chart(kubectl: Kubectl) -> list[Rendered]:
-    return install(kubectl)
-
-
-@pytest.fixture(scope="module")
-def operator(
-    control_plane: ControlPlane, kubectl: Kubectl, chart: list[Rendered], tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Operator]:
-    with chart_operator(control_plane, kubectl, __name__, chart, tmp_path_factory.mktemp("operator")) as op:
-        yield op
 
 
 @pytest.fixture

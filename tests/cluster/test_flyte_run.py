@@ -19,34 +19,17 @@ import os
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from tests.chart.conftest import Rendered
 from tests.cluster.controlplane import CONTEXT, EXIT_CODE_LABEL, MESSAGE_ANNOTATION, ControlPlane, free_port
-from tests.cluster.operator import Operator, chart_operator, install
+from tests.cluster.operator import Operator
 from tests.conftest import ROOT
 from tests.e2e.kubectl import Kubectl, dig
 
 WORKFLOWS = ROOT / "examples" / "flyte" / "workflows.py"
 RUN_TIMEOUT = 300
 BIN = str(Path(sys.executable).parent)
-
-
-@pytest.fixture(scope="module")
-def chart(kubectl: Kubectl) -> list[Rendered]:
-    return install(kubectl)
-
-
-@pytest.fixture(scope="module")
-def operator(
-    control_plane: ControlPlane, kubectl: Kubectl, chart: list[Rendered], tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Operator]:
-    with chart_operator(control_plane, kubectl, __name__, chart, tmp_path_factory.mktemp("operator")) as op:
-        yield op
 
 
 class Kubelet:

@@ -9,13 +9,9 @@ their nodes), and at the end of the module no call of the operator was refused (
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
-
 from dgx_operator.catalog import Catalog
-from tests.chart.conftest import Rendered
 from tests.cluster.controlplane import (
     EVICT_LABEL,
     EXIT_CODE_LABEL,
@@ -24,7 +20,7 @@ from tests.cluster.controlplane import (
     NODE_NOT_READY_LABEL,
     ControlPlane,
 )
-from tests.cluster.operator import Operator, chart_operator, install
+from tests.cluster.operator import Operator
 from tests.e2e.jobs import (
     command_job,
     condition_true,
@@ -42,19 +38,6 @@ from tests.e2e.kubectl import JOBS, Kubectl, condition, dig, reasons, wait_for
 
 CATALOG = Catalog.load()
 TIMEOUT = 60
-
-
-@pytest.fixture(scope="module")
-def chart(kubectl: Kubectl) -> list[Rendered]:
-    return install(kubectl)
-
-
-@pytest.fixture(scope="module")
-def operator(
-    control_plane: ControlPlane, kubectl: Kubectl, chart: list[Rendered], tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Operator]:
-    with chart_operator(control_plane, kubectl, __name__, chart, tmp_path_factory.mktemp("operator")) as op:
-        yield op
 
 
 def label(k: Kubectl, pod: str, key: str, value: str) -> None:
