@@ -4,7 +4,8 @@
 # The generated go.mod and go.sum are committed: they pin the build. Run this
 # only to move to another version, e.g.
 #   K8S_VERSION=v1.34.12 tests/cluster/gen-gomod.sh kubernetes
-#   tests/cluster/gen-gomod.sh            # all three, default versions below
+#   KUEUE_VERSION=v0.17.0 tests/cluster/gen-gomod.sh kueue
+#   tests/cluster/gen-gomod.sh            # all four, default versions below
 #
 # For kubernetes the staging replace list, the `go` line and the `godebug`
 # line are taken from upstream's own go.mod (k8s.io/kubernetes@$K8S_VERSION),
@@ -15,6 +16,7 @@ set -euo pipefail
 K8S_VERSION=${K8S_VERSION:-v1.34.12}
 ETCD_VERSION=${ETCD_VERSION:-v3.6.16}
 KWOK_VERSION=${KWOK_VERSION:-v0.8.0}
+KUEUE_VERSION=${KUEUE_VERSION:-v0.17.0}
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 export GOTOOLCHAIN=local CGO_ENABLED=0 GOWORK=off GOFLAGS=-buildvcs=false
@@ -98,13 +100,26 @@ EOF
   (cd "$dir" && go mod tidy) || die "go mod tidy failed for $name $version"
 }
 
-[ $# -gt 0 ] || set -- kubernetes etcd kwok
+# Kueue's manager. Its go.mod (v0.17.0) has no replace directives and says `go 1.25.0`; a replace
+# upstream ever adds would not apply to a dependency, so refuse to generate rather than build
+# something upstream does not.
+gen_kueue() {
+  local mod
+  mod=$(upstream_gomod "sigs.k8s.io/kueue@$KUEUE_VERSION") || die "proxy refused sigs.k8s.io/kueue@$KUEUE_VERSION"
+  if grep -qE '^[[:space:]]*replace[[:space:](]' "$mod"; then
+    die "sigs.k8s.io/kueue@$KUEUE_VERSION's go.mod has replace directives ($mod): copy them into gen_kueue"
+  fi
+  gen_simple kueue sigs.k8s.io/kueue "$KUEUE_VERSION" sigs.k8s.io/kueue/cmd/kueue
+}
+
+[ $# -gt 0 ] || set -- kubernetes etcd kwok kueue
 for c in "$@"; do
   mkdir -p "$HERE/gomod/$c"
   case $c in
     kubernetes) gen_kubernetes ;;
     etcd) gen_simple etcd go.etcd.io/etcd/server/v3 "$ETCD_VERSION" go.etcd.io/etcd/server/v3 ;;
     kwok) gen_simple kwok sigs.k8s.io/kwok "$KWOK_VERSION" sigs.k8s.io/kwok/cmd/kwok ;;
-    *) die "unknown component '$c' (kubernetes, etcd, kwok)" ;;
+    kueue) gen_kueue ;;
+    *) die "unknown component '$c' (kubernetes, etcd, kwok, kueue)" ;;
   esac
 done
