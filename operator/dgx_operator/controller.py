@@ -30,6 +30,19 @@ from dgx_operator.metrics import JOB_KIND, RESTART_REASONS, Metrics
 from dgx_operator.reconcile.mounts import mount_state, parse_mount
 from dgx_operator.reconcile.planner import UNREADABLE, Event, MountState, Observed, Plan, Refused, plan
 from dgx_operator.reconcile.pods import PodView, slim
+from dgx_operator.reconcile.queueing import (
+    GROUP as KUEUE_GROUP,
+)
+from dgx_operator.reconcile.queueing import (
+    PRIORITY_LABEL,
+    VERSIONS,
+    Flavor,
+    PriorityClass,
+    Queueing,
+    WorkloadView,
+    WorkloadWrites,
+    queue_of,
+)
 from dgx_operator.reconcile.stored import parse_stored
 from dgx_operator.render import BuildContext, JobIdentity, trainer_config
 from dgx_operator.render.names import FINALIZER, INDEX_LABEL, JOB_LABEL, detached_value, service_name
@@ -100,6 +113,29 @@ NamesSource = Callable[[str, str], bool]
 #: (namespace, job) -> [(name, controller owner uid)] of the job's ConfigMaps.
 ConfigMapSource = Callable[[str, str], list[tuple[str, str | None]]]
 EventSink = Callable[[Mapping[str, Any], str, str, str], None]
+#: (namespace, job) -> the Workloads that job controls (slim bodies, see queueing.slim_workload).
+WorkloadSource = Callable[[str, str], list[Mapping[str, Any]]]
+FlavorSource = Callable[[], Mapping[str, Flavor]]
+
+#: How long a discovery of Kueue's API is trusted: not installed (look again soon: an admin may be
+#: installing it), installed (its version changes only with an upgrade).
+KUEUE_ABSENT_TTL = 15.0
+KUEUE_PRESENT_TTL = 300.0
+
+
+@dataclass(frozen=True)
+class KueueSettings:
+    """The Kueue integration is on (see reconcile.queueing)."""
+
+    manage_without_queue_name: bool = False
+
+
+def _no_workloads(namespace: str, name: str) -> list[Mapping[str, Any]]:
+    return []
+
+
+def _no_flavors() -> Mapping[str, Flavor]:
+    return {}
 
 
 @dataclass
@@ -126,6 +162,12 @@ class Controller(ReconcileLoop):
     metrics: Metrics | None = None
     #: Jobs whose "stored spec no longer parses" warning was posted (until they parse again).
     unreadable_jobs: set[Key] = field(default_factory=set)
+    #: Kueue's job integration; None: off (the queue label is only copied onto the workers).
+    kueue: KueueSettings | None = None
+    workloads_of: WorkloadSource = _no_workloads
+    flavors_of: FlavorSource = _no_flavors
+    #: (the served Workload version or None, when it was discovered).
+    kueue_api: tuple[str | None, float] | None = None
 
     async def step(self, key: Key) -> float | None:
         result = await self.reconcile(*key)
@@ -249,7 +291,9 @@ class Controller(ReconcileLoop):
                 digests[ref.name] = digest
         current = trainer_config(JobIdentity.of(job), job.spec)
         wanted = current[0] if current is not None else None
+        queueing = await self.queueing(job) if self.kueue is not None else None
         observed = Observed(
+            queueing=queueing,
             pods=tuple(views),
             service=f"Service/{service_name(name)}" in expected,
             config_map=wanted is not None and f"ConfigMap/{wanted}" in expected,
@@ -259,6 +303,84 @@ class Controller(ReconcileLoop):
             mounts=mounts,
         )
         return observed, specs, digests
+
+    # -- Kueue ------------------------------------------------------------------------------------
+
+    async def kueue_version(self) -> str | None:
+        """The Workload API version the cluster serves (None: no Kueue), rediscovered now and then."""
+        now = time.monotonic()
+        if self.kueue_api is not None:
+            version, at = self.kueue_api
+            if now - at < (KUEUE_PRESENT_TTL if version else KUEUE_ABSENT_TTL):
+                return version
+        version = await self.kube.served_version(KUEUE_GROUP, VERSIONS)
+        self.kueue_api = (version, now)
+        return version
+
+    async def queueing(self, job: DGXTrainingJob) -> Queueing | None:
+        """The job's standing in Kueue, if Kueue manages it: its Workloads (from the index), the
+        ResourceFlavors, and its priority class (its value read only when a Workload is to be made)."""
+        assert self.kueue is not None
+        labels = dict(job.metadata.labels)
+        queue = queue_of(labels, self.kueue.manage_without_queue_name)
+        if queue is None:
+            return None
+        version = await self.kueue_version()
+        if version is None:
+            return Queueing(queue)
+        namespace, name, uid = job.metadata.namespace or "", job.metadata.name, str(job.metadata.uid)
+        workloads = tuple(WorkloadView.of(b) for b in self.workloads_of(namespace, name))
+        exists = any(w.owner_uid == uid and not w.deleting for w in workloads)
+        priority: PriorityClass | None = None
+        error: str | None = None
+        wpc = labels.get(PRIORITY_LABEL)
+        pod_class = self.defaults.priority_classes.get(job.spec.priority)
+        if wpc:
+            value = (
+                0 if exists else await self.kube.priority_value(KUEUE_GROUP, version, "workloadpriorityclasses", wpc)
+            )
+            if value is None:
+                error = (
+                    f"WorkloadPriorityClass {wpc!r} (label {PRIORITY_LABEL}) does not exist: create it, "
+                    "or remove the label"
+                )
+            else:
+                priority = PriorityClass("WorkloadPriorityClass", wpc, value)
+        elif pod_class:
+            value = (
+                0 if exists else await self.kube.priority_value("scheduling.k8s.io", "v1", "priorityclasses", pod_class)
+            )
+            # A missing PriorityClass refuses the workers themselves, with the apiserver's message.
+            priority = PriorityClass("PriorityClass", pod_class, value or 0)
+        return Queueing(
+            queue,
+            api_version=f"{KUEUE_GROUP}/{version}",
+            workloads=workloads,
+            flavors=self.flavors_of(),
+            priority=priority,
+            priority_error=error,
+        )
+
+    async def write_workloads(self, body: Mapping[str, Any], namespace: str, writes: WorkloadWrites) -> None:
+        """Carry out the plan's Workload writes. A refusal (Kueue's webhook, RBAC) is told in an
+        Event, in the apiserver's words, and retried with the job's backoff."""
+        version = self.kueue_api[0] if self.kueue_api is not None else None
+        if version is None:
+            return
+        api = f"{KUEUE_GROUP}/{version}"
+        try:
+            if writes.create is not None:
+                await self.kube.create_workload(writes.create)
+            for name, uid in writes.delete:
+                await self.kube.delete_workload(api, namespace, name, uid)
+            for name, rv, patch in writes.patch:
+                await self.kube.patch_workload(api, namespace, name, rv, patch)
+            for name, rv, patch in writes.status:
+                await self.kube.patch_workload(api, namespace, name, rv, {"status": patch}, status=True)
+        except ApiException as exc:
+            what = f"Workload: HTTP {exc.status}: {status_of(exc)[1]}"
+            self.post_event(body, "Warning", "WorkloadWriteFailed", what[:1000])
+            raise TransientError(f"write Workload failed: HTTP {exc.status}") from exc
 
     async def act(
         self, key: Key, body: Mapping[str, Any], job: DGXTrainingJob, result: Plan
@@ -345,6 +467,8 @@ class Controller(ReconcileLoop):
         for config_map in result.delete_config_maps:
             await self.kube.delete_config_map(namespace, config_map)
             exp.deleted[f"ConfigMap/{config_map}"] = time.monotonic()
+        if result.workloads:
+            await self.write_workloads(body, namespace, result.workloads)
         for event in result.events:
             self.emit(body, event)
         if result.delete_job:

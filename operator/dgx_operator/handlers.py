@@ -11,16 +11,20 @@ level-triggered reconcile needs none of that. The controller manages the job's f
 
 from __future__ import annotations
 
+import os
 from typing import Any, cast
 
 import kopf
 
 from dgx_operator import admission, metrics
-from dgx_operator.controller import Controller
+from dgx_operator.api.trainingjob import KIND
+from dgx_operator.controller import Controller, KueueSettings
 from dgx_operator.kube import Kube
 from dgx_operator.metrics import Metrics
 from dgx_operator.mounts import MountController
 from dgx_operator.reconcile.pods import slim
+from dgx_operator.reconcile.queueing import GROUP as KUEUE
+from dgx_operator.reconcile.queueing import Flavor, slim_workload
 from dgx_operator.render.names import JOB_LABEL
 from dgx_operator.settings import OperatorConfig, configure
 from dgx_operator.validation import Validator
@@ -41,6 +45,8 @@ async def startup(
     pods_by_job: Any = None,
     services: Any = None,
     config_maps: Any = None,
+    workloads_by_job: Any = None,
+    resource_flavors: Any = None,
     **_: Any,
 ) -> None:
     config: OperatorConfig = memo.get("config") or OperatorConfig.from_env()
@@ -66,6 +72,12 @@ async def startup(
         retry_base=config.retry_base,
         metrics=memo.metrics,
     )
+    if config.kueue:
+        memo.controller.kueue = KueueSettings(manage_without_queue_name=config.kueue_manage_without_queue_name)
+        if workloads_by_job is not None:
+            memo.controller.workloads_of = lambda ns, name: list(workloads_by_job.get((ns, name), []))
+        if resource_flavors is not None:
+            memo.controller.flavors_of = lambda: {k: next(iter(v)) for k, v in resource_flavors.items() if v}
     memo.mounts = MountController(
         kube=kube,
         post_event=post_event,
@@ -159,3 +171,42 @@ async def mount_event(name: Any, namespace: Any, type: Any, memo: Any, jobs_by_m
         memo.mounts.trigger(namespace, name)
     for job in set(jobs_by_mount.get((namespace, name), [])):
         memo.controller.trigger(namespace, job)
+
+
+# -- Kueue (reconcile.queueing): watched unless KUBEDGX_KUEUE=0, which the chart sets when its
+# kueue.enabled value is false and it grants no RBAC on Kueue's objects. Versionless selectors:
+# kopf watches the version the cluster prefers, and nothing while Kueue is not installed. --------
+
+
+def _job_owner(meta: Any) -> str | None:
+    owner = next(
+        (
+            o
+            for o in meta.get("ownerReferences") or []
+            if o.get("controller") and o.get("kind") == KIND and str(o.get("apiVersion", "")).startswith("kubedgx.io/")
+        ),
+        None,
+    )
+    return str(owner["name"]) if owner is not None else None
+
+
+def kueue_watched(environ: Any = os.environ) -> bool:
+    return str(environ.get("KUBEDGX_KUEUE") or "true").strip().lower() not in ("0", "false", "no", "off")
+
+
+if kueue_watched():
+
+    @kopf.index(KUEUE, "workloads")
+    async def workloads_by_job(namespace: Any, meta: Any, body: Any, **_: Any) -> Any:
+        job = _job_owner(meta)
+        return {(namespace, job): slim_workload(body)} if job is not None else None
+
+    @kopf.on.event(KUEUE, "workloads")
+    async def workload_event(namespace: Any, meta: Any, memo: Any, **_: Any) -> None:
+        job = _job_owner(meta)
+        if job is not None and "controller" in memo:
+            memo.controller.trigger(namespace, job)
+
+    @kopf.index(KUEUE, "resourceflavors")
+    async def resource_flavors(name: Any, body: Any, **_: Any) -> Any:
+        return {name: Flavor.of(body)}

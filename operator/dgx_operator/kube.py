@@ -379,6 +379,83 @@ class Kube:
             self._raise("patch", exc, f"patch validatingwebhookconfiguration {name}")
         return "patched"
 
+    # -- Kueue (reconcile.queueing) ---------------------------------------------------------------
+
+    async def served_version(self, group: str, known: tuple[str, ...]) -> str | None:
+        """The version of ``group`` to speak: the server's preferred one if we know it, else the first
+        of ``known`` it serves; None when the group is not served (Kueue not installed)."""
+        try:
+            groups = await client.ApisApi(self.api).get_api_versions()
+        except ApiException as exc:
+            self._raise("get", exc, "discover API groups")
+        for g in groups.groups or []:
+            if g.name != group:
+                continue
+            served = [v.version for v in g.versions or []]
+            preferred = g.preferred_version.version if g.preferred_version else None
+            if preferred in known:
+                return preferred
+            return next((v for v in known if v in served), None)
+        return None
+
+    async def priority_value(self, group: str, version: str, plural: str, name: str) -> int | None:
+        """The ``value`` of a cluster-scoped priority class (WorkloadPriorityClass or PriorityClass);
+        None when it does not exist."""
+        try:
+            obj: dict[str, Any] = await self.custom.get_cluster_custom_object(group, version, plural, name)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            self._raise("get", exc, f"get {plural} {name}")
+        value = obj.get("value")
+        return int(value) if isinstance(value, int) else 0
+
+    async def create_workload(self, obj: Mapping[str, Any]) -> None:
+        """Create a job's Workload; one already there (the cache lags) is fine."""
+        group, version = obj["apiVersion"].split("/")
+        namespace = obj["metadata"]["namespace"]
+        try:
+            await self.custom.create_namespaced_custom_object(group, version, namespace, "workloads", dict(obj))
+        except ApiException as exc:
+            if exc.status == 409:
+                return
+            self._raise("create", exc, f"create Workload {namespace}/{obj['metadata']['name']}")
+
+    async def delete_workload(self, api_version: str, namespace: str, name: str, uid: str) -> None:
+        """Delete a Workload, that one only (uid precondition); gone already is fine."""
+        group, version = api_version.split("/")
+        try:
+            await self.custom.delete_namespaced_custom_object(
+                group,
+                version,
+                namespace,
+                "workloads",
+                name,
+                body=client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=uid)),
+            )
+        except ApiException as exc:
+            if exc.status in (404, 409):  # gone, or another object now holds the name
+                return
+            self._raise("delete", exc, f"delete Workload {namespace}/{name}")
+
+    async def patch_workload(
+        self, api_version: str, namespace: str, name: str, resource_version: str, patch: Mapping[str, Any],
+        *, status: bool = False,
+    ) -> None:  # fmt: skip
+        """Merge-patch a Workload (or its status), guarded by the resourceVersion it was planned
+        from: Kueue writes it too, and a status patch replaces the conditions list whole."""
+        group, version = api_version.split("/")
+        body = {**patch, "metadata": {**dict(patch.get("metadata") or {}), "resourceVersion": resource_version}}
+        call = (
+            self.custom.patch_namespaced_custom_object_status if status else self.custom.patch_namespaced_custom_object
+        )
+        try:
+            await call(group, version, namespace, "workloads", name, body, _content_type=MERGE_PATCH)  # type: ignore[call-arg]
+        except ApiException as exc:
+            if exc.status == 404:
+                return
+            self._raise("patch", exc, f"patch {'status of ' if status else ''}Workload {namespace}/{name}")
+
     async def patch_mount_status(
         self, namespace: str, name: str, resource_version: str | None, status: Mapping[str, Any]
     ) -> dict[str, Any]:

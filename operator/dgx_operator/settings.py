@@ -140,6 +140,13 @@ class OperatorConfig:
     #: controller's own per-job backoff (doubling up to 60 s). Tests shorten both.
     error_backoffs: tuple[float, ...] = (1, 2, 4, 8, 15, 30)
     retry_base: float = 1.0
+    #: Kueue's job integration for DGXTrainingJob (reconcile.queueing): a job with the
+    #: kueue.x-k8s.io/queue-name label gets a Workload and runs only once Kueue admits it.
+    #: KUBEDGX_KUEUE, on unless set to 0; off here so that tests opt in.
+    kueue: bool = False
+    #: Manage jobs without the label too (they go to the LocalQueue "default"), as Kueue's
+    #: manageJobsWithoutQueueName does for its built-in kinds.
+    kueue_manage_without_queue_name: bool = False
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> OperatorConfig:
@@ -157,6 +164,8 @@ class OperatorConfig:
             metrics_port=env.port("KUBEDGX_METRICS_PORT", DEFAULT_METRICS_PORT),
             health_port=env.port("KUBEDGX_HEALTH_PORT", DEFAULT_HEALTH_PORT),
             webhook=env.webhook(),
+            kueue=env.flag("KUBEDGX_KUEUE", default=True),
+            kueue_manage_without_queue_name=env.flag("KUBEDGX_KUEUE_MANAGE_JOBS_WITHOUT_QUEUE_NAME"),
         )
 
     def catalog(self) -> Catalog:
@@ -194,8 +203,10 @@ class _Env:
             raise ConfigError(name, f"must be an absolute path, got {value!r}")
         return value
 
-    def flag(self, name: str) -> bool:
+    def flag(self, name: str, *, default: bool = False) -> bool:
         value = (self.environ.get(name) or "").strip().lower()
+        if not value:
+            return default
         if value in _TRUE:
             return True
         if value in _FALSE:

@@ -21,6 +21,7 @@ it is let go of (relabelled), replaced under a free name with the same hostname,
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -37,6 +38,7 @@ from dgx_operator.api.trainingjob import (
 )
 from dgx_operator.catalog import UnknownInstanceError
 from dgx_operator.reconcile.pods import PERMANENT_WAITING, STUCK_AFTER, PodView, artifacts_of, read_progress
+from dgx_operator.reconcile.queueing import Gate, Queueing, WorkloadWrites, decide, pod_set
 from dgx_operator.render import BuildContext, BuildError, JobIdentity, headless_service, trainer_config_map, worker_pod
 from dgx_operator.render.datasync import archives
 from dgx_operator.render.names import replacement_name
@@ -116,6 +118,8 @@ class Observed:
     foreign: Sequence[str] = ()
     #: Creates the apiserver refused in this pass (the controller plans again knowing them).
     refused: Sequence[Refused] = ()
+    #: The job's queueing in Kueue; None when Kueue does not manage the job.
+    queueing: Queueing | None = None
 
 
 @dataclass(frozen=True)
@@ -140,6 +144,8 @@ class Plan:
     requeue_after: float | None = None
     delete_job: bool = False
     release_finalizer: bool = False
+    #: Writes to the job's Kueue Workload (see reconcile.queueing).
+    workloads: WorkloadWrites = field(default_factory=WorkloadWrites)
 
 
 def set_condition(
@@ -189,6 +195,8 @@ class _Planner:
         self.strangers = [p for p in observed.pods if p.owner_uid != self.ident.uid and p.name not in lost]
         self.wakeups: list[datetime] = []
         self.restarted = False  # a restart was decided in this pass
+        #: Workers Kueue admitted (None when Kueue does not manage the job): at most this many run.
+        self.admitted: int | None = None
 
     # -- small helpers -----------------------------------------------------------------------
 
@@ -263,6 +271,8 @@ class _Planner:
         )
         self.status.nodes = f"{len(ready)}/{desired}"
         self.status.observed_generation = self.generation
+        if self.status.phase in TERMINAL and self.observed.queueing is not None:
+            self.finish_workload()
         self.read_progress()
         self.wake_when_stuck()
         if self.status.phase in TERMINAL and self.spec.ttl_seconds_after_finished is not None:
@@ -315,8 +325,11 @@ class _Planner:
             r = resolve(self.spec, self.ctx.catalog)
         except UnknownInstanceError as exc:
             return self.finish("Failed", "InvalidSpec", f"spec.instance: {exc.message}")
+        gate = self.kueue(r)
         if self.spec.suspend:
             return self.suspended()
+        if gate is not None and gate.placement is None:
+            return self.queued(gate)
         if self.old_phase == "Suspended":
             self.status.start_time = None  # resuming: maxDuration counts afresh
         if self.status.start_time is None:
@@ -383,6 +396,61 @@ class _Planner:
         for p in self.pods:
             if p.terminating and p.deletion_time is not None and not p.finished:
                 self.wakeups.append(max(self.now, p.deletion_time + STUCK_AFTER))
+
+    # -- Kueue ----------------------------------------------------------------------------------
+
+    def kueue(self, r: Resolved) -> Gate | None:
+        """Kueue's word on a job it manages (None when it does not): hold it, or run it with the
+        admitted count on the admitted flavors' nodes. The Workload writes go into the plan."""
+        q = self.observed.queueing
+        if q is None:
+            return None
+        try:
+            worker = worker_pod(self.ident, self.spec, 0, r, self.ctx)
+        except BuildError:
+            return None  # keep_running fails the job, naming the field
+        gate, writes = decide(
+            q,
+            job=self.ident.name,
+            namespace=self.ident.namespace,
+            uid=self.ident.uid,
+            podset=pod_set(worker, 1 if r.interactive else r.min_nodes, 1 if r.interactive else r.max_nodes),
+            user_suspended=self.spec.suspend,
+            finished=None,
+            workers_active=sum(1 for p in self.pods if not p.finished),
+            now=self.now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        )
+        self.plan.workloads = writes
+        if gate.placement is not None:
+            self.admitted = gate.placement.count
+            self.ctx = dataclasses.replace(self.ctx, placement=gate.placement)
+        return gate
+
+    def finish_workload(self) -> None:
+        """The job ended: its Workload is marked Finished, so Kueue returns the quota at once."""
+        q = self.observed.queueing
+        assert q is not None
+        message = next((c.message for c in self.status.conditions if c.type == self.status.phase), "")
+        _, writes = decide(
+            q,
+            job=self.ident.name,
+            namespace=self.ident.namespace,
+            uid=self.ident.uid,
+            podset=None,
+            user_suspended=self.spec.suspend,
+            finished=(self.status.phase == "Succeeded", message),
+            workers_active=0,
+            now=self.now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        )
+        self.plan.workloads = writes
+
+    def queued(self, gate: Gate) -> Plan:
+        """Held by Kueue: no workers (an evicted job's are deleted, never counted as restarts),
+        Suspended with Kueue's reason and message; maxDuration counts afresh on admission."""
+        self.delete([p for p in self.pods if not p.finished])
+        self.status.start_time = None
+        self.set_phase("Suspended", gate.reason, gate.message)
+        return self.done(desired=0)
 
     def suspended(self) -> Plan:
         self.delete([p for p in self.pods if not p.finished])
@@ -566,6 +634,8 @@ class _Planner:
 
     def keep_running(self, r: Resolved) -> Plan:
         desired = 1 if r.interactive else r.max_nodes
+        if self.admitted is not None:
+            desired = min(desired, self.admitted)  # Kueue's partial admission of an elastic job
         self.ensure_shared_children(r)
         # Workers of older attempts that ended belong to a restart already made: replace them.
         stale = [

@@ -304,6 +304,14 @@ def container_command(spec: DGXTrainingJobSpec, r: Resolved, ctx: BuildContext) 
     return out
 
 
+def tolerations(spec: DGXTrainingJobSpec, r: Resolved, ctx: BuildContext) -> list[dict[str, Any]]:
+    """The instance's (GPU taint, capacity pool), the job's, then the admitted Kueue flavors'."""
+    out: list[dict[str, Any]] = [*r.instance.tolerations, *(t.to_manifest() for t in spec.tolerations)]
+    if ctx.placement is not None:
+        out += [dict(t) for t in ctx.placement.tolerations if dict(t) not in out]
+    return out
+
+
 def worker_pod(
     job: JobIdentity,
     spec: DGXTrainingJobSpec,
@@ -353,7 +361,7 @@ def worker_pod(
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": grace,
         "affinity": affinity(job, r),
-        "tolerations": [*r.instance.tolerations, *(t.to_manifest() for t in spec.tolerations)],
+        "tolerations": tolerations(spec, r, ctx),
         "containers": [container],
         "volumes": volumes,
         # Volumes the kubelet creates (a fresh PVC, an emptyDir) are root's; with fsGroup it makes them
@@ -366,6 +374,8 @@ def worker_pod(
     if priority_class:
         pod_spec["priorityClassName"] = priority_class
     node_selector = {**r.instance.node_selector, **spec.node_selector}
+    if ctx.placement is not None:
+        node_selector.update(ctx.placement.node_selector)
     if node_selector:
         pod_spec["nodeSelector"] = node_selector
     deadline = active_deadline_seconds if active_deadline_seconds is not None else r.max_duration_s

@@ -9,7 +9,7 @@ import math
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from dgx_operator.api.common import parse_duration
 from dgx_operator.api.datamount import DGXDataMountSpec
@@ -120,6 +120,18 @@ def resolve(spec: DGXTrainingJobSpec, catalog: Catalog) -> Resolved:
 
 
 @dataclass(frozen=True)
+class Placement:
+    """Kueue's admission of a job (see reconcile.queueing): how many workers Kueue admitted, and
+    what admission adds to them, the flavors' node labels (as a node selector) and tolerations."""
+
+    count: int
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    tolerations: tuple[Mapping[str, Any], ...] = ()
+    flavors: tuple[str, ...] = ()
+    cluster_queue: str = ""
+
+
+@dataclass(frozen=True)
 class BuildContext:
     """Everything besides the job that decides its children: pure inputs, no API access."""
 
@@ -130,6 +142,8 @@ class BuildContext:
     #: status.manifestDigest of Ready input mounts by name: the pull init containers compare it with
     #: the node's cached copy (``dataCache: preload`` reuses a copy with the same digest).
     data_digests: Mapping[str, str] = field(default_factory=dict)
+    #: Kueue's admission: the admitted flavors' node labels and tolerations join the workers'.
+    placement: Placement | None = None
 
 
 @dataclass(frozen=True)
