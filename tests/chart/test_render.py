@@ -252,6 +252,8 @@ def test_the_operator_runs_once_with_recreate_and_the_documented_interface() -> 
         "KUBEDGX_IMAGE_PULL_POLICY": "IfNotPresent",
         "KUBEDGX_CACHE_ROOT": "/raid/kubedgx",
         "KUBEDGX_PRIORITY_CLASSES": "low=kubedgx-low,normal=kubedgx-normal,high=kubedgx-high",
+        "KUBEDGX_KUEUE": "1",
+        "KUBEDGX_KUEUE_MANAGE_JOBS_WITHOUT_QUEUE_NAME": "0",
         "KUBEDGX_WEBHOOK_PORT": "9443",
         "KUBEDGX_WEBHOOK_SELF_SIGNED": "1",
         "KUBEDGX_WEBHOOK_SERVICE": "kubedgx-webhook",
@@ -513,6 +515,9 @@ def test_namespaced_mode_puts_a_role_in_each_namespace() -> None:
     assert cluster_resources == {
         "customresourcedefinitions",
         "namespaces",
+        "resourceflavors",
+        "workloadpriorityclasses",
+        "priorityclasses",
         "validatingwebhookconfigurations",
         "clusterroles",
     }

@@ -55,6 +55,18 @@ watches every namespace, a Role in each namespace of watchNamespaces otherwise.
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
+{{- if .Values.kueue.enabled }}
+# Kueue integration (kueue.enabled): each queued job's Workload is created, watched, deactivated or
+# moved to another queue (patch) and recreated when the job changes shape (delete); its status says
+# when an evicted job has stopped and when the job ended (workloads/status).
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads"]
+  verbs: ["list", "watch", "create", "delete", "patch"]
+# Kueue integration: Workload status (an evicted job stopped: reservation cleared; the job ended: Finished).
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads/status"]
+  verbs: ["patch"]
+{{- end }}
 {{- if and .Values.peering.enabled .Values.watchNamespaces }}
 # kopf framework (peering.enabled): the KopfPeering object of each watched namespace.
 - apiGroups: ["kopf.dev"]
@@ -68,6 +80,21 @@ watches every namespace, a Role in each namespace of watchNamespaces otherwise.
 - apiGroups: ["apiextensions.k8s.io"]
   resources: ["customresourcedefinitions"]
   verbs: ["list", "watch"]
+{{- if .Values.kueue.enabled }}
+# Kueue integration: the admitted ResourceFlavors' node labels and tolerations go onto the workers;
+# a Workload carries the value of the job's WorkloadPriorityClass or of its workers' PriorityClass.
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["resourceflavors"]
+  verbs: ["list", "watch"]
+# Kueue integration: the value of a job's WorkloadPriorityClass (label kueue.x-k8s.io/priority-class).
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloadpriorityclasses"]
+  verbs: ["get"]
+# Kueue integration: the value of the workers' PriorityClass, for a job without that label.
+- apiGroups: ["scheduling.k8s.io"]
+  resources: ["priorityclasses"]
+  verbs: ["get"]
+{{- end }}
 {{- if .Values.watchNamespaces }}
 # kopf framework: which of the watched namespaces exist (kopf lists and watches namespaces
 # whenever it is not cluster-wide).
