@@ -385,18 +385,22 @@ class Kube:
         """The version of ``group`` to speak: the server's preferred one if we know it, else the first
         of ``known`` it serves; None when the group is not served (Kueue not installed)."""
         try:
-            groups = await client.ApisApi(self.api).get_api_versions()
+            found: Any = await self.api.call_api(
+                f"/apis/{group}",
+                "GET",
+                response_types_map={200: "object"},
+                auth_settings=["BearerToken"],
+                _return_http_data_only=True,
+            )
         except ApiException as exc:
-            self._raise("get", exc, "discover API groups")
-        for g in groups.groups or []:
-            if g.name != group:
-                continue
-            served = [v.version for v in g.versions or []]
-            preferred = g.preferred_version.version if g.preferred_version else None
-            if preferred in known:
-                return preferred
-            return next((v for v in known if v in served), None)
-        return None
+            if exc.status == 404:
+                return None
+            self._raise("get", exc, f"discover API group {group}")
+        served = [str(v.get("version")) for v in (found or {}).get("versions") or []]
+        preferred = ((found or {}).get("preferredVersion") or {}).get("version")
+        if preferred in known:
+            return str(preferred)
+        return next((v for v in known if v in served), None)
 
     async def priority_value(self, group: str, version: str, plural: str, name: str) -> int | None:
         """The ``value`` of a cluster-scoped priority class (WorkloadPriorityClass or PriorityClass);

@@ -129,3 +129,32 @@ async def test_kueue_admits_preempts_and_readmits_a_suspended_job(
             ("Normal", "Completed"),
         ],
     )
+
+
+# -- the operator's own integration (reconcile.queueing) where no Kueue is installed ------------------
+
+
+async def test_a_queued_job_on_a_cluster_without_kueue_says_so_and_never_starts(
+    emulator: Emulator, run_operator: RunOperator
+) -> None:
+    """The integration on (KUBEDGX_KUEUE), the queue label set, and no kueue.x-k8s.io API served: the
+    job waits Suspended with a condition that names the label and the fix, instead of silently."""
+    from dgx_operator.controller import KueueSettings
+
+    op = await start_operator(emulator, run_operator)
+    op.controller.kueue = KueueSettings()
+    emulator.create(JOBS, two_workers(**{"metadata.labels": {QUEUE: "team-a"}}))
+    status = await wait_phase(emulator, "Suspended")
+    reason, message = next((c["reason"], c["message"]) for c in status["conditions"] if c["type"] == "Suspended")
+    assert reason == "KueueNotInstalled"
+    assert "kueue.x-k8s.io/queue-name" in message
+    assert "'team-a'" in message
+    assert "install Kueue, or remove the label" in message
+    await op.settle()
+    assert pod_set(emulator) == {}
+
+    # Without the label the same operator runs the job at once: only queued jobs wait for Kueue.
+    emulator.patch(JOBS, NS, "job", {"metadata": {"labels": {QUEUE: None}}})
+    await wait_phase(emulator, "Pending")
+    await op.settle()
+    assert len(pod_set(emulator)) == 2
