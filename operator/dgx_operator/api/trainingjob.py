@@ -338,7 +338,9 @@ class DGXTrainingJobSpec(KubeModel):
     debug: Debug | None = Field(default=None, description="Debug logging and the interactive mode.")
     suspend: bool = Field(
         default=False,
-        description="Delete the workers but keep the job; false resumes it. A job queued by Kueue also waits for its admission.",
+        description=(
+            "Delete the workers but keep the job; false resumes it. A job queued by Kueue also waits for its admission."
+        ),
     )
     ttl_seconds_after_finished: int | None = Field(
         default=None, ge=0, description="Delete the finished job this many seconds after it ended."

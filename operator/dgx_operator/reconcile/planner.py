@@ -22,6 +22,7 @@ it is let go of (relabelled), replaced under a free name with the same hostname,
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -45,6 +46,8 @@ from dgx_operator.render.names import replacement_name
 from dgx_operator.render.resolved import Resolved, resolve
 
 EventType = Literal["Normal", "Warning"]
+#: A condition reason the CRD's schema takes (api.common.Condition).
+REASON = re.compile(r"[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?")
 
 RUNNING, RESTARTING, SUSPENDED, SUCCEEDED, FAILED, DATA_READY = (
     "Running",
@@ -449,7 +452,9 @@ class _Planner:
         Suspended with Kueue's reason and message; maxDuration counts afresh on admission."""
         self.delete([p for p in self.pods if not p.finished])
         self.status.start_time = None
-        self.set_phase("Suspended", gate.reason, gate.message)
+        # Kueue's reasons are CamelCase; anything else would fail the condition's schema.
+        reason = gate.reason if REASON.fullmatch(gate.reason) else "Queued"
+        self.set_phase("Suspended", reason, gate.message[:32768])
         return self.done(desired=0)
 
     def suspended(self) -> Plan:

@@ -137,6 +137,9 @@ class WorkloadView:
             None,
         )
         count = assignment.get("count") if assignment else None
+        if assignment and count is None:  # older Workloads: the pod set's whole count was admitted
+            podset: Mapping[str, Any] = next((p for p in spec.get("podSets") or [] if p.get("name") == PODSET), {})
+            count = podset.get("count")
         annotations = meta.get("annotations") or {}
         return cls(
             name=str(meta.get("name") or ""),
@@ -185,7 +188,11 @@ def slim_workload(body: Mapping[str, Any]) -> dict[str, Any]:
             for k in ("name", "uid", "resourceVersion", "ownerReferences", "annotations", "deletionTimestamp")
             if k in meta
         },
-        "spec": {k: spec[k] for k in ("queueName", "active") if k in spec},
+        "spec": {
+            **{k: spec[k] for k in ("queueName", "active") if k in spec},
+            # Names and counts only (the count admitted when an old Workload's assignment has none).
+            "podSets": [{k: p[k] for k in ("name", "count") if k in p} for p in spec.get("podSets") or []],
+        },
         "status": {k: status[k] for k in ("conditions", "admission") if k in status},
     }
 
@@ -236,8 +243,12 @@ def pod_set_template(worker: Mapping[str, Any]) -> dict[str, Any]:
     if spec.get("initContainers"):
         out["initContainers"] = [{k: c[k] for k in _CONTAINER_FIELDS if k in c} for c in spec["initContainers"]]
     out.update({k: spec[k] for k in _POD_FIELDS if k in spec})
+    # Kueue's labels but the queue name: moving a waiting job to another LocalQueue updates its
+    # Workload's queueName, it does not change the pod set (and admission must not be lost for it).
     labels = {
-        k: v for k, v in ((worker.get("metadata") or {}).get("labels") or {}).items() if k.startswith(f"{GROUP}/")
+        k: v
+        for k, v in ((worker.get("metadata") or {}).get("labels") or {}).items()
+        if k.startswith(f"{GROUP}/") and k != QUEUE_LABEL
     }
     return {"metadata": {"labels": labels}, "spec": out} if labels else {"spec": out}
 
@@ -521,7 +532,7 @@ def decide(
             return Gate(None, "FlavorUnknown", why), writes
         return Gate(placement), writes
     reserved = wl.conditions.get("QuotaReserved")
-    if not wl.active and not user_suspended:
+    if not wl.active and not user_suspended and not wl.deactivated_by_us:  # ours is reactivated above
         why = f"Kueue deactivated Workload {wl.name}: {reserved.message if reserved else ''}"
         return Gate(None, "Deactivated", why), writes
     reason = reserved.reason if reserved is not None and reserved.reason else "Queued"
