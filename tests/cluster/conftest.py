@@ -107,3 +107,18 @@ def operator(
     workdir = tmp_path_factory.mktemp("operator")
     with chart_operator(control_plane, kubectl, request.module.__name__, chart, workdir) as op:
         yield op
+
+
+# -- Kueue (tests/cluster/kueue.py) --------------------------------------------------------------
+
+from tests.cluster.kueue import Kueue, running_kueue  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def kueue(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kueue]:
+    """Kueue's manager for one test module (its CRDs, its webhooks for its own resources, kubedgx's
+    DGXTrainingJob as an external framework); on exit every Kueue object is deleted, the process
+    stopped and the webhook configurations removed. ``kueue.workload_versions()`` says which
+    Workload API versions the apiserver serves."""
+    with running_kueue(control_plane, tmp_path_factory.mktemp("kueue")) as running:
+        yield running

@@ -108,7 +108,8 @@ class StartError(RuntimeError):
 
 @dataclass(frozen=True)
 class Binaries:
-    """The bin dir ``build.sh`` prints: one link per binary, ``kwok-stage`` and versions.env."""
+    """The bin dir ``build.sh`` prints: one link per binary (``kueue`` among them), ``kwok-stage``,
+    ``kueue-config`` and versions.env."""
 
     dir: Path
     versions: Mapping[str, str]
@@ -123,6 +124,15 @@ class Binaries:
     @property
     def kubernetes_version(self) -> str:
         return self.versions["K8S_VERSION"]
+
+    @property
+    def kueue_config(self) -> Path:
+        """Kueue's manifests from its module: ``crd/*.yaml``, ``webhook/manifests.yaml``, ``rbac/*.yaml``."""
+        return Path(self.versions.get("KUEUE_CONFIG_DIR") or self.dir / "kueue-config")
+
+    @property
+    def kueue_version(self) -> str:
+        return self.versions["KUEUE_VERSION"]
 
 
 def build(*, out: IO[str] | None = None) -> Binaries:
