@@ -247,7 +247,7 @@ class Kueue:
     args: Sequence[str] = ()
     ports: KueuePorts | None = None
     process: subprocess.Popen[bytes] | None = None
-    #: Seconds the last start took (process start to webhooks answering).
+    #: Seconds the last start took (install, process start, until its webhooks answer).
     started_in: float = 0.0
 
     def __post_init__(self) -> None:
@@ -367,18 +367,24 @@ class Kueue:
     def start(self, *, timeout: float = 120, attempts: int = 3) -> Kueue:
         """Install, start the manager, wait until it is ready and its webhooks answer. Retried with
         new ports when the manager lost a port to another process; stopped again on failure."""
+        started = time.monotonic()
         for attempt in range(1, attempts + 1):
-            self.ports = KueuePorts.pick()
-            self.install()
-            self.config_path.write_text(yaml.safe_dump(self.configuration(), sort_keys=False))
             try:
+                self.ports = KueuePorts.pick()
+                self.install()
+                self.config_path.write_text(yaml.safe_dump(self.configuration(), sort_keys=False))
                 self._spawn_and_wait(timeout)
-                return self
             except StartError:
                 in_use = "address already in use" in self.tail(40)
                 self.stop(purge=False)
                 if not in_use or attempt == attempts:
                     raise
+            except BaseException:
+                self.stop(purge=False)
+                raise
+            else:
+                self.started_in = time.monotonic() - started
+                return self
         raise AssertionError("unreachable")
 
     def _spawn_and_wait(self, timeout: float) -> None:
@@ -387,7 +393,6 @@ class Kueue:
         # Never the in-cluster configuration of a pod this may run in.
         for var in ("KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"):
             env.pop(var, None)
-        started = time.monotonic()
         with self.log_path.open("ab") as log:
             log.write(f"\n===== kueue: {' '.join(argv)}\n".encode())
             log.flush()
@@ -396,7 +401,6 @@ class Kueue:
         wait_until("Kueue's /readyz", lambda: self._alive() and self.ready(), timeout=timeout, diagnose=self.tail)
         wait_until("Kueue's validating webhook to refuse an invalid ClusterQueue",
                    lambda: self._alive() and self.webhook_answers(), timeout=timeout, diagnose=self.tail)  # fmt: skip
-        self.started_in = time.monotonic() - started
 
     def _alive(self) -> bool:
         if not self.running:
@@ -438,9 +442,11 @@ class Kueue:
                                                   "-p", strip, check=False)  # fmt: skip
         return remaining
 
-    def stop(self, *, purge: bool = True, timeout: float = 20) -> list[str]:
-        """Purge (see :meth:`purge`; only while the manager runs), stop the process group, delete the
-        webhook configurations and turn the CRDs' conversion off. Returns what purge had to strip."""
+    def stop(self, *, purge: bool = True, timeout: float = 10) -> list[str]:
+        """Purge (see :meth:`purge`; only while the manager runs), stop the process group (SIGKILL
+        after ``timeout``: a manager stopped within seconds of its start was seen to hang in its
+        shutdown), delete the webhook configurations and turn the CRDs' conversion off. Returns
+        what purge had to strip."""
         stuck: list[str] = []
         if purge and self.running:
             stuck = self.purge()

@@ -223,7 +223,10 @@ def test_a_higher_priority_workload_preempts_and_is_admitted_once_the_integratio
     k.apply(workload("low", priority_class=LOW_CLASS))
     wait_for("the low Workload Admitted", lambda: condition_is(k, "low", "Admitted", "True"),
              timeout=60, interval=0.3, diagnose=kueue.tail)  # fmt: skip
-    k.apply(workload("high", priority_class=HIGH_CLASS))
+    high = workload("high", priority_class=HIGH_CLASS)
+    # The preemptor's job-uid label is what Kueue names in the victim's message.
+    high["metadata"]["labels"] = {"kueue.x-k8s.io/job-uid": "uid-of-the-high-job"}
+    k.apply(high)
     low = wait_for("the low Workload Evicted", lambda: condition_is(k, "low", "Evicted", "True"),
                    timeout=60, interval=0.3, diagnose=kueue.tail)  # fmt: skip
     print("low Workload's status once evicted:", json.dumps(low["status"], indent=1))
@@ -234,6 +237,12 @@ def test_a_higher_priority_workload_preempts_and_is_admitted_once_the_integratio
     assert conds["Preempted"]["reason"] == "InClusterQueue"
     assert conds["QuotaReserved"]["status"] == "True"  # still: nobody released it yet
     message = conds["Evicted"]["message"]
+    uid = k.get(WORKLOADS, "high")["metadata"]["uid"]  # type: ignore[index]
+    assert message == (
+        f"Preempted to accommodate a workload (UID: {uid}, JobUID: uid-of-the-high-job) due to prioritization in "
+        f"the ClusterQueue; preemptor path: /{CLUSTER_QUEUE}; preemptee path: /{CLUSTER_QUEUE}"
+    )
+    assert conds["Preempted"]["message"] == message
 
     def condition(type_: str, status: str, reason: str, text: str) -> dict[str, str]:
         return {"type": type_, "status": status, "reason": reason, "message": text, "lastTransitionTime": now()}
@@ -252,6 +261,31 @@ def test_a_higher_priority_workload_preempts_and_is_admitted_once_the_integratio
     low = wait_for("the low Workload pending again", lambda: condition_is(k, "low", "QuotaReserved", "False"),
                    timeout=60, interval=0.3, diagnose=kueue.tail)  # fmt: skip
     print("low Workload's status once requeued:", json.dumps(k.get(WORKLOADS, "low")["status"], indent=1))  # type: ignore[index]
+
+
+def test_kueue_releases_its_finalizer_only_from_a_workload_without_owners(namespace: Kubectl, kueue: Kueue) -> None:
+    """Kueue's own integrations create their Workloads with the kueue.x-k8s.io/resource-in-use
+    finalizer and remove it themselves; Kueue's workload controller removes it only from a
+    Workload that has no ownerReferences. So an external integration that sets the finalizer on
+    a Workload it owns must remove it itself."""
+    k = namespace
+    k.apply({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "owner"}})
+    owner = k.get("configmap", "owner")
+    assert owner is not None
+    orphan, owned = workload("orphan", queue="absent"), workload("owned", queue="absent")
+    for wl in (orphan, owned):
+        wl["metadata"]["finalizers"] = ["kueue.x-k8s.io/resource-in-use"]
+    owned["metadata"]["ownerReferences"] = [{"apiVersion": "v1", "kind": "ConfigMap", "name": "owner",
+                                             "uid": owner["metadata"]["uid"], "controller": True}]  # fmt: skip
+    k.apply(orphan, owned)
+    k.run("delete", WORKLOADS, "orphan", "owned", "--wait=false")
+    wait_for("Kueue to release the orphan Workload", lambda: k.get(WORKLOADS, "orphan") is None,
+             timeout=60, interval=0.3, diagnose=kueue.tail)  # fmt: skip
+    left = k.get(WORKLOADS, "owned")
+    assert left is not None
+    assert left["metadata"]["deletionTimestamp"]
+    assert left["metadata"]["finalizers"] == ["kueue.x-k8s.io/resource-in-use"]
+    k.run("patch", WORKLOADS, "owned", "--type=merge", "-p", '{"metadata":{"finalizers":null}}')
 
 
 def test_a_workload_naming_a_missing_local_queue_is_inadmissible(namespace: Kubectl, kueue: Kueue) -> None:
