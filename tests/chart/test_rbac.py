@@ -54,6 +54,24 @@ from tests.s3 import S3, secret
 ROLE_KINDS = ("ClusterRole", "Role")
 VWC = "validatingwebhookconfigurations"
 
+#: The Kueue integration's rules (kueue.enabled): the emulator serves no Kueue API.
+KUEUE_RULES = (
+    ("kueue.x-k8s.io", "workloads", "list"),
+    ("kueue.x-k8s.io", "workloads", "watch"),
+    ("kueue.x-k8s.io", "workloads", "create"),
+    ("kueue.x-k8s.io", "workloads", "delete"),
+    ("kueue.x-k8s.io", "workloads", "patch"),
+    ("kueue.x-k8s.io", "workloads/status", "patch"),
+    ("kueue.x-k8s.io", "resourceflavors", "list"),
+    ("kueue.x-k8s.io", "resourceflavors", "watch"),
+    ("kueue.x-k8s.io", "workloadpriorityclasses", "get"),
+    ("scheduling.k8s.io", "priorityclasses", "get"),
+)
+KUEUE_WHY = (
+    "Kueue's integration (kueue.enabled): the emulator serves no Kueue API; tests/cluster/test_kueue.py exercises "
+    "these against a real Kueue, with the operator authenticated as the chart's ServiceAccount"
+)
+
 #: Granted but not exercised against the emulator, each with its reason: (group, resource, verb).
 EXTRAS = {
     ("kubedgx.io", "dgxtrainingjobs/finalizers", "update"): (
@@ -61,22 +79,7 @@ EXTRAS = {
         "requires it to create children whose ownerReference has blockOwnerDeletion: true; the emulator has no "
         "admission plugins, and the operator never writes /finalizers itself"
     ),
-    **{
-        rule: "Kueue's integration (kueue.enabled): the emulator serves no Kueue API; tests/cluster/test_kueue.py "
-        "exercises these against a real Kueue, with the operator authenticated as the chart's ServiceAccount"
-        for rule in (
-            ("kueue.x-k8s.io", "workloads", "list"),
-            ("kueue.x-k8s.io", "workloads", "watch"),
-            ("kueue.x-k8s.io", "workloads", "create"),
-            ("kueue.x-k8s.io", "workloads", "delete"),
-            ("kueue.x-k8s.io", "workloads", "patch"),
-            ("kueue.x-k8s.io", "workloads/status", "patch"),
-            ("kueue.x-k8s.io", "resourceflavors", "list"),
-            ("kueue.x-k8s.io", "resourceflavors", "watch"),
-            ("kueue.x-k8s.io", "workloadpriorityclasses", "get"),
-            ("scheduling.k8s.io", "priorityclasses", "get"),
-        )
-    },
+    **dict.fromkeys(KUEUE_RULES, KUEUE_WHY),
 }
 
 

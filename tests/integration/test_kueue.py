@@ -1,9 +1,14 @@
-"""Kueue's side of a DGXTrainingJob (docs/operator.md, "Kueue"), with the test playing Kueue: a job created with
-``spec.suspend: true`` and a ``kueue.x-k8s.io/queue-name`` label waits, Suspended, without pods, until Kueue
-admits it by setting ``spec.suspend: false``; its workers then carry the job's ``kueue.x-k8s.io/`` labels (and no
-other label of the job); preemption (``suspend: true`` again) deletes the workers and keeps the job; a queue
-change while suspended reaches the next workers; the job's conditions say where it stands at every step, up to
-the Succeeded condition Kueue reads to release the quota.
+"""Kueue's side of a DGXTrainingJob in the fast layer.
+
+With the operator's Kueue integration off (``KUBEDGX_KUEUE=0``, chart value ``kueue.enabled: false``), something
+else plays Kueue through ``spec.suspend`` (the test here): a job created with ``spec.suspend: true`` and a
+``kueue.x-k8s.io/queue-name`` label waits, Suspended, without pods, until it is admitted by setting
+``spec.suspend: false``; its workers then carry the job's ``kueue.x-k8s.io/`` labels (and no other label of the
+job); preemption (``suspend: true`` again) deletes the workers and keeps the job; a queue change while suspended
+reaches the next workers; the job's conditions say where it stands at every step.
+
+With the integration on and no Kueue API served, a queued job says so (``KueueNotInstalled``). The integration
+itself, against a real Kueue, is tests/cluster/test_kueue.py (docs/kueue.md).
 """
 
 from __future__ import annotations

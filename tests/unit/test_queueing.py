@@ -439,7 +439,6 @@ def test_pod_set_template_keeps_requests_and_placement_only() -> None:
     assert spec["containers"] == [
         {
             "name": "trainer",
-            "image": "trainer:1",
             "resources": {
                 "requests": {"cpu": "224", "memory": "1760Gi", "nvidia.com/gpu": "8"},
                 "limits": {"cpu": "224", "memory": "1760Gi", "nvidia.com/gpu": "8"},
@@ -447,10 +446,9 @@ def test_pod_set_template_keeps_requests_and_placement_only() -> None:
         }
     ]
     assert spec["initContainers"] == [
-        {"name": "prepare-cache", "image": "trainer:1", "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}}},
+        {"name": "prepare-cache", "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}}},
         {
             "name": "checkpoints-0",
-            "image": "trainer:1",
             "restartPolicy": "Always",  # a sidecar: Kueue counts it alongside the trainer
             "resources": {"requests": {"cpu": "2", "memory": "2Gi"}},
         },
@@ -460,14 +458,14 @@ def test_pod_set_template_keeps_requests_and_placement_only() -> None:
     assert spec["tolerations"] == [GPU_TAINT]
     assert spec["priorityClassName"] == "kubedgx-normal"
     assert set(spec) == {"containers", "initContainers", "nodeSelector", "affinity", "tolerations", "priorityClassName"}
-    labels = template["metadata"]["labels"]
-    assert labels["kueue.x-k8s.io/priority-class"] == "research"
-    assert all(k.startswith("kueue.x-k8s.io/") for k in labels)  # the operator's own labels stay out
+    # No image (Kueue does not read it; a new image is no new shape) and no labels (the queue and
+    # priority labels are the Workload's queueName and priority).
+    assert set(template) == {"spec"}
 
 
 def test_pod_set_template_of_a_plain_worker() -> None:
     worker = {"spec": {"containers": [{"name": "c", "image": "i", "env": [{"name": "A", "value": "b"}]}]}}
-    assert pod_set_template(worker) == {"spec": {"containers": [{"name": "c", "image": "i"}]}}
+    assert pod_set_template(worker) == {"spec": {"containers": [{"name": "c"}]}}
 
 
 # --- reading stored Workloads --------------------------------------------------------------------
@@ -881,16 +879,26 @@ def test_decide_quota_reserved_waits_for_admission_checks() -> None:
     assert "The workload has not all admission checks ready" in gate.message
 
 
-def test_decide_changed_podset_recreates_the_workload() -> None:
+def test_decide_changed_podset_keeps_an_admitted_workload_running() -> None:
+    """The job runs on what was admitted; a new shape waits for its next admission."""
     old = view(status=admitted_status(4), podset=pod_set(WORKER, 1, 8), uid="old-wl-uid")
     assert old.podset_hash != podset_hash(PODSET, None)
     gate, writes = run_decide(q_of(old), workers_active=4)
+    assert gate.placement is not None
+    assert gate.placement.count == 4
+    assert not writes
+
+
+def test_decide_changed_podset_recreates_the_workload() -> None:
+    old = view(status=PENDING_STATUS, podset=pod_set(WORKER, 1, 8), uid="old-wl-uid")
+    assert old.podset_hash != podset_hash(PODSET, None)
+    gate, writes = run_decide(q_of(old), workers_active=0)
     assert gate.placement is None
     assert gate.reason == "WorkloadRecreated"
     assert writes.delete == [(old.name, "old-wl-uid")]
     assert writes.create is None  # not in the same pass: the new one has the same name
     # Next pass: the old one is being deleted; wait, write nothing.
-    going = view(status=admitted_status(4), podset=pod_set(WORKER, 1, 8), uid="old-wl-uid", deleting=True)
+    going = view(status=PENDING_STATUS, podset=pod_set(WORKER, 1, 8), uid="old-wl-uid", deleting=True)
     gate, writes = run_decide(q_of(going))
     assert gate.reason == "WorkloadRecreated"
     assert not writes
@@ -1251,17 +1259,17 @@ def test_planner_builds_the_workload_from_the_real_worker(ctx: BuildContext) -> 
     assert body["metadata"]["namespace"] == "ml"
 
 
-def test_planner_spec_change_recreates_the_workload(ctx: BuildContext) -> None:
+def test_planner_spec_change_of_a_running_job_keeps_its_admission(ctx: BuildContext) -> None:
+    """An edit of a running queued job (here minNodes) never stops it: it runs on what was admitted."""
     job, body, pods = _admitted_and_running(ctx)
     raw = job.model_dump(by_alias=True, exclude_none=True, mode="json")
     raw["spec"]["elastic"]["minNodes"] = 3
     grown = DGXTrainingJob.model_validate(raw)
     wl = as_stored(body, admitted_status(2))
     result = plan(grown, ctx, observe_q(q_of(wl), pods), at(120))
-    assert result.workloads.delete == [(wl.name, WL_UID)]
-    assert result.workloads.create is None
-    assert suspended_reason(result) == ("True", "WorkloadRecreated")
-    assert sorted(deleted(result)) == [0, 1]
+    assert not result.workloads
+    assert deleted(result) == []
+    assert result.status.phase != "Suspended"
 
 
 # --- a production bug: the queue label is part of the pod set --------------------------------------

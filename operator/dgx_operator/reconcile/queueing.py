@@ -53,13 +53,14 @@ REQUEUED_AFTER = ("Preempted", "NodeFailures")
 #: The pod spec fields Kueue reads from a pod set: requests and placement. The rest of the worker
 #: (env, volumes, command) is the operator's and would only make the Workload large.
 _POD_FIELDS = ("nodeSelector", "affinity", "tolerations", "priorityClassName", "runtimeClassName", "overhead")
-_CONTAINER_FIELDS = ("name", "image", "resources", "restartPolicy")
+#: No image: Kueue does not read it, and a new image is no new shape.
+_CONTAINER_FIELDS = ("name", "resources", "restartPolicy")
 
 
 def workload_name(job: str, uid: str) -> str:
-    """Kueue's own scheme (jobframework.GetWorkloadNameForOwnerWithGVK): ``<kind>-<job>-<hash5>``,
-    the prefix cut to fit 253 characters; the hash over name, uid and kind keeps a recreated job's
-    Workload apart from its predecessor's."""
+    """Kueue's own format (jobframework.GetWorkloadNameForOwnerWithGVK): ``<kind>-<job>-<hash5>``,
+    the prefix cut to fit 253 characters; the hash (over name, uid and kind, not byte for byte
+    Kueue's) keeps a recreated job's Workload apart from its predecessor's."""
     digest = hashlib.sha1(f"{job}\n{uid}\n{GROUP_OF_JOB}/{KIND}".encode()).hexdigest()[:5]
     return f"{KIND.lower()}-{job}"[: 253 - 6].rstrip("-.") + f"-{digest}"
 
@@ -243,14 +244,9 @@ def pod_set_template(worker: Mapping[str, Any]) -> dict[str, Any]:
     if spec.get("initContainers"):
         out["initContainers"] = [{k: c[k] for k in _CONTAINER_FIELDS if k in c} for c in spec["initContainers"]]
     out.update({k: spec[k] for k in _POD_FIELDS if k in spec})
-    # Kueue's labels but the queue name: moving a waiting job to another LocalQueue updates its
-    # Workload's queueName, it does not change the pod set (and admission must not be lost for it).
-    labels = {
-        k: v
-        for k, v in ((worker.get("metadata") or {}).get("labels") or {}).items()
-        if k.startswith(f"{GROUP}/") and k != QUEUE_LABEL
-    }
-    return {"metadata": {"labels": labels}, "spec": out} if labels else {"spec": out}
+    # No labels: the queue and priority labels are the Workload's queueName and priority (moving a
+    # waiting job to another LocalQueue patches its queueName; it is no new shape).
+    return {"spec": out}
 
 
 def pod_set(worker: Mapping[str, Any], min_nodes: int, max_nodes: int) -> dict[str, Any]:
@@ -463,7 +459,14 @@ def decide(
     if podset is None:
         return Gate(None, "InvalidSpec", "the job's workers cannot be built"), writes
     wanted = podset_hash(podset, q.priority)
-    current = [w for w in ours if not w.deleting and w.podset_hash == wanted and not w.finished]
+    # An admitted Workload is kept while it runs, even if the job changed shape since (an elastic
+    # job's new maxNodes, other requests): the job runs on what was admitted, and the change takes
+    # effect with its next admission (after an eviction or a suspend), never by stopping it.
+    current = [
+        w
+        for w in ours
+        if not w.deleting and not w.finished and (w.podset_hash == wanted or (w.admitted and not w.evicted))
+    ]
     stale = [w for w in ours if not w.deleting and w not in current]
     # A changed shape (instance, node counts, resources, priority) needs a new admission: the old
     # Workload goes (Kueue's integrations recreate theirs the same way), then a new one is made.
