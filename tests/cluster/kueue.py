@@ -60,6 +60,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from tests.cluster.controlplane import CONTEXT, ControlPlane, StartError, free_port, stop_process_group, wait_until
+from tests.cluster.operator import token_kubeconfig
 from tests.e2e.kubectl import Kubectl
 
 GROUP = "kueue.x-k8s.io"
@@ -97,6 +98,19 @@ CLUSTER_KINDS = (
 DGX_FRAMEWORK = "DGXTrainingJob.v1alpha1.kubedgx.io"
 #: The field manager of everything the harness applies.
 MANAGER = "kubedgx-cluster-tests-kueue"
+#: Kueue's RBAC (config/components/rbac) for its manager's own ServiceAccount: what its kustomize
+#: config installs for the manager, but leader election (off here) and cluster profiles (a
+#: MultiKueue feature, off).
+RBAC_FILES = (
+    "service_account.yaml",
+    "role.yaml",
+    "role_binding.yaml",
+    "manager_secrets_role.yaml",
+    "manager_secrets_role_binding.yaml",
+    "metrics_auth_role.yaml",
+    "metrics_auth_role_binding.yaml",
+)
+SERVICE_ACCOUNT = "kueue-controller-manager"
 #: The rotator's CA name: it checks the CA certificate against this DNS name.
 _CA_NAME = "kueue-ca"
 
@@ -236,7 +250,9 @@ class Kueue:
     """Kueue's manager for one test module; its log goes to ``workdir/kueue.log``.
 
     ``frameworks`` and ``external_frameworks`` are Kueue's ``integrations``; ``config`` is merged
-    over the generated configuration (top-level keys replace)."""
+    over the generated configuration (top-level keys replace). With ``service_account`` the
+    manager runs as its own ServiceAccount with exactly Kueue's RBAC (:data:`RBAC_FILES`, a
+    TokenRequest token) instead of the admin; :meth:`forbidden` lists what RBAC refused it."""
 
     plane: ControlPlane
     workdir: Path
@@ -245,6 +261,7 @@ class Kueue:
     config: Mapping[str, Any] = field(default_factory=dict)
     #: Extra command-line flags (``--zap-log-level=5``...).
     args: Sequence[str] = ()
+    service_account: bool = False
     ports: KueuePorts | None = None
     process: subprocess.Popen[bytes] | None = None
     #: Seconds the last start took (install, process start, until its webhooks answer).
@@ -320,6 +337,35 @@ class Kueue:
             configs.append(config)
         return configs
 
+    def rbac(self) -> list[dict[str, Any]]:
+        """Kueue's RBAC for its manager as its kustomize config names it (prefix ``kueue-``,
+        namespace kueue-system)."""
+        objects = []
+        for name in RBAC_FILES:
+            for obj in _load_yaml(self.manifests / "rbac" / name):
+                obj["metadata"]["name"] = f"kueue-{obj['metadata']['name']}"
+                if "namespace" in obj["metadata"]:
+                    obj["metadata"]["namespace"] = NAMESPACE
+                if "roleRef" in obj:
+                    obj["roleRef"]["name"] = f"kueue-{obj['roleRef']['name']}"
+                for subject in obj.get("subjects", []):
+                    subject["name"], subject["namespace"] = f"kueue-{subject['name']}", NAMESPACE
+                objects.append(obj)
+        return objects
+
+    def kubeconfig(self) -> Path:
+        """The admin's kubeconfig, or one with a token of Kueue's ServiceAccount."""
+        if not self.service_account:
+            return self.plane.kubeconfig
+        path = self.workdir / "kueue.kubeconfig"
+        if not path.exists():  # a 2h token, made once
+            token_kubeconfig(self.plane, self.kubectl, path, (NAMESPACE, SERVICE_ACCOUNT))
+        return path
+
+    def forbidden(self) -> list[str]:
+        """Log lines that report a call RBAC refused."""
+        return [line for line in self.log().splitlines() if "is forbidden: User" in line]
+
     def secret(self) -> dict[str, Any]:
         def b64(data: bytes) -> str:
             return base64.b64encode(data).decode("ascii")
@@ -349,6 +395,8 @@ class Kueue:
             name = crd["metadata"]["name"]
             wait_until(f"CRD {name} Established", lambda name=name: self._established(name), timeout=60)  # type: ignore[misc]
         self._apply([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}])
+        if self.service_account:
+            self._apply(self.rbac())
         self._apply([self.secret(), *self.webhook_configurations()])
         self.cert_dir.mkdir(parents=True, exist_ok=True)
         (self.cert_dir / "tls.crt").write_bytes(self.pki.crt)
@@ -388,7 +436,7 @@ class Kueue:
         raise AssertionError("unreachable")
 
     def _spawn_and_wait(self, timeout: float) -> None:
-        argv = [str(self.binary), f"--config={self.config_path}", f"--kubeconfig={self.plane.kubeconfig}", *self.args]
+        argv = [str(self.binary), f"--config={self.config_path}", f"--kubeconfig={self.kubeconfig()}", *self.args]
         env = {**self.plane.env(), "TMPDIR": str(self.workdir)}
         # Never the in-cluster configuration of a pod this may run in.
         for var in ("KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"):

@@ -11,12 +11,20 @@ from __future__ import annotations
 import datetime as dt
 import json
 import secrets
+import subprocess
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from tests.cluster.kueue import CLUSTER_QUEUE_DENIED, GROUP, INVALID_CLUSTER_QUEUE, KEPT_WEBHOOKS, Kueue
+from tests.cluster.kueue import (
+    CLUSTER_QUEUE_DENIED,
+    GROUP,
+    INVALID_CLUSTER_QUEUE,
+    KEPT_WEBHOOKS,
+    SERVICE_ACCOUNT,
+    Kueue,
+)
 from tests.e2e.fakegpu import GPU_RESOURCE
 from tests.e2e.kubectl import Kubectl, KubectlError, dig, wait_for
 
@@ -331,6 +339,30 @@ def test_the_apiserver_calls_kueues_webhooks_for_kueues_resources_only(namespace
                                           "containers": [{"name": "c", "image": "busybox"}]}}}}  # fmt: skip
     out = json.loads(k.run("create", "--dry-run=server", "-o", "json", "-f", "-", input=json.dumps(job)).stdout)
     assert out["spec"]["suspend"] is False
+
+
+def test_kueue_runs_as_its_own_service_account_with_its_own_rbac(
+    local_queue: Kubectl, kueue: Kueue, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Kueue's shipped RBAC is all it needs here, DGXTrainingJob registered as an external
+    framework included: it never calls the apiserver about DGXTrainingJobs by itself."""
+    kueue.stop(purge=False)
+    own = Kueue(kueue.plane, tmp_path_factory.mktemp("kueue-rbac"), service_account=True)
+    try:
+        own.start()
+        local_queue.apply(workload("rbac"))
+        wait_for("the Workload Admitted by Kueue as its ServiceAccount",
+                 lambda: condition_is(local_queue, "rbac", "Admitted", "True"), timeout=60, interval=0.3,
+                 diagnose=own.tail)  # fmt: skip
+        whoami = subprocess.run([kueue.plane.kubectl_binary, "--kubeconfig", str(own.kubeconfig()), "auth", "whoami",
+                                 "-o", "json"], capture_output=True, text=True, check=True)  # fmt: skip
+        assert json.loads(whoami.stdout)["status"]["userInfo"]["username"] == (
+            f"system:serviceaccount:kueue-system:{SERVICE_ACCOUNT}"
+        )
+        assert own.forbidden() == []
+    finally:
+        own.stop(purge=False)
+        kueue.start()
 
 
 def test_stop_takes_the_webhooks_away_and_start_brings_them_back(kueue: Kueue, kubectl: Kubectl) -> None:
