@@ -323,13 +323,17 @@ class Controller(ReconcileLoop):
         assert self.kueue is not None
         labels = dict(job.metadata.labels)
         queue = queue_of(labels, self.kueue.manage_without_queue_name)
+        namespace, name, uid = job.metadata.namespace or "", job.metadata.name, str(job.metadata.uid)
+        workloads = tuple(WorkloadView.of(b) for b in self.workloads_of(namespace, name))
         if queue is None:
-            return None
+            # No longer queued (the label went): only its leftover Workloads matter, to delete them.
+            version = self.kueue_api[0] if self.kueue_api is not None else None
+            if not workloads or version is None:
+                return None
+            return Queueing(None, api_version=f"{KUEUE_GROUP}/{version}", workloads=workloads)
         version = await self.kueue_version()
         if version is None:
             return Queueing(queue)
-        namespace, name, uid = job.metadata.namespace or "", job.metadata.name, str(job.metadata.uid)
-        workloads = tuple(WorkloadView.of(b) for b in self.workloads_of(namespace, name))
         exists = any(w.owner_uid == uid and not w.deleting for w in workloads)
         priority: PriorityClass | None = None
         error: str | None = None

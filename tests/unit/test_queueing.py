@@ -1302,3 +1302,17 @@ def test_planner_relabelled_running_job_keeps_running(ctx: BuildContext) -> None
     assert result.delete == []
     assert result.workloads.delete == []
     assert result.status.phase == "Running"
+
+
+def test_planner_a_job_whose_queue_label_went_deletes_its_workload_and_runs(ctx: BuildContext) -> None:
+    """Unqueued (the label removed while it waited): its Workload is deleted, the job runs at once."""
+    job = queued_job()
+    wl = as_stored(the_workload(job, ctx), PENDING_STATUS)
+    raw = job.model_dump(by_alias=True, exclude_none=True, mode="json")
+    raw["metadata"]["labels"] = {}
+    unqueued = DGXTrainingJob.model_validate(raw)
+    result = plan(unqueued, ctx, observe_q(Queueing(None, api_version=V1B2, workloads=(wl,))), at(10))
+    assert result.workloads.delete == [(wl.name, WL_UID)]
+    assert result.workloads.create is None
+    assert created(result) != []
+    assert result.status.phase != "Suspended"

@@ -408,6 +408,12 @@ class _Planner:
         q = self.observed.queueing
         if q is None:
             return None
+        if q.queue is None:
+            # The queue label went: the job is Kueue's no more, and its Workload goes with its quota.
+            self.plan.workloads = WorkloadWrites(
+                delete=[(w.name, w.uid) for w in q.workloads if w.owner_uid == self.ident.uid and not w.deleting]
+            )
+            return None
         try:
             worker = worker_pod(self.ident, self.spec, 0, r, self.ctx)
         except BuildError:
