@@ -29,6 +29,7 @@ from dgx_operator.reconcile.queueing import (
     decide,
     pod_set,
     pod_set_template,
+    pods_ready_status,
     podset_hash,
     queue_of,
     slim_workload,
@@ -1100,6 +1101,43 @@ def test_planner_holds_a_queued_job_until_admission(ctx: BuildContext) -> None:
     assert not second.workloads
 
 
+def pods_ready_of(result: Plan) -> tuple[str, str] | None:
+    """(status, reason) of the PodsReady condition in the pass's one Workload status write."""
+    (write,) = result.workloads.status
+    (ready,) = [c for c in write[2]["conditions"] if c["type"] == "PodsReady"]
+    return ready["status"], ready["reason"]
+
+
+def test_pods_ready_follows_jobframeworks_transitions() -> None:
+    def with_ready(status: str, reason: str) -> WorkloadView:
+        conditions = [
+            *admitted_status(2)["conditions"],
+            {
+                "type": "PodsReady",
+                "status": status,
+                "reason": reason,
+                "message": "m",
+                "lastTransitionTime": "2025-01-01T00:00:00Z",
+            },
+        ]
+        return view(status={**admitted_status(2), "conditions": conditions})
+
+    def reads(patch: dict[str, Any] | None) -> tuple[str, str] | None:
+        if patch is None:
+            return None
+        (c,) = [c for c in patch["conditions"] if c["type"] == "PodsReady"]
+        return c["status"], c["reason"]
+
+    fresh = view(status=admitted_status(2))
+    assert reads(pods_ready_status(fresh, False, NOW)) == ("False", "WaitForStart")
+    assert reads(pods_ready_status(fresh, True, NOW)) == ("True", "Started")
+    assert reads(pods_ready_status(with_ready("True", "Started"), True, NOW)) is None
+    assert reads(pods_ready_status(with_ready("True", "Started"), False, NOW)) == ("False", "WaitForRecovery")
+    assert reads(pods_ready_status(with_ready("False", "WaitForRecovery"), False, NOW)) is None
+    assert reads(pods_ready_status(with_ready("False", "WaitForRecovery"), True, NOW)) == ("True", "Recovered")
+    assert reads(pods_ready_status(with_ready("False", "WaitForStart"), False, NOW)) is None
+
+
 def test_planner_without_kueue_installed_holds_the_job(ctx: BuildContext) -> None:
     result = plan(queued_job(), ctx, observe_q(Queueing("team")), at(0))
     assert created_pods(result) == []
@@ -1125,7 +1163,8 @@ def test_planner_runs_the_admitted_count_on_the_flavors_nodes(ctx: BuildContext)
         assert spec["nodeSelector"]["topology.kubernetes.io/zone"] == "zone-a"
         assert TEAM_TAINT in spec["tolerations"]
         assert spec["tolerations"].count(GPU_TAINT) == 1
-    assert not result.workloads
+    # Nothing but the PodsReady condition, as jobframework writes it (Kueue's waitForPodsReady).
+    assert pods_ready_of(result) == ("False", "WaitForStart")
     # The admitted pods running: Running, all of the admitted count.
     job = step(job, result)
     pods = [make_pod(job, ctx, i, "running") for i in (0, 1)]
@@ -1133,6 +1172,12 @@ def test_planner_runs_the_admitted_count_on_the_flavors_nodes(ctx: BuildContext)
     assert running.status.phase == "Running"
     assert cond(running.status, "Running") == ("True", "AllWorkersRunning")
     assert created(running) == []
+    assert pods_ready_of(running) == ("True", "Started")
+    # Once the Workload says so, nothing more is written.
+    (_, _, patch) = running.workloads.status[0]
+    told = as_stored(body, {**admitted_status(2), "conditions": patch["conditions"]})
+    again = plan(step(job, running), ctx, observe_q(q_of(told), pods), at(40))
+    assert not again.workloads
     assert running.delete == []
 
 
@@ -1267,7 +1312,7 @@ def test_planner_spec_change_of_a_running_job_keeps_its_admission(ctx: BuildCont
     grown = DGXTrainingJob.model_validate(raw)
     wl = as_stored(body, admitted_status(2))
     result = plan(grown, ctx, observe_q(q_of(wl), pods), at(120))
-    assert not result.workloads
+    assert (result.workloads.create, result.workloads.delete, result.workloads.patch) == (None, [], [])
     assert deleted(result) == []
     assert result.status.phase != "Suspended"
 

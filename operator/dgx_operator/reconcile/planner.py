@@ -39,7 +39,15 @@ from dgx_operator.api.trainingjob import (
 )
 from dgx_operator.catalog import UnknownInstanceError
 from dgx_operator.reconcile.pods import PERMANENT_WAITING, STUCK_AFTER, PodView, artifacts_of, read_progress
-from dgx_operator.reconcile.queueing import Gate, Queueing, WorkloadWrites, decide, pod_set
+from dgx_operator.reconcile.queueing import (
+    Gate,
+    Queueing,
+    WorkloadView,
+    WorkloadWrites,
+    decide,
+    pod_set,
+    pods_ready_status,
+)
 from dgx_operator.render import BuildContext, BuildError, JobIdentity, headless_service, trainer_config_map, worker_pod
 from dgx_operator.render.datasync import archives
 from dgx_operator.render.names import replacement_name
@@ -200,6 +208,7 @@ class _Planner:
         self.restarted = False  # a restart was decided in this pass
         #: Workers Kueue admitted (None when Kueue does not manage the job): at most this many run.
         self.admitted: int | None = None
+        self.admitted_workload: WorkloadView | None = None
 
     # -- small helpers -----------------------------------------------------------------------
 
@@ -276,6 +285,11 @@ class _Planner:
         self.status.observed_generation = self.generation
         if self.status.phase in TERMINAL and self.observed.queueing is not None:
             self.finish_workload()
+        elif self.admitted_workload is not None and desired > 0:
+            wl = self.admitted_workload
+            patch = pods_ready_status(wl, len(ready) >= desired, self.now.strftime("%Y-%m-%dT%H:%M:%SZ"))
+            if patch is not None:
+                self.plan.workloads.status.append((wl.name, wl.resource_version, patch))
         self.read_progress()
         self.wake_when_stuck()
         if self.status.phase in TERMINAL and self.spec.ttl_seconds_after_finished is not None:
@@ -431,6 +445,7 @@ class _Planner:
         )
         self.plan.workloads = writes
         if gate.placement is not None:
+            self.admitted_workload = gate.workload
             self.admitted = gate.placement.count
             self.ctx = dataclasses.replace(self.ctx, placement=gate.placement)
         return gate

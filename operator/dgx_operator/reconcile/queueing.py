@@ -333,6 +333,8 @@ class Gate:
     reason: str = ""
     message: str = ""
     evicted: bool = False
+    #: The admitted Workload (with ``placement``): its PodsReady condition follows the workers.
+    workload: WorkloadView | None = None
 
 
 @dataclass
@@ -389,6 +391,27 @@ def clear_reservation(wl: WorkloadView, reason: str, message: str, now: str) -> 
     if wl.holds("Admitted"):
         conditions = _set(conditions, "Admitted", "False", "NoReservation", "The workload has no reservation", now)
     return {"admission": None, "conditions": conditions}
+
+
+def pods_ready_status(wl: WorkloadView, ready: bool, now: str) -> dict[str, Any] | None:
+    """The Workload's PodsReady condition as jobframework writes it (generatePodsReadyCondition), so
+    that Kueue's waitForPodsReady can evict a job whose admitted workers never all start: True
+    (Started, or Recovered after a wait for recovery) once every admitted worker runs; False
+    WaitForStart before that, WaitForRecovery after it was True. None when it already says so."""
+    old = wl.conditions.get("PodsReady")
+    if ready:
+        recovering = old is not None and old.reason in ("WaitForRecovery", "Recovered")
+        status, reason = "True", "Recovered" if recovering else "Started"
+        message = "All pods reached readiness and the workload is running"
+    elif old is not None and old.status == "True":
+        status, reason, message = "False", "WaitForRecovery", "At least one pod has failed, waiting for recovery"
+    elif old is not None and old.reason == "WaitForRecovery":
+        return None
+    else:
+        status, reason, message = "False", "WaitForStart", "Not all pods are ready or succeeded"
+    if old is not None and (old.status, old.reason) == (status, reason):
+        return None
+    return {"conditions": _set(wl.raw_conditions, "PodsReady", status, reason, message, now)}
 
 
 def finish_status(wl: WorkloadView, succeeded: bool, message: str, now: str) -> dict[str, Any]:
@@ -533,7 +556,7 @@ def decide(
         placement, why = _placement(wl, q.flavors)
         if placement is None:
             return Gate(None, "FlavorUnknown", why), writes
-        return Gate(placement), writes
+        return Gate(placement, workload=wl), writes
     reserved = wl.conditions.get("QuotaReserved")
     if not wl.active and not user_suspended and not wl.deactivated_by_us:  # ours is reactivated above
         why = f"Kueue deactivated Workload {wl.name}: {reserved.message if reserved else ''}"
