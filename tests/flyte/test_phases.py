@@ -49,7 +49,12 @@ def job(phase: str | None, *conditions: tuple[str, str, str, str], **status: Any
         (
             job("Suspended", ("Suspended", "True", "Suspended", "spec.suspend is true")),
             TaskExecution.WAITING_FOR_RESOURCES,
-            "suspended (queued by Kueue or spec.suspend): Suspended: spec.suspend",
+            "suspended (spec.suspend): Suspended: spec.suspend",
+        ),
+        (
+            job("Suspended", ("Suspended", "True", "Pending", "insufficient unused quota for nvidia.com/gpu")),
+            TaskExecution.WAITING_FOR_RESOURCES,
+            "queued by Kueue: Pending: insufficient unused quota for nvidia.com/gpu",
         ),
         (
             job("WaitingForData", ("DataReady", "False", "DataNotReady", "corpus: Syncing")),

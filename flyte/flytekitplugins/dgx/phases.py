@@ -102,7 +102,10 @@ def status_of(job: Mapping[str, Any] | None, log_template: str | None = None) ->
             return done(WAITING, f"waiting for nodes: {why}")
         return done(QUEUED, f"pending: {why}" if why else "pending: the operator has not placed the workers yet")
     if phase == "Suspended":
-        return done(WAITING, f"suspended (queued by Kueue or spec.suspend): {_why(_condition(job, 'Suspended'))}")
+        held = _condition(job, "Suspended")
+        if held.get("reason") == "Suspended":  # the user's spec.suspend, not Kueue
+            return done(WAITING, f"suspended (spec.suspend): {_why(held)}")
+        return done(WAITING, f"queued by Kueue: {_why(held)}")
     if phase == "WaitingForData":
         return done(INITIALIZING, f"syncing data to the nodes: {_why(_condition(job, 'DataReady'))}")
     progress = _progress(status)
