@@ -167,6 +167,15 @@ class ClusterQueues:
             )
         return name
 
+    def wait_usage(self, name: str, flavor_name: str, expected: tuple[int, int]) -> None:
+        """Kueue's ClusterQueue status follows admissions asynchronously: wait for it to say ``expected``."""
+        wait_for(
+            f"ClusterQueue {name} to report {expected} (GPUs used, borrowed) of {flavor_name}",
+            lambda: self.usage(name, flavor_name) == expected,
+            timeout=TIMEOUT,
+            interval=0.5,
+        )
+
     def usage(self, name: str, flavor_name: str) -> tuple[int, int]:
         """(GPUs in use, GPUs borrowed) of ``flavor_name`` in ClusterQueue ``name``, as Kueue reports."""
         cq = self.kubectl.get("clusterqueue", name) or {}
@@ -217,6 +226,25 @@ def suspended_by_kueue(job: Mapping[str, Any]) -> bool:
     return dig(job, "status", "phase") == "Suspended" and cond is not None and cond.get("status") == "True"
 
 
+def held_in_kueues_words(k: Kubectl, job: str) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """Wait until the job is held with its Workload's QuotaReserved reason and message in its Suspended
+    condition (the job's status follows the Workload's events: the first "Queued" pass comes before
+    Kueue's word); returns (job, its Suspended condition, the Workload's QuotaReserved condition)."""
+
+    def probe() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]] | None:
+        body = k.get("dgxtrainingjob", job) or {}
+        held = condition(body, "Suspended")
+        found = workloads_of(k, job)
+        reserved = condition(found[0], "QuotaReserved") if len(found) == 1 else None
+        if not suspended_by_kueue(body) or held is None or reserved is None or reserved.get("status") != "False":
+            return None
+        if held.get("reason") != reserved.get("reason") or reserved.get("message", "") not in held.get("message", ""):
+            return None
+        return body, held, reserved
+
+    return wait_for(f"{job} held with Kueue's reason and message", probe, timeout=TIMEOUT, interval=0.5)
+
+
 def node_of(k: Kubectl, pod: Mapping[str, Any]) -> dict[str, Any]:
     node = k.get("node", str(dig(pod, "spec", "nodeName")))
     assert node is not None
@@ -243,20 +271,14 @@ def test_a_job_over_the_quota_waits_suspended_with_kueues_reason_and_starts_when
     assert wl["apiVersion"] == "kueue.x-k8s.io/v1beta2"
     assert wl["metadata"]["name"].startswith("dgxtrainingjob-first-")
     assert dig(wl, "spec", "podSets", 0, "count") == 2
-    assert queues.usage(queue, flavors["norm"]) == (2 * GPUS, 0)
+    queues.wait_usage(queue, flavors["norm"], (2 * GPUS, 0))
 
     namespace.apply(queued_job("second", queue, min_nodes=1, max_nodes=1))
-    job = wait_job(namespace, "second", "held by Kueue", suspended_by_kueue, timeout=TIMEOUT)
-    cond = condition(job, "Suspended")
-    assert cond is not None
-    # Kueue's own words: the Workload's QuotaReserved reason and message.
-    (pending,) = workloads_of(namespace, "second")
-    reserved = condition(pending, "QuotaReserved")
-    assert reserved is not None
-    assert reserved["status"] == "False"
-    assert cond["reason"] == reserved["reason"], (cond, reserved)
-    assert reserved["message"] in cond["message"], (cond, reserved)
+    # Kueue's own words: the Workload's QuotaReserved reason and message, in the job's condition.
+    _, cond, reserved = held_in_kueues_words(namespace, "second")
+    assert cond["reason"] == "Pending", cond
     assert "insufficient" in reserved["message"], reserved
+    (pending,) = workloads_of(namespace, "second")
     assert live_workers(namespace, "second") == []
 
     # A spec change while queued recreates the Workload (a new uid, the new shape).
@@ -365,19 +387,14 @@ def test_borrowing_in_a_cohort_goes_up_to_the_borrowing_limit_and_no_further(
     wait_job(namespace, "reserved", "Running", running_with(1), timeout=TIMEOUT)
     namespace.apply(queued_job("burst", team_a, min_nodes=1, max_nodes=1))
     wait_job(namespace, "burst", "Running on borrowed quota", running_with(1), timeout=TIMEOUT)
-    assert queues.usage(team_a, flavors["norm"]) == (2 * GPUS, GPUS)
+    queues.wait_usage(team_a, flavors["norm"], (2 * GPUS, GPUS))
     namespace.apply(queued_job("beyond", team_a, min_nodes=1, max_nodes=1))
-    job = wait_job(namespace, "beyond", "held past the borrowing limit", suspended_by_kueue, timeout=TIMEOUT)
-    (wl,) = workloads_of(namespace, "beyond")
-    reserved = condition(wl, "QuotaReserved")
-    assert reserved is not None
-    assert reserved["status"] == "False", wl.get("status")
-    cond = condition(job, "Suspended")
-    assert cond is not None
-    assert reserved["message"] in cond["message"]
+    _, cond, reserved = held_in_kueues_words(namespace, "beyond")
+    assert "insufficient" in reserved["message"], reserved
+    assert cond["reason"] == reserved["reason"]
     assert live_workers(namespace, "beyond") == []
-    assert queues.usage(team_b, flavors["norm"]) == (0, 0)
-    assert queues.usage(team_a, flavors["norm"]) == (2 * GPUS, GPUS)
+    queues.wait_usage(team_b, flavors["norm"], (0, 0))
+    queues.wait_usage(team_a, flavors["norm"], (2 * GPUS, GPUS))
 
 
 def test_a_job_that_does_not_fit_the_norm_flavor_runs_on_spot_with_its_selector_and_toleration(
@@ -407,14 +424,17 @@ def test_deleting_a_job_releases_its_workload_and_the_quota_shows_free_again(
     namespace.apply(queued_job("leaving", queue, min_nodes=2, max_nodes=2))
     wait_job(namespace, "leaving", "2/2 Running", running_with(2), timeout=TIMEOUT)
     (wl,) = workloads_of(namespace, "leaving")
-    assert queues.usage(queue, flavors["norm"]) == (2 * GPUS, 0)
+    queues.wait_usage(queue, flavors["norm"], (2 * GPUS, 0))
     namespace.delete(JOBS, "leaving")
     # Garbage collection after the job's finalizer goes (its workers ended): slower on a loaded machine.
     gone = 2 * TIMEOUT
     wait_for("its Workload gone", lambda: namespace.get(WORKLOADS, wl["metadata"]["name"]) is None, timeout=gone)
-    wait_for("the quota free", lambda: queues.usage(queue, flavors["norm"]) == (0, 0), timeout=gone, interval=0.5)
-    cq = namespace.get("clusterqueue", queue) or {}
-    assert dig(cq, "status", "admittedWorkloads") == 0
+
+    def free() -> bool:
+        cq = namespace.get("clusterqueue", queue) or {}
+        return queues.usage(queue, flavors["norm"]) == (0, 0) and dig(cq, "status", "admittedWorkloads") == 0
+
+    wait_for("the quota free, no Workload admitted", free, timeout=gone, interval=0.5)
 
 
 def test_no_call_of_the_operator_was_refused(operator: Operator) -> None:

@@ -140,6 +140,10 @@ class Relay:
         with self._lock:
             self.relayed.append(record)
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
+        # Identity, said outright: aiohttp would otherwise ask for gzip, which the apiserver uses for
+        # large answers (a LIST of CRDs once Kueue's are installed), and the relay would pass on
+        # compressed bytes without their Content-Encoding.
+        headers["Accept-Encoding"] = "identity"
         body = await request.read()
         async with self._session.request(
             request.method,
