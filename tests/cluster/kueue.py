@@ -26,6 +26,10 @@ What the harness changes, and why:
   StatefulSets, JobSet, Kubeflow, Ray, ...) are left out, so no other test module's Jobs or pods
   ever meet a failurePolicy=Fail webhook. Kueue's own controllers still only act on Jobs labelled
   with a queue name (``manageJobsWithoutQueueName: false``); nothing else here labels Jobs.
+  Opt-in: ``pod_webhook_namespaces`` adds Kueue's two pod webhooks (:data:`POD_WEBHOOKS`, its
+  ``pod`` integration's, failurePolicy ``Fail`` as shipped), with the namespaceSelector Kueue's
+  kustomize config gives them (:data:`POD_WEBHOOK_EXCLUDED`) narrowed to exactly those namespaces
+  (by ``kubernetes.io/metadata.name``), so that the pods of no other namespace ever reach them.
 - ports: webhook, health probe and metrics on free loopback ports, picked in :meth:`Kueue.start`
   right before the process starts (a start that loses a port race is retried with new ports);
   ``VisibilityOnDemand`` off (its API server would listen on a fixed port and write
@@ -78,6 +82,12 @@ KEPT_WEBHOOKS = {
     MUTATING: ("mclusterqueue.kb.io", "mresourceflavor.kb.io", "mworkload.kb.io"),
     VALIDATING: ("vclusterqueue.kb.io", "vcohort.kb.io", "vresourceflavor.kb.io", "vworkload.kb.io"),
 }
+#: Kueue's ``pod`` integration's webhooks (mutating: gates and queues a pod; validating: its
+#: labels), installed only with :attr:`Kueue.pod_webhook_namespaces`.
+POD_WEBHOOKS = {MUTATING: ("mpod.kb.io",), VALIDATING: ("vpod.kb.io",)}
+#: The namespaceSelector Kueue's kustomize config (config/components/webhook/kustomization.yaml)
+#: patches onto both pod webhooks.
+POD_WEBHOOK_EXCLUDED = {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system", NAMESPACE]}
 #: The CRDs Kueue's kustomize config gives a conversion webhook (config/components/crd/patches).
 CONVERTED_CRDS = ("localqueues", "clusterqueues", "cohorts", "workloads", "multikueueclusters")
 #: The Kueue objects :meth:`Kueue.purge` deletes, namespaced ones first (workloads before the
@@ -262,6 +272,8 @@ class Kueue:
     #: Extra command-line flags (``--zap-log-level=5``...).
     args: Sequence[str] = ()
     service_account: bool = False
+    #: Namespaces Kueue's pod webhooks (:data:`POD_WEBHOOKS`) reach; none (the default): not installed.
+    pod_webhook_namespaces: Sequence[str] = ()
     ports: KueuePorts | None = None
     process: subprocess.Popen[bytes] | None = None
     #: Seconds the last start took (install, process start, until its webhooks answer).
@@ -323,17 +335,24 @@ class Kueue:
         return crds
 
     def webhook_configurations(self) -> list[dict[str, Any]]:
-        """Kueue's two webhook configurations, only the :data:`KEPT_WEBHOOKS`, with URL clientConfigs."""
+        """Kueue's two webhook configurations, only the :data:`KEPT_WEBHOOKS` (and the
+        :data:`POD_WEBHOOKS`, scoped to :attr:`pod_webhook_namespaces`, when there are any), with
+        URL clientConfigs."""
         configs = []
         for config in _load_yaml(self.manifests / "webhook" / "manifests.yaml"):
             name = f"kueue-{config['metadata']['name']}"
-            kept = KEPT_WEBHOOKS[name]
+            pods = POD_WEBHOOKS[name] if self.pod_webhook_namespaces else ()
+            kept = (*KEPT_WEBHOOKS[name], *pods)
             config["metadata"] = {"name": name}
             config["webhooks"] = [w for w in config["webhooks"] if w["name"] in kept]
             assert sorted(w["name"] for w in config["webhooks"]) == sorted(kept), f"{name}: Kueue's manifests changed"
             for webhook in config["webhooks"]:
                 path = webhook["clientConfig"]["service"]["path"]
                 webhook["clientConfig"] = {"url": self.url(path), "caBundle": self.pki.ca_bundle}
+                if webhook["name"] in pods:
+                    only = {"key": "kubernetes.io/metadata.name", "operator": "In",
+                            "values": sorted(self.pod_webhook_namespaces)}  # fmt: skip
+                    webhook["namespaceSelector"] = {"matchExpressions": [copy.deepcopy(POD_WEBHOOK_EXCLUDED), only]}
             configs.append(config)
         return configs
 

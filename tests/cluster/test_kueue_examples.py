@@ -1,0 +1,355 @@
+"""docs/kueue.md's setup, done as an admin would do it, from the files in examples/kueue/, on the real
+control plane: Kueue v0.17.0 configured as examples/kueue/kueue-config.yaml's Configuration says (its
+frameworks, ``pod`` among them, and DGXTrainingJob as an external framework), running as its own
+ServiceAccount with Kueue's shipped RBAC, with Kueue's pod webhooks installed (for this module's
+namespaces, team-a and team-b, only: no other module's pods ever meet them).
+
+The admin's part: the example's ClusterRole and ClusterRoleBinding (Kueue's read access to
+DGXTrainingJobs), then flavors, priority classes, ClusterQueues, namespaces and LocalQueues, each
+accepted by Kueue's webhooks; the four on-demand H100 nodes labelled ``kubedgx.io/capacity=norm``.
+The user's part: examples/kueue/queued-job.yaml, adapted to the fake cluster as the other cluster
+tests adapt jobs (a command job that idles, small resources), keeping the example's name, labels,
+queue, priority class, instance and elastic counts. It gets exactly one Workload, priority 100 from
+``research``, admitted on ``dgx-h100-norm``; its workers run on the norm nodes, and Kueue's pod
+integration leaves them alone (no Workload of a Pod, no scheduling gate) because the job is a
+registered, managed owner that Kueue may read. Deleting the job returns team-a's quota.
+
+Every fixed, cluster-scoped name of the examples (ClusterQueues team-a/team-b, ResourceFlavors
+dgx-h100-norm/-spot, WorkloadPriorityClasses research/production, the ClusterRole/Binding, the
+namespaces) is deleted when the module ends, and the nodes lose the capacity label.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.cluster.controlplane import ControlPlane, StartError
+from tests.cluster.kueue import DGX_FRAMEWORK, MUTATING, NAMESPACE, SERVICE_ACCOUNT, VALIDATING, Kueue
+from tests.cluster.operator import Operator, chart_operator
+from tests.cluster.test_kueue import (
+    CAPACITY,
+    PRIORITY,
+    QUEUE,
+    WORKLOADS,
+    assignment,
+    condition_true_of,
+    h100_norm_nodes,
+    node_of,
+    workloads_of,
+)
+from tests.e2e.jobs import EXAMPLES, command_job, live_workers, running_with, wait_job
+from tests.e2e.kubectl import JOBS, Kubectl, dig, wait_for
+
+pytestmark = pytest.mark.timeout(600)
+
+TIMEOUT = 90
+KUEUE_EXAMPLES = EXAMPLES / "kueue"
+#: The examples' namespaces (examples/kueue/local-queues.yaml): the only ones Kueue's pod webhooks reach.
+TEAMS = ("team-a", "team-b")
+NORM, SPOT = "dgx-h100-norm", "dgx-h100-spot"
+PRIORITY_CLASSES = ("research", "production")
+JOB = "llama-finetune-queued"
+PRODUCT = "nvidia.com/gpu.product"
+KUEUE_SA = f"system:serviceaccount:{NAMESPACE}:{SERVICE_ACCOUNT}"
+#: Configuration keys of the example that the harness sets for a local process (ports, certificates,
+#: leader election): everything else of the example's Configuration is used as it is.
+HARNESS_KEYS = ("apiVersion", "kind", "health", "metrics", "webhook", "leaderElection")
+
+
+def documents(name: str) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all((KUEUE_EXAMPLES / name).read_text()) if d]
+
+
+def example_configuration() -> dict[str, Any]:
+    """The Kueue Configuration of examples/kueue/kueue-config.yaml (its ConfigMap's key)."""
+    (configmap,) = [d for d in documents("kueue-config.yaml") if d["kind"] == "ConfigMap"]
+    config: dict[str, Any] = yaml.safe_load(configmap["data"]["controller_manager_config.yaml"])
+    return config
+
+
+def example_rbac() -> list[dict[str, Any]]:
+    return [d for d in documents("kueue-config.yaml") if d["kind"] in ("ClusterRole", "ClusterRoleBinding")]
+
+
+def example_job() -> dict[str, Any]:
+    """examples/kueue/queued-job.yaml on the fake cluster: its metadata (name, namespace, team,
+    queue and priority-class labels), instance, elastic block, restart policy, backoff limit and
+    maxDuration as they are; the trainer (image, torchrun command) replaced by the command job's
+    idling shell, with small CPU and memory (tests/e2e/jobs.py command_job)."""
+    (job,) = documents("queued-job.yaml")
+    sleeper = command_job(job["metadata"]["name"])["spec"]
+    spec = job["spec"]
+    spec.pop("image", None)
+    spec["command"], spec["args"], spec["resources"] = sleeper["command"], sleeper["args"], sleeper["resources"]
+    return job
+
+
+# -- fixtures ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def kueue(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kueue]:
+    """Kueue as examples/kueue/kueue-config.yaml configures it, as its own ServiceAccount, with its
+    pod webhooks for the examples' namespaces (overrides conftest's ``kueue`` for this module)."""
+    example = example_configuration()
+    integrations = example["integrations"]
+    running = Kueue(
+        control_plane,
+        tmp_path_factory.mktemp("kueue-examples"),
+        frameworks=integrations["frameworks"],
+        external_frameworks=integrations["externalFrameworks"],
+        config={k: v for k, v in example.items() if k not in HARNESS_KEYS},
+        service_account=True,
+        pod_webhook_namespaces=TEAMS,
+    )
+    try:
+        running.start()
+    except StartError as exc:
+        pytest.fail(f"Kueue did not start: {exc}", pytrace=False)
+    try:
+        yield running
+    finally:
+        stuck = running.stop()
+        assert stuck == [], f"Kueue objects nobody released (finalizers stripped): {stuck}"
+
+
+@pytest.fixture(scope="module")
+def operator(
+    control_plane: ControlPlane,
+    kubectl: Kubectl,
+    kueue: Kueue,
+    chart: list[Any],
+    tmp_path_factory: pytest.TempPathFactory,
+    request: pytest.FixtureRequest,
+) -> Iterator[Operator]:
+    """The chart's operator, started once Kueue's API is served."""
+    with chart_operator(control_plane, kubectl, request.module.__name__, chart, tmp_path_factory.mktemp("op")) as op:
+        yield op
+
+
+@pytest.fixture(scope="module")
+def norm_nodes(kubectl: Kubectl, kueue: Kueue) -> Iterator[list[dict[str, Any]]]:
+    """docs/kueue.md step 5: the on-demand H100 nodes labelled for the norm flavor (removed at the end)."""
+    nodes = h100_norm_nodes(kubectl)
+    assert len(nodes) >= 4, [n["metadata"]["name"] for n in nodes]
+    for node in nodes:
+        kubectl.run("label", "node", node["metadata"]["name"], f"{CAPACITY}=norm", "--overwrite")
+    try:
+        yield h100_norm_nodes(kubectl)
+    finally:
+        for node in nodes:
+            kubectl.run("label", "node", node["metadata"]["name"], f"{CAPACITY}-", check=False)
+
+
+def apply_file(kubectl: Kubectl, name: str) -> None:
+    """``kubectl apply -f examples/kueue/<name>``, as the docs say (raises if anything is refused)."""
+    kubectl.run("apply", "-f", str(KUEUE_EXAMPLES / name))
+
+
+def gone(kubectl: Kubectl, kind: str, names: tuple[str, ...]) -> bool:
+    return all(kubectl.get(kind, name) is None for name in names)
+
+
+@pytest.fixture(scope="module")
+def examples(kubectl: Kubectl, kueue: Kueue, operator: Operator, norm_nodes: list[dict[str, Any]]) -> Iterator[None]:
+    """docs/kueue.md steps 2 (the RBAC part) and 4, from the example files; all of it deleted at the
+    end while the operator and Kueue still run (they release the finalizers)."""
+    for team in TEAMS:
+        assert kubectl.get("namespace", team) is None, f"namespace {team} exists before this module"
+    try:
+        kubectl.apply(*example_rbac())
+        for name in ("flavors.yaml", "priority-classes.yaml", "cluster-queues.yaml", "local-queues.yaml"):
+            apply_file(kubectl, name)
+        yield
+    finally:
+        left: list[str] = []
+
+        def delete(kind: str, names: tuple[str, ...], *, timeout: float) -> None:
+            kubectl.run("delete", kind, *names, "--wait=false", "--ignore-not-found", check=False)
+            try:
+                wait_for(f"{kind} {', '.join(names)} deleted", lambda: gone(kubectl, kind, names), timeout=timeout)
+            except AssertionError as exc:
+                left.append(str(exc).splitlines()[0])
+
+        # Every step runs whatever the previous one left; what is left is reported at the end.
+        delete("namespace", TEAMS, timeout=120)  # the job's finalizer is the operator's, the queues' Kueue's
+        delete("clusterqueue", TEAMS, timeout=60)
+        delete("workloadpriorityclass", PRIORITY_CLASSES, timeout=60)
+        # A ResourceFlavor's finalizer holds it while a ClusterQueue names it: deleted after them.
+        delete("resourceflavor", (NORM, SPOT), timeout=60)
+        for obj in example_rbac():
+            delete(obj["kind"].lower(), (obj["metadata"]["name"],), timeout=30)
+        assert left == [], left
+
+
+# -- helpers -----------------------------------------------------------------------------------
+
+
+def kueue_can(kubectl: Kubectl, verb: str) -> bool:
+    """Whether Kueue's ServiceAccount may ``verb`` DGXTrainingJobs in every namespace."""
+    proc = kubectl.run("auth", "can-i", verb, JOBS, "--all-namespaces", f"--as={KUEUE_SA}", check=False)
+    return proc.stdout.strip() == "yes"
+
+
+def reservation(kubectl: Kubectl, cluster_queue: str) -> dict[tuple[str, str], str]:
+    """(flavor, resource) -> what ClusterQueue ``cluster_queue`` reserves, as Kueue reports it."""
+    cq = kubectl.get("clusterqueue", cluster_queue) or {}
+    return {
+        (f["name"], r["name"]): str(r.get("total"))
+        for f in dig(cq, "status", "flavorsReservation", default=[]) or []
+        for r in f.get("resources") or []
+    }
+
+
+def free(kubectl: Kubectl, cluster_queue: str) -> bool:
+    cq = kubectl.get("clusterqueue", cluster_queue) or {}
+    return dig(cq, "status", "admittedWorkloads") == 0 and all(
+        v in ("0", "None") for v in reservation(kubectl, cluster_queue).values()
+    )
+
+
+def owner_kinds(obj: Mapping[str, Any]) -> list[str]:
+    return [str(o.get("kind")) for o in dig(obj, "metadata", "ownerReferences", default=[]) or []]
+
+
+# -- the scenarios -----------------------------------------------------------------------------
+
+
+def test_kueue_runs_with_the_examples_configuration_as_its_own_service_account(kueue: Kueue) -> None:
+    written = yaml.safe_load(kueue.config_path.read_text())
+    example = example_configuration()
+    assert written["integrations"] == example["integrations"]
+    assert "pod" in written["integrations"]["frameworks"]
+    assert written["integrations"]["externalFrameworks"] == [DGX_FRAMEWORK]
+    assert written["manageJobsWithoutQueueName"] is False
+    assert "waitForPodsReady" not in written
+    assert kueue.service_account
+
+
+def test_the_examples_setup_is_accepted_and_active(
+    examples: None, kubectl: Kubectl, kueue: Kueue, norm_nodes: list[dict[str, Any]]
+) -> None:
+    # The example's RBAC is what lets Kueue read DGXTrainingJobs: Kueue's own grants nothing on them.
+    for verb in ("get", "list", "watch"):
+        assert kueue_can(kubectl, verb), f"{KUEUE_SA} may not {verb} {JOBS}"
+    assert not kueue_can(kubectl, "update")
+    kubectl.run("delete", "clusterrolebinding", "kueue-kubedgx-dgxtrainingjob-reader")
+    try:
+        assert not kueue_can(kubectl, "list"), "Kueue's shipped RBAC alone grants it access to DGXTrainingJobs"
+    finally:
+        kubectl.apply(*[o for o in example_rbac() if o["kind"] == "ClusterRoleBinding"])
+    assert kueue_can(kubectl, "list")
+
+    # The flavors name the GPU product the (fake) H100 nodes report.
+    products = {dig(n, "metadata", "labels", PRODUCT) for n in norm_nodes}
+    for flavor in documents("flavors.yaml"):
+        assert {flavor["spec"]["nodeLabels"][PRODUCT]} == products, (
+            f"examples/kueue/flavors.yaml's {flavor['metadata']['name']} names "
+            f"{flavor['spec']['nodeLabels'][PRODUCT]}, the H100 nodes report {products}"
+        )
+    assert {dig(n, "metadata", "labels", CAPACITY) for n in norm_nodes} == {"norm"}
+
+    for cq in TEAMS:
+        wait_for(f"ClusterQueue {cq} Active",
+                 lambda cq=cq: condition_true_of(kubectl.get("clusterqueue", cq), "Active"),  # type: ignore[misc]
+                 timeout=TIMEOUT, interval=0.5, diagnose=kueue.tail)  # fmt: skip
+        team = kubectl.in_namespace(cq)
+        wait_for(f"LocalQueue {cq}/{cq} Active",
+                 lambda team=team, cq=cq: condition_true_of(team.get("localqueue", cq), "Active"),  # type: ignore[misc]
+                 timeout=TIMEOUT, interval=0.5, diagnose=kueue.tail)  # fmt: skip
+        wait_for(f"the default ServiceAccount of {cq}", lambda team=team: team.get("serviceaccount", "default"),  # type: ignore[misc]
+                 timeout=120, interval=0.2)  # fmt: skip
+    for name in PRIORITY_CLASSES:
+        assert kubectl.get("workloadpriorityclass", name) is not None
+    assert dig(kubectl.get("workloadpriorityclass", "research"), "value") == 100
+
+    # Kueue's pod webhooks reach the examples' namespaces, and only those.
+    for config_kind, config_name, webhook_name in (
+        ("mutatingwebhookconfiguration", MUTATING, "mpod.kb.io"),
+        ("validatingwebhookconfiguration", VALIDATING, "vpod.kb.io"),
+    ):
+        (webhook,) = [w for w in (kubectl.get(config_kind, config_name) or {})["webhooks"] if w["name"] == webhook_name]
+        assert webhook["failurePolicy"] == "Fail"
+        expressions = webhook["namespaceSelector"]["matchExpressions"]
+        assert {"key": "kubernetes.io/metadata.name", "operator": "In", "values": sorted(TEAMS)} in expressions
+    # A plain pod naming the queue is Kueue's: the mutating webhook gates it (server-side dry run).
+    container = {"name": "c", "image": "busybox", "resources": {"requests": {"cpu": "10m"}}}
+    plain = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "plain", "labels": {QUEUE: "team-a"}},
+             "spec": {"containers": [container]}}  # fmt: skip
+    team_a = kubectl.in_namespace("team-a")
+    out = json.loads(team_a.run("create", "--dry-run=server", "-o", "json", "-f", "-", input=json.dumps(plain)).stdout)
+    gates = [g["name"] for g in dig(out, "spec", "schedulingGates", default=[]) or []]
+    assert "kueue.x-k8s.io/admission" in gates, out["spec"]
+    assert dig(out, "metadata", "labels", "kueue.x-k8s.io/managed") == "true", out["metadata"]
+
+
+def test_the_example_job_is_queued_once_admitted_on_norm_and_its_workers_are_left_alone(
+    examples: None, kubectl: Kubectl, operator: Operator, kueue: Kueue
+) -> None:
+    team_a = kubectl.in_namespace("team-a")
+    job = example_job()
+    assert job["metadata"]["namespace"] == "team-a"
+    assert job["metadata"]["labels"][QUEUE] == "team-a"
+    assert job["metadata"]["labels"][PRIORITY] == "research"
+    assert (job["spec"]["elastic"]["minNodes"], job["spec"]["elastic"]["maxNodes"]) == (1, 2)
+    kubectl.apply(job)
+    body = wait_job(team_a, JOB, "2/2 Running", running_with(2), timeout=TIMEOUT)
+
+    # Exactly one Workload, the job's, with the research class's priority, admitted on norm.
+    (wl,) = workloads_of(team_a, JOB)
+    assert dig(wl, "spec", "queueName") == "team-a"
+    assert dig(wl, "spec", "priority") == 100
+    assert dig(wl, "spec", "priorityClassRef") == {
+        "group": "kueue.x-k8s.io",
+        "kind": "WorkloadPriorityClass",
+        "name": "research",
+    }
+    assert (dig(wl, "spec", "podSets", 0, "count"), dig(wl, "spec", "podSets", 0, "minCount")) == (2, 1)
+    assert condition_true_of(wl, "Admitted"), wl.get("status")
+    assert dig(wl, "status", "admission", "clusterQueue") == "team-a"
+    podset = assignment(wl)
+    assert podset["count"] == 2
+    assert set(podset["flavors"].values()) == {NORM}, podset
+    assert reservation(kubectl, "team-a")[(NORM, "nvidia.com/gpu")] == "16"
+
+    # Kueue's pod integration did not queue the workers a second time.
+    everything = team_a.select(WORKLOADS)
+    assert [w["metadata"]["name"] for w in everything] == [wl["metadata"]["name"]], everything
+    assert not [w for w in everything if "Pod" in owner_kinds(w)]
+    pods = live_workers(team_a, JOB)
+    assert len(pods) == 2
+    nodes = set()
+    for pod in pods:
+        meta = pod["metadata"]
+        (owner,) = [o for o in meta["ownerReferences"] if o.get("controller")]
+        assert (owner["kind"], owner["name"], owner["uid"]) == ("DGXTrainingJob", JOB, body["metadata"]["uid"])
+        assert meta["labels"][QUEUE] == "team-a"  # the job's label, copied: Kueue's webhook saw a queued pod
+        assert not dig(pod, "spec", "schedulingGates"), pod["spec"]
+        assert "kueue.x-k8s.io/managed" not in meta["labels"], meta["labels"]
+        assert not [f for f in meta.get("finalizers") or [] if f.startswith("kueue.x-k8s.io/")], meta
+        assert dig(pod, "status", "phase") == "Running"
+        # Placed by the admitted flavor's labels, on a node that carries them.
+        assert dig(pod, "spec", "nodeSelector", CAPACITY) == "norm", pod["spec"]
+        node = node_of(kubectl, pod)
+        assert dig(node, "metadata", "labels", CAPACITY) == "norm"
+        assert dig(node, "metadata", "labels", PRODUCT) == "NVIDIA-H100-80GB-HBM3"
+        nodes.add(node["metadata"]["name"])
+    assert len(nodes) == 2
+
+    # Deleting the job releases its Workload and team-a's quota.
+    team_a.delete(JOBS, JOB)
+    gone_in = 2 * TIMEOUT  # garbage collection after the job's finalizer goes (its workers ended)
+    wait_for("its Workload gone", lambda: team_a.get(WORKLOADS, wl["metadata"]["name"]) is None, timeout=gone_in)
+    wait_for("team-a's quota free", lambda: free(kubectl, "team-a"), timeout=gone_in, interval=0.5,
+             diagnose=lambda: json.dumps(reservation(kubectl, "team-a")))  # fmt: skip
+    assert team_a.select(WORKLOADS) == []
+
+
+def test_neither_the_operator_nor_kueue_was_refused_anything(operator: Operator, kueue: Kueue) -> None:
+    assert operator.forbidden() == [], operator.forbidden()
+    assert kueue.forbidden() == [], kueue.forbidden()
