@@ -111,8 +111,7 @@ def operator(
 
 # -- Kueue (tests/cluster/kueue.py) --------------------------------------------------------------
 
-from tests.cluster.controlplane import StartError  # noqa: E402
-from tests.cluster.kueue import Kueue  # noqa: E402
+from tests.cluster.kueue import Kueue, serving  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -120,15 +119,7 @@ def kueue(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory)
     """Kueue's manager for one test module (its CRDs, its webhooks for its own resources, kubedgx's
     DGXTrainingJob as an external framework); on exit every Kueue object is deleted, the process
     stopped and the webhook configurations removed. ``kueue.workload_versions()`` says which
-    Workload API versions the apiserver serves. A module that needs other settings builds its own
-    ``Kueue(control_plane, workdir, config={...})`` (or uses ``running_kueue``)."""
-    running = Kueue(control_plane, tmp_path_factory.mktemp("kueue"))
-    try:
-        running.start()
-    except StartError as exc:
-        pytest.fail(f"Kueue did not start: {exc}", pytrace=False)
-    try:
+    Workload API versions the apiserver serves. A module that needs other settings overrides this
+    fixture with its own ``Kueue(control_plane, workdir, config={...})`` under ``serving``."""
+    with serving(Kueue(control_plane, tmp_path_factory.mktemp("kueue"))) as running:
         yield running
-    finally:
-        stuck = running.stop()
-        assert stuck == [], f"Kueue objects nobody released (finalizers stripped): {stuck}"

@@ -57,6 +57,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -499,9 +500,11 @@ class Kueue:
                              "--all-namespaces")  # fmt: skip
             return [f"{o['kind']}/{o['metadata'].get('namespace', '')}/{o['metadata']['name']}" for o in out["items"]]
 
-        deadline = time.monotonic() + timeout
-        while (remaining := left()) and time.monotonic() < deadline:
-            time.sleep(0.5)
+        try:
+            wait_until("every Kueue object deleted", lambda: not left(), timeout=timeout, interval=0.5)
+            return []
+        except StartError:
+            remaining = left()
         for ref in remaining:
             kind, namespace, name = ref.split("/")
             strip = '{"metadata":{"finalizers":null}}'
@@ -566,11 +569,15 @@ CLUSTER_QUEUE_DENIED = 'admission webhook "vclusterqueue.kb.io" denied the reque
 
 
 @contextlib.contextmanager
-def running_kueue(plane: ControlPlane, workdir: Path, **options: Any) -> Iterator[Kueue]:
-    """A started :class:`Kueue` (options: its fields), stopped and cleaned up on exit."""
-    kueue = Kueue(plane, workdir, **options)
-    kueue.start()
+def serving(kueue: Kueue) -> Iterator[Kueue]:
+    """``kueue`` started (a failed start fails the test with Kueue's own words), then stopped with
+    every Kueue object deleted; it fails if anything had to have its finalizers stripped."""
+    try:
+        kueue.start()
+    except StartError as exc:
+        pytest.fail(f"Kueue did not start: {exc}", pytrace=False)
     try:
         yield kueue
     finally:
-        kueue.stop()
+        stuck = kueue.stop()
+        assert stuck == [], f"Kueue objects nobody released (finalizers stripped): {stuck}"

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 from dgx_operator.catalog import Catalog
-from tests.cluster.controlplane import EXIT_CODE_LABEL, ControlPlane
-from tests.cluster.operator import Operator, chart_operator
+from tests.cluster.controlplane import EXIT_CODE_LABEL
+from tests.cluster.operator import Operator
 from tests.e2e.jobs import command_job, live_workers, phase_is, running_with, wait_job
 from tests.e2e.kubectl import JOBS, Kubectl, condition, dig, wait_for
 
@@ -44,17 +44,9 @@ SPOT_TOLERATION = {"key": CAPACITY, "operator": "Equal", "value": "spot", "effec
 
 
 @pytest.fixture(scope="module")
-def operator(
-    control_plane: ControlPlane,
-    kubectl: Kubectl,
-    kueue: Any,
-    chart: list[Any],
-    tmp_path_factory: pytest.TempPathFactory,
-    request: pytest.FixtureRequest,
-) -> Iterator[Operator]:
-    """The chart's operator, started once Kueue's API is served (it discovers the Workload version)."""
-    with chart_operator(control_plane, kubectl, request.module.__name__, chart, tmp_path_factory.mktemp("op")) as op:
-        yield op
+def operator(kueue: Any, operator: Operator) -> Operator:
+    """conftest's operator, started once Kueue's API is served (it discovers the Workload version)."""
+    return operator
 
 
 def h100_norm_nodes(kubectl: Kubectl) -> list[dict[str, Any]]:

@@ -28,9 +28,9 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.cluster.controlplane import ControlPlane, StartError
-from tests.cluster.kueue import DGX_FRAMEWORK, MUTATING, NAMESPACE, SERVICE_ACCOUNT, VALIDATING, Kueue
-from tests.cluster.operator import Operator, chart_operator
+from tests.cluster.controlplane import ControlPlane
+from tests.cluster.kueue import DGX_FRAMEWORK, MUTATING, NAMESPACE, SERVICE_ACCOUNT, VALIDATING, Kueue, serving
+from tests.cluster.operator import Operator
 from tests.cluster.test_kueue import (
     CAPACITY,
     PRIORITY,
@@ -107,29 +107,14 @@ def kueue(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory)
         service_account=True,
         pod_webhook_namespaces=TEAMS,
     )
-    try:
-        running.start()
-    except StartError as exc:
-        pytest.fail(f"Kueue did not start: {exc}", pytrace=False)
-    try:
+    with serving(running):
         yield running
-    finally:
-        stuck = running.stop()
-        assert stuck == [], f"Kueue objects nobody released (finalizers stripped): {stuck}"
 
 
 @pytest.fixture(scope="module")
-def operator(
-    control_plane: ControlPlane,
-    kubectl: Kubectl,
-    kueue: Kueue,
-    chart: list[Any],
-    tmp_path_factory: pytest.TempPathFactory,
-    request: pytest.FixtureRequest,
-) -> Iterator[Operator]:
-    """The chart's operator, started once Kueue's API is served."""
-    with chart_operator(control_plane, kubectl, request.module.__name__, chart, tmp_path_factory.mktemp("op")) as op:
-        yield op
+def operator(kueue: Kueue, operator: Operator) -> Operator:
+    """conftest's operator, started once this module's Kueue serves its API."""
+    return operator
 
 
 @pytest.fixture(scope="module")

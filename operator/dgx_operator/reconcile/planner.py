@@ -209,6 +209,8 @@ class _Planner:
         #: Workers Kueue admitted (None when Kueue does not manage the job): at most this many run.
         self.admitted: int | None = None
         self.admitted_workload: WorkloadView | None = None
+        #: ``now`` as Kueue's conditions spell their transition times.
+        self.stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
 
     # -- small helpers -----------------------------------------------------------------------
 
@@ -287,7 +289,7 @@ class _Planner:
             self.finish_workload()
         elif self.admitted_workload is not None and desired > 0:
             wl = self.admitted_workload
-            patch = pods_ready_status(wl, len(ready) >= desired, self.now.strftime("%Y-%m-%dT%H:%M:%SZ"))
+            patch = pods_ready_status(wl, len(ready) >= desired, self.stamp)
             if patch is not None:
                 self.plan.workloads.status.append((wl.name, wl.resource_version, patch))
         self.read_progress()
@@ -441,7 +443,7 @@ class _Planner:
             user_suspended=self.spec.suspend,
             finished=None,
             workers_active=sum(1 for p in self.pods if not p.finished),
-            now=self.now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            now=self.stamp,
         )
         self.plan.workloads = writes
         if gate.placement is not None:
@@ -464,7 +466,7 @@ class _Planner:
             user_suspended=self.spec.suspend,
             finished=(self.status.phase == "Succeeded", message),
             workers_active=0,
-            now=self.now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            now=self.stamp,
         )
         self.plan.workloads = writes
 
