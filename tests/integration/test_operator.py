@@ -394,6 +394,7 @@ async def test_two_workers_run_and_succeed_when_worker_0_exits_0(emulator: Emula
         "Running": ("True", "AllWorkersRunning"),
         "Restarting": ("False", "NotRestarting"),
         "Suspended": ("False", "NotSuspended"),
+        "Finished": ("False", "Running"),
     }
 
     # Worker 0's progress report (a pod annotation while it runs) is mirrored; garbage in it is ignored.
@@ -416,6 +417,7 @@ async def test_two_workers_run_and_succeed_when_worker_0_exits_0(emulator: Emula
         "Suspended": ("False", "NotSuspended"),
         "Succeeded": ("True", "Completed"),
         "Failed": ("False", "NotFailed"),
+        "Finished": ("True", "Completed"),
     }
     assert condition(status, "Succeeded")["message"] == f"{worker(0)} exited 0: training completed"
     assert status["completionTime"] == stamp(op.clock.now)
@@ -553,6 +555,8 @@ async def test_restart_policy_never_fails_the_job_at_the_first_worker_failure(
     )
     assert conditions(status)["Succeeded"] == ("False", "NotSucceeded")
     assert conditions(status)["Running"] == ("False", "WorkerFailed")
+    # `kubectl wait --for=condition=Finished` ends on a failure too, with the message of the Failed one.
+    assert condition(status, "Finished") == {**failed, "type": "Finished"}
     assert counts(status) == ("Failed", 0, 0, "0/0", (0, 0, 0, 1))
     assert status["completionTime"] == stamp(op.clock.now)
     # Every worker still running is deleted; the failed one is kept (its logs explain the failure).

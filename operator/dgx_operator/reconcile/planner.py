@@ -65,6 +65,10 @@ RUNNING, RESTARTING, SUSPENDED, SUCCEEDED, FAILED, DATA_READY = (
     "Failed",
     "DataReady",
 )
+#: Whether the job has ended, either way (Kueue's Workload says the same with its own ``Finished``):
+#: True on Succeeded and Failed with the reason it ended, so `kubectl wait --for=condition=Finished`
+#: returns for a failed job too; False before, with the phase as its reason.
+FINISHED = "Finished"
 #: Whether the final model reached the job's direction: Out mounts (set when the job succeeds).
 ARCHIVED = "Archived"
 TERMINAL = ("Succeeded", "Failed")
@@ -257,6 +261,8 @@ class _Planner:
                 reason if phase == "Failed" else "NotFailed",
                 message if phase == "Failed" else "",
             )
+        ended = phase in TERMINAL
+        self.cond(FINISHED, ended, reason if ended else phase, message if ended else "")
         if phase != self.old_phase:
             warning = phase in ("Failed", "Restarting")
             self.event("Warning" if warning else "Normal", reason, message or phase)
@@ -323,6 +329,7 @@ class _Planner:
             return self.deleting()
         if self.status.phase in TERMINAL:
             self.delete([p for p in self.pods if not p.finished])
+            self.backfill_finished()
             if self.status.phase == "Succeeded":
                 self.collect_artifacts()  # a report that arrived after the job ended
             return self.done(desired=0)
@@ -378,6 +385,24 @@ class _Planner:
             return self.finish("Failed", "InvalidSpec", f"{exc.path}: {exc.message}")
         self.quota()
         return result
+
+    def backfill_finished(self) -> None:
+        """A job that ended under an operator that did not write Finished gets it from the condition
+        its phase names, dated when the job ended: a `kubectl wait --for=condition=Finished` on it
+        returns, and its lastTransitionTime does not pretend the job ended at the upgrade."""
+        if condition(self.status, FINISHED) is not None:
+            return
+        phase = self.status.phase or ""
+        ended = condition(self.status, phase)
+        finished = Condition(
+            type=FINISHED,
+            status="True",
+            reason=ended.reason if ended is not None else phase,
+            message=ended.message if ended is not None else "",
+            last_transition_time=self.status.completion_time or self.now,
+            observed_generation=self.generation if ended is None else ended.observed_generation,
+        )
+        self.status.conditions = [*self.status.conditions, finished]
 
     def quota(self) -> None:
         """Workers a ResourceQuota refused: not created again in this pass, WorkersPending says so
