@@ -138,10 +138,15 @@ def _describe_default(node: dict[str, Any]) -> None:
     if "default" not in node:
         return
     default = node.pop("default")
-    if default is None or default == [] or default == {}:
+    # An empty default (a message that is "" until there is something to say) is no information:
+    # "Defaults to ." would only puzzle the reader of `kubectl explain`.
+    if default is None or default in ([], {}, ""):
         return
     text = node.get("description", "").rstrip()
-    shown = json.dumps(default) if not isinstance(default, str) else default
+    # A plain word reads best bare (Defaults to Equal.); a string that blank space would blur, and
+    # anything not a string, is shown as JSON.
+    plain = isinstance(default, str) and default.strip() == default
+    shown = default if plain else json.dumps(default)
     if "default" not in text.lower():
         node["description"] = f"{text} Defaults to {shown}.".strip()
 

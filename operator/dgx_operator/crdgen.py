@@ -82,7 +82,10 @@ KINDS: tuple[Kind, ...] = (
                 "name": "Reason",
                 "type": "string",
                 "jsonPath": '.status.conditions[?(@.type=="Running")].reason',
-                "description": "Why the job is in its phase (the Running condition's reason, e.g. ImagePullBackOff).",
+                "description": (
+                    "Why the job is in its phase: the Running condition's reason (e.g. ImagePullBackOff); on a "
+                    "finished job, why it ended (Completed, WorkerFailed, ...), as the Finished condition says."
+                ),
             },
             {
                 "name": "Message",
@@ -158,11 +161,27 @@ KINDS: tuple[Kind, ...] = (
                 "description": "Objects listed.",
             },
             {
+                "name": "Reason",
+                "type": "string",
+                "jsonPath": '.status.conditions[?(@.type=="Ready")].reason',
+                "description": (
+                    "The Ready condition's reason: Listed or Writable, Syncing, or what the store answered (BucketNotFound, "
+                    "AccessDenied, Unreachable, ...)."
+                ),
+            },
+            {
                 "name": "Bytes",
                 "type": "integer",
                 "jsonPath": ".status.totalBytes",
                 "priority": 1,
                 "description": "Total size.",
+            },
+            {
+                "name": "Message",
+                "type": "string",
+                "jsonPath": '.status.conditions[?(@.type=="Ready")].message',
+                "priority": 1,
+                "description": "The Ready condition's message: what was listed, or what went wrong.",
             },
             {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
         ),

@@ -15,10 +15,11 @@ import yaml
 
 from dgx_api.schema import KUBERNETES_CEL_FUNCTIONS, cel, to_cel, validate
 from dgx_api.trainer_config import trainer_schema
-from dgx_operator.crdgen import KINDS, Kind, crd, file_name, outputs
+from dgx_operator.crdgen import KINDS, Kind, crd, file_name, kind_by_name, outputs
 from tests.conftest import BASE_JOB, BASE_MOUNT, CRDS, example_files, load_yaml_docs
 
 Node = Mapping[str, Any]
+CHART_CRDS = CRDS.parent / "charts" / "kubedgx" / "templates" / "crds"
 
 
 def on_disk(kind: Kind) -> dict[str, Any]:
@@ -183,6 +184,60 @@ def test_job_columns_show_phase_instance_nodes_restarts_reason_age() -> None:
     job = next(k for k in KINDS if k.kind == "DGXTrainingJob")
     names = [c["name"] for c in crd(job)["spec"]["versions"][0]["additionalPrinterColumns"] if "priority" not in c]
     assert names == ["Phase", "Instance", "Nodes", "Restarts", "Reason", "Age"]
+
+
+def test_mount_columns_show_phase_direction_source_objects_reason_age() -> None:
+    mount = kind_by_name("DGXDataMount")
+    columns = crd(mount)["spec"]["versions"][0]["additionalPrinterColumns"]
+    assert [c["name"] for c in columns if "priority" not in c] == [
+        "Phase",
+        "Direction",
+        "Source",
+        "Objects",
+        "Reason",
+        "Age",
+    ]
+    by_name = {c["name"]: c["jsonPath"] for c in columns}
+    assert by_name["Reason"] == '.status.conditions[?(@.type=="Ready")].reason'
+    assert by_name["Message"] == '.status.conditions[?(@.type=="Ready")].message'
+
+
+def test_the_job_reason_column_reads_the_running_condition() -> None:
+    """The planner writes the reason a job ended onto Running as well as Finished
+    (tests/unit/test_planner_finished.py evaluates this column on every terminal path)."""
+    (reason,) = [c for c in kind_by_name("DGXTrainingJob").columns if c["name"] == "Reason"]
+    assert reason["jsonPath"] == '.status.conditions[?(@.type=="Running")].reason'
+
+
+def generated_schemas() -> Iterator[tuple[str, Node]]:
+    """Every schema a user reads descriptions of: the CRDs in crds/ and in the chart, and the
+    trainer config's (which spec.trainer embeds, and `kubedgx` documents)."""
+    for path in [*sorted(CRDS.glob("*.yaml")), *sorted(CHART_CRDS.glob("*.yaml"))]:
+        text = path.read_text(encoding="utf-8")
+        if path.parent == CHART_CRDS:  # a Helm template: its Go-template lines are not YAML
+            text = "\n".join(line for line in text.splitlines() if "{{" not in line)
+        crd_doc = yaml.safe_load(text)
+        for version in crd_doc["spec"]["versions"]:
+            yield f"{path.name}", version["schema"]["openAPIV3Schema"]
+    yield "trainer_schema()", trainer_schema()
+
+
+def test_no_description_says_defaults_to_nothing() -> None:
+    """`kubectl explain` once read "Human-readable details. Defaults to ." for condition messages."""
+    found = [
+        f"{where}{path}: {node['description']!r}"
+        for where, root in generated_schemas()
+        for path, node in walk(root)
+        if re.search(r"Defaults to\s*(\.|\"\"\.)?\s*$", str(node.get("description", "")))
+    ]
+    assert found == []
+    api_md = (CRDS.parent / "docs" / "api.md").read_text(encoding="utf-8")
+    assert not re.search(r"Defaults to\s*\.?\s*\|", api_md)
+
+
+def test_the_check_for_empty_defaults_can_fail() -> None:
+    assert re.search(r"Defaults to\s*(\.|\"\"\.)?\s*$", "Human-readable details. Defaults to .")
+    assert re.search(r"Defaults to\s*\.?\s*\|", "| `x` | string | Human-readable details. Defaults to . |")
 
 
 def all_rules(root: Node) -> Iterator[tuple[str, dict[str, str]]]:

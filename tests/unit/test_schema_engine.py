@@ -103,6 +103,33 @@ def test_defaults_move_into_descriptions_and_out_of_the_schema() -> None:
     assert SCHEMA["properties"]["inner"]["properties"]["ratio"]["description"] == "A ratio. Defaults to 0.5."
 
 
+def test_a_default_that_says_nothing_is_not_described() -> None:
+    """An empty string, list or map default adds no text ("Defaults to ." was what kubectl explain
+    showed for every condition's message); a string that blank space would blur is quoted."""
+
+    class Defaults(KubeModel):
+        empty: str = Field(default="", description="Empty.")
+        blank: str = Field(default=" ", description="Blank.")
+        padded: str = Field(default=" x", description="Padded.")
+        word: str = Field(default="Equal", description="Word.")
+        zero: int = Field(default=0, description="Zero.")
+        off: bool = Field(default=False, description="Off.")
+        none: list[str] = Field(default_factory=list, description="None.")
+
+    props = structural_schema(Defaults)["properties"]
+    described = {name: node["description"] for name, node in props.items()}
+    assert described == {
+        "empty": "Empty.",
+        "blank": 'Blank. Defaults to " ".',
+        "padded": 'Padded. Defaults to " x".',
+        "word": "Word. Defaults to Equal.",
+        "zero": "Zero. Defaults to 0.",
+        "off": "Off. Defaults to false.",
+        "none": "None.",
+    }
+    assert all("default" not in node for node in props.values())
+
+
 def test_exclusive_bounds_use_the_openapi_v3_boolean_form() -> None:
     ratio = SCHEMA["properties"]["inner"]["properties"]["ratio"]
     assert ratio["minimum"] == 0.0

@@ -178,7 +178,10 @@ class DGXDataMountStatus(KubeModel):
     """The mount as last listed by the operator."""
 
     phase: MountPhase | None = Field(default=None, description="Lifecycle phase.")
-    conditions: list[Condition] = condition_list_field("Latest observations, one per condition type.")
+    conditions: list[Condition] = condition_list_field(
+        "Latest observations, one per condition type: Ready, True once the store was listed (In) or found "
+        "writable (Out) for the current spec."
+    )
     observed_generation: int | None = Field(
         default=None, ge=0, description="metadata.generation this status describes."
     )

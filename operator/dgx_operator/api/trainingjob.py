@@ -417,7 +417,12 @@ class DGXTrainingJobStatus(KubeModel):
     """What the operator observed, never what it hopes: written only by the operator."""
 
     phase: Phase | None = Field(default=None, description="Lifecycle phase.")
-    conditions: list[Condition] = condition_list_field("Latest observations, one per condition type.")
+    conditions: list[Condition] = condition_list_field(
+        "Latest observations, one per condition type. Running, Restarting, Suspended and Finished are always "
+        "present (Finished is True once the job has succeeded or failed, with the reason it ended: wait for it "
+        "with kubectl wait --for=condition=Finished); Succeeded and Failed appear when it ends; DataReady, "
+        "WorkersPending and Archived when they apply."
+    )
     observed_generation: int | None = Field(
         default=None, ge=0, description="metadata.generation this status describes."
     )
