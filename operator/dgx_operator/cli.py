@@ -233,6 +233,16 @@ def cmd_crds(args: argparse.Namespace, out: TextIO, err: TextIO, stdin: TextIO) 
     return 0
 
 
+def cmd_manifests(args: argparse.Namespace, out: TextIO, err: TextIO, stdin: TextIO) -> int:
+    """What the chart installs that jobs cannot run without, for a cluster set up without Helm: the
+    CRDs, and the PriorityClasses that workers name (without them the apiserver refuses the workers)."""
+    from dgx_operator.priorities import priority_class_manifests
+
+    docs = [render_crd(k) for k in KINDS] + [dump_yaml(pc) for pc in priority_class_manifests()]
+    out.write("---\n".join(docs))
+    return 0
+
+
 def cmd_instances(args: argparse.Namespace, out: TextIO, err: TextIO, stdin: TextIO) -> int:
     catalog = _catalog(args.catalog, err)
     if catalog is None:
@@ -436,6 +446,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("crds", help="print the CustomResourceDefinitions (kubectl apply -f -)")
     c.set_defaults(func=cmd_crds)
+
+    m = sub.add_parser(
+        "manifests",
+        help="print what the chart installs cluster-wide: the CRDs and the workers' PriorityClasses",
+        description="Print the CustomResourceDefinitions and the three PriorityClasses (kubedgx-low, "
+        "kubedgx-normal, kubedgx-high, as the Helm chart creates them) for a cluster set up without Helm: "
+        "kubedgx manifests | kubectl apply -f -",
+    )
+    m.set_defaults(func=cmd_manifests)
 
     run = sub.add_parser(
         "run",

@@ -16,7 +16,7 @@ from typing import Any, cast
 
 import kopf
 
-from dgx_operator import admission, metrics
+from dgx_operator import admission, metrics, priorities
 from dgx_operator.api.trainingjob import KIND
 from dgx_operator.controller import Controller, KueueSettings
 from dgx_operator.kube import Kube
@@ -56,6 +56,8 @@ async def startup(
     kube = await Kube.connect()
     kube.on_error = memo.metrics.api_error
     memo.kube = kube
+    # PriorityClasses the cluster lacks are dropped, with a WARNING, so no worker is refused (priorities.py).
+    config = memo.config = await priorities.checked(config, kube)
     if config.webhook is not None:
         memo.webhook = admission.setup(config.webhook, kube, config.retry_base)
         settings.admission.server = memo.webhook.server
