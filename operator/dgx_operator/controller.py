@@ -14,7 +14,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, ClassVar
@@ -26,7 +26,7 @@ from dgx_operator.api.trainingjob import DGXTrainingJobStatus
 from dgx_operator.catalog import Catalog
 from dgx_operator.kube import ForeignObjectError, Kube, TransientError, refusal, status_of
 from dgx_operator.loop import RESYNC, Key, ReconcileLoop
-from dgx_operator.metrics import JOB_KIND, RESTART_REASONS, Metrics
+from dgx_operator.metrics import JOB_KIND, Metrics
 from dgx_operator.reconcile.mounts import mount_state, parse_mount
 from dgx_operator.reconcile.planner import UNREADABLE, Event, MountState, Observed, Plan, Refused, plan
 from dgx_operator.reconcile.pods import PodView, slim
@@ -231,7 +231,7 @@ class Controller(ReconcileLoop):
                 catalog=self.catalog, defaults=self.defaults, data_mounts=observed[1], data_digests=observed[2]
             )
             result = plan(job, ctx, observed[0], self.now())
-            foreign, refused = await self.act(key, body, job, result)
+            foreign, refused = await self.act(key, body, job, result, observed[0].pods)
             if foreign or refused:
                 # A child's name is taken by someone else, or the apiserver refused a child for a
                 # reason a retry would meet again: plan again knowing it, so the job fails (or waits
@@ -240,7 +240,7 @@ class Controller(ReconcileLoop):
                 again = (await self.observe(key, job))[0]
                 retry = dataclasses.replace(again, foreign=tuple(foreign), refused=tuple(refused))
                 result = plan(job, ctx, retry, self.now())
-                await self.act(key, body, job, result)
+                await self.act(key, body, job, result, retry.pods)
             if result.release_finalizer and FINALIZER in (body["metadata"].get("finalizers") or []):
                 remaining = [f for f in body["metadata"]["finalizers"] if f != FINALIZER]
                 await self.kube.set_finalizers(namespace, name, body["metadata"].get("resourceVersion"), remaining)
@@ -387,11 +387,12 @@ class Controller(ReconcileLoop):
             raise TransientError(f"write Workload failed: HTTP {exc.status}") from exc
 
     async def act(
-        self, key: Key, body: Mapping[str, Any], job: DGXTrainingJob, result: Plan
+        self, key: Key, body: Mapping[str, Any], job: DGXTrainingJob, result: Plan, views: Sequence[PodView] = ()
     ) -> tuple[list[str], list[Refused]]:
         """Carry out a plan: creates, the status write, deletes, events, TTL deletion. Returns the
         children found foreign and the creates refused for good or for quota; if there are any,
-        nothing after the creates was done (the caller plans again knowing them)."""
+        nothing after the creates was done (the caller plans again knowing them). ``views``: the
+        workers as the plan saw them (the metrics tell a replaced worker from a deleted one)."""
         namespace, name = key
         exp = self.expectations.setdefault(key, Expectations())
         uid = str(job.metadata.uid)
@@ -465,9 +466,15 @@ class Controller(ReconcileLoop):
         patch = status_patch(job.status, result.status)
         if patch is not None:
             await self.kube.patch_job_status(namespace, name, job.metadata.resource_version, patch)
+            if self.metrics is not None:  # counted once written: a refused write is planned again
+                self.metrics.job_status_written(job.metadata.creation_timestamp, job.status, result.status)
+        seen = {v.name: v for v in views}
+        deleting = bool(body["metadata"].get("deletionTimestamp"))
         for pod in result.delete:
             await self.kube.delete_pod(namespace, pod)
             exp.deleted[f"Pod/{pod}"] = time.monotonic()
+            if self.metrics is not None:
+                self.metrics.worker_deleted(seen.get(pod), result.status.phase, deleting)
         for config_map in result.delete_config_maps:
             await self.kube.delete_config_map(namespace, config_map)
             exp.deleted[f"ConfigMap/{config_map}"] = time.monotonic()
@@ -481,5 +488,5 @@ class Controller(ReconcileLoop):
 
     def emit(self, body: Mapping[str, Any], event: Event) -> None:
         self.post_event(body, event.type, event.reason, event.message)
-        if self.metrics is not None and event.reason in RESTART_REASONS:
-            self.metrics.restarted(event.reason)
+        if self.metrics is not None:
+            self.metrics.event(event.reason, event.message)

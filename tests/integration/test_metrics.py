@@ -21,12 +21,14 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+import dgx_operator.handlers
 import tests.integration.test_operator as scenarios
 from dgx_operator.metrics import Metrics, serve
 from dgx_operator.settings import OperatorConfig
-from tests.conftest import BASE_JOB
+from tests.conftest import BASE_JOB, BASE_MOUNT, with_changes
 from tests.integration.conftest import RunOperator
 from tests.integration.emulator import Emulator
+from tests.integration.test_admission import JOB_PATH, MOUNT_PATH, Webhook, operator_registry, stored, webhook
 from tests.integration.test_cli_operator import STARTUP_TIMEOUT, OperatorProcess, free_port
 from tests.integration.test_datamounts import SECRET, mount_of, wait_mount
 from tests.integration.test_operator import (
@@ -45,6 +47,7 @@ from tests.integration.test_operator import (
 from tests.s3 import S3, secret
 
 pytestmark = pytest.mark.asyncio
+__all__ = ["webhook"]  # the fixture, shared with test_admission
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 JOB_KIND = "DGXTrainingJob"
@@ -88,6 +91,9 @@ async def test_metrics_count_reconciles_phases_restarts_and_api_errors(
     # Every series is there from the start, at zero.
     assert value(before, "kubedgx_reconcile_total", kind=JOB_KIND, outcome="ok") == 0
     assert value(before, "kubedgx_worker_restarts_total", reason="WorkerRestarted") == 0
+    assert value(before, "kubedgx_leader") == 1  # no election: the one replica leads
+    assert not any(name.endswith("_created") for name, _ in before)
+    assert any(name == "kubedgx_build_info" for name, _ in before)
     assert ("kubedgx_jobs", frozenset({("phase", "Running")})) in before
     assert ("kubedgx_data_mounts", frozenset({("phase", "Ready")})) in before
 
@@ -110,6 +116,7 @@ async def test_metrics_count_reconciles_phases_restarts_and_api_errors(
     assert sum(v for (name, _), v in samples.items() if name == "kubedgx_jobs") == 1
     assert value(samples, "kubedgx_data_mounts", phase="Ready") == 1
     assert not any(name == "kubedgx_api_errors_total" for name, _ in samples)
+    assert value(samples, "kubedgx_job_time_to_running_seconds_count") == 1
 
     # The worker fails; the status write that records the restart is refused once with 503, then retried.
     emulator.fail("patch", "dgxtrainingjobs", "status", code=503)
@@ -120,13 +127,25 @@ async def test_metrics_count_reconciles_phases_restarts_and_api_errors(
     assert value(samples, "kubedgx_api_errors_total", verb="patch", code="503") == 1
     assert value(samples, "kubedgx_reconcile_total", kind=JOB_KIND, outcome="retry") == 1
     assert value(samples, "kubedgx_reconcile_total", kind=JOB_KIND, outcome="error") == 0
-    # Counted once, when the plan was carried out: as status.restarts.
+    # Counted once, when the plan was carried out: one worker, one restart in status.restarts.
     assert value(samples, "kubedgx_worker_restarts_total", reason="WorkerRestarted") == 1
     assert get_job(emulator)["status"]["restarts"] == 1
     assert (value(samples, "kubedgx_jobs", phase="Running"), value(samples, "kubedgx_jobs", phase="Restarting")) == (
         0,
         1,
     )
+
+    # Back to Running is no first start; the job ends once, counted by its reason.
+    await expect_pods(emulator, {worker(0): "1"})
+    run_pod(emulator, worker(0))
+    await wait_phase(emulator, "Running")
+    exit_pod(emulator, worker(0), 0)
+    await wait_phase(emulator, "Succeeded")
+    await op.settle()
+    samples = await scrape(metrics_port)
+    assert value(samples, "kubedgx_job_time_to_running_seconds_count") == 1
+    assert value(samples, "kubedgx_jobs_finished_total", outcome="Succeeded", reason="Completed") == 1
+    assert value(samples, "kubedgx_job_run_duration_seconds_count", outcome="Succeeded") == 1
 
     # A deleted job leaves the gauge.
     emulator.delete(JOBS, NS, "job")
@@ -221,3 +240,43 @@ async def test_a_taken_metrics_port_is_an_error() -> None:
         taken.listen()
         with pytest.raises(OSError, match="address already in use"):
             await serve(Metrics(), taken.getsockname()[1])
+
+
+@pytest.fixture
+def operator_metrics(monkeypatch: pytest.MonkeyPatch) -> list[Metrics]:
+    """The Metrics the operator makes at startup, as they are made (request before the operator's fixture)."""
+    operator_registry()  # reloads dgx_operator.handlers once, which would undo the patch below
+    made: list[Metrics] = []
+
+    class Recorded(Metrics):
+        def __post_init__(self) -> None:
+            super().__post_init__()
+            made.append(self)
+
+    monkeypatch.setattr(dgx_operator.handlers, "Metrics", Recorded)
+    return made
+
+
+async def test_admission_reviews_are_counted_by_kind_operation_and_result(
+    operator_metrics: list[Metrics], webhook: Webhook
+) -> None:
+    """Through kopf's webhook server, as the apiserver calls it."""
+    await webhook.allowed(JOB_PATH, "CREATE", stored(BASE_JOB))
+    await webhook.allowed(JOB_PATH, "CREATE", stored(BASE_JOB))
+    await webhook.refused(JOB_PATH, "CREATE", stored(with_changes(BASE_JOB, {"spec.typo": 1})))
+    await webhook.refused(MOUNT_PATH, "UPDATE", stored(with_changes(BASE_MOUNT, {"spec.typo": 1})), stored(BASE_MOUNT))
+    (metrics,) = operator_metrics
+    samples = parse(metrics.exposition().decode())
+    counted = {
+        (labels["kind"], labels["operation"], labels["result"]): v
+        for (name, frozen), v in samples.items()
+        if name == "kubedgx_webhook_requests_total" and v
+        for labels in [dict(frozen)]
+    }
+    assert counted == {
+        (JOB_KIND, "CREATE", "allowed"): 2,
+        (JOB_KIND, "CREATE", "denied"): 1,
+        (MOUNT_KIND, "UPDATE", "denied"): 1,
+    }
+    assert value(samples, "kubedgx_webhook_request_duration_seconds_count", kind=JOB_KIND) == 3
+    assert value(samples, "kubedgx_webhook_request_duration_seconds_count", kind=MOUNT_KIND) == 1
