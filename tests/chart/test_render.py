@@ -701,10 +701,8 @@ def test_priority_classes() -> None:
 
 def test_argo_cd_health_checks_are_rendered_on_request() -> None:
     assert find(render(), "ConfigMap", "kubedgx-argocd-health") == []
-    scripts = {
-        "DGXTrainingJob": CHART / "files/argocd/dgxtrainingjob.lua",
-        "DGXDataMount": CHART / "files/argocd/dgxdatamount.lua",
-    }
+    customizations = CHART / "files/argocd/resource_customizations/kubedgx.io"
+    scripts = {kind: customizations / kind / "health.lua" for kind in ("DGXTrainingJob", "DGXDataMount")}
     values = {"argocd": {"healthChecks": {"enabled": True}}}
     missing = [str(p.relative_to(ROOT)) for p in scripts.values() if not p.is_file()]
     if missing:
@@ -714,9 +712,19 @@ def test_argo_cd_health_checks_are_rendered_on_request() -> None:
             render(values)
         pytest.skip(f"{missing} not written yet: only the missing-file error was checked")
     config = one(render(values), "ConfigMap", "kubedgx-argocd-health")
+    actions = config["data"].pop("resource.customizations.actions.kubedgx.io_DGXTrainingJob")
     assert config["data"] == {
         f"resource.customizations.health.kubedgx.io_{kind}": path.read_text(encoding="utf-8").rstrip("\n") + "\n"
         for kind, path in scripts.items()
+    }
+    # The DGXTrainingJob's resource actions, as Argo CD's ResourceActions (tests/argocd runs them in Argo CD's VM).
+    job = customizations / "DGXTrainingJob" / "actions"
+    assert yaml.safe_load(actions) == {
+        "discovery.lua": (job / "discovery.lua").read_text(encoding="utf-8"),
+        "definitions": [
+            {"name": name, "action.lua": (job / name / "action.lua").read_text(encoding="utf-8")}
+            for name in ("resume", "suspend")
+        ],
     }
 
 

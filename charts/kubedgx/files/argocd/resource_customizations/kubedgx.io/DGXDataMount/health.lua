@@ -1,5 +1,6 @@
 -- Argo CD health check for kubedgx.io/DGXDataMount
--- (argocd-cm key resource.customizations.health.kubedgx.io_DGXDataMount; see docs/argocd.md).
+-- (argocd-cm key resource.customizations.health.kubedgx.io_DGXDataMount; see docs/argocd.md). Its cases are
+-- health_test.yaml beside it, in Argo CD's format, run in Argo CD's own Lua VM by tests/argocd/luavm.
 --
 --   no status yet                                 Progressing  "waiting for the operator"
 --   Ready or Failed of an older spec generation   Progressing  "the spec changed; waiting for the operator ..."

@@ -1,5 +1,6 @@
 -- Argo CD health check for kubedgx.io/DGXTrainingJob
--- (argocd-cm key resource.customizations.health.kubedgx.io_DGXTrainingJob; see docs/argocd.md).
+-- (argocd-cm key resource.customizations.health.kubedgx.io_DGXTrainingJob; see docs/argocd.md). Its cases are
+-- health_test.yaml beside it, in Argo CD's format, run in Argo CD's own Lua VM by tests/argocd/luavm.
 --
 --   no status yet, or a status of an older generation   Progressing  "waiting for the operator ..."
 --   Succeeded                                            Healthy      the Succeeded condition's message
