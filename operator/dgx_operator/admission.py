@@ -2,16 +2,14 @@
 the cluster (referenced DGXDataMounts) or the previous object (immutable fields of a running job);
 and how its server is set up in each mode of :class:`~dgx_operator.settings.WebhookConfig`.
 
-Self-signed mode: at every start the operator makes a CA and a serving certificate for the
-Service's DNS names (``cryptography``; kopf's own generator needs ``certbuilder``, which is not
-installed), serves TLS with it through ``kopf.WebhookServer``, and, once the socket listens,
-creates or patches the ValidatingWebhookConfiguration with a Service clientConfig and that CA.
-kopf's ``settings.admission.managed`` is not used: it writes the URL its server reports (not a
-Service reference), names webhooks ``<handler id>.<name>`` (two DNS segments for "kubedgx", which
-the API server refuses: webhook names need three), takes failurePolicy from the decorators rather
-than from the configuration, admits every operation, and strips its webhooks from the
-configuration when the operator exits, so an old replica ending a rolling update would leave the
-cluster without validation. Ours stay; the next start replaces the caBundle.
+Self-signed mode: the replicas share one CA and serving certificate, kept in a Secret, and set its
+CA as the caBundle of the chart's ValidatingWebhookConfiguration (:mod:`dgx_operator.webhookcert`,
+which says why). kopf's ``settings.admission.managed`` is not used: it writes the URL its server
+reports (not a Service reference), names webhooks ``<handler id>.<name>`` (two DNS segments for
+"kubedgx", which the API server refuses: webhook names need three), takes failurePolicy from the
+decorators rather than from the configuration, admits every operation, and strips its webhooks from
+the configuration when the operator exits, so an old replica ending a rolling update would leave the
+cluster without validation.
 """
 
 from __future__ import annotations
@@ -19,21 +17,15 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
-import os
 import shutil
 import tempfile
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import aiohttp
 import aiohttp.web
 import kopf
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from kubernetes_asyncio.client.exceptions import ApiException
 from pydantic import ValidationError
 
@@ -52,6 +44,9 @@ from dgx_operator.render import (
 )
 from dgx_operator.settings import WebhookConfig
 from dgx_operator.validation import Validator, immutable_changes, object_label, reference_problems
+from dgx_operator.webhookcert import CertificateKeeper, PublishError, SelfSigned, self_signed
+
+__all__ = ["SelfSigned", "self_signed"]  # re-exported: tests and tools make pairs through this module
 
 log = logging.getLogger("kubedgx")
 
@@ -80,8 +75,7 @@ MATCH_CONDITIONS = (
         "|| object.spec != oldObject.spec",
     },
 )
-#: A self-signed pair is made at every start and not rotated while the operator runs.
-CERTIFICATE_DAYS = 3650
+#: Attempts at reading (or writing) the certificate Secret at startup before the operator gives up.
 PUBLISH_ATTEMPTS = 5
 
 
@@ -100,6 +94,18 @@ MOUNT_LOOKUP_TIMEOUT_S = 4.0
 #: How long a review waits for the apiserver's dry-run of a job's children (sent at once, after the
 #: mount lookups): with MOUNT_LOOKUP_TIMEOUT_S, still under the configuration's timeoutSeconds (10).
 DRY_RUN_TIMEOUT_S = 3.0
+#: The timeoutSeconds the two budgets above are sized for (the apiserver's default).
+BUDGETED_TIMEOUT_S = 10
+
+
+def budgets(timeout_seconds: int | None) -> tuple[float, float]:
+    """(mount lookups, dry-runs) for a configuration whose timeoutSeconds is this: the budgets above
+    for 10 s or more, shrunk in proportion for less, so that the apiserver still gets our answer
+    (webhook.timeoutSeconds is a chart value) rather than its own timeout."""
+    scale = min(1.0, (timeout_seconds or BUDGETED_TIMEOUT_S) / BUDGETED_TIMEOUT_S)
+    return MOUNT_LOOKUP_TIMEOUT_S * scale, DRY_RUN_TIMEOUT_S * scale
+
+
 #: Not the job's fault: retrying the same write may succeed (a dependency of the webhook failed).
 RETRY_CODE = 503
 
@@ -162,8 +168,10 @@ async def _review(
             problems += immutable_changes({**old, "status": status if isinstance(status, dict) else {}}, body)
         job = DGXTrainingJob.model_validate(new)
         found: list[tuple[dict[str, Any], int]] = [(new, 0)]
+        hook = getattr(memo.get("config"), "webhook", None)
+        lookup_s, dry_run_s = budgets(hook.timeout_seconds if isinstance(hook, WebhookConfig) else None)
         if "kube" in memo:
-            for index, (mount, cannot) in enumerate(await _mounts(memo.kube, job)):
+            for index, (mount, cannot) in enumerate(await _mounts(memo.kube, job, lookup_s)):
                 unreadable = _unreadable(index, mount) if mount is not None else None
                 if cannot is not None:
                     unchecked.append(cannot)
@@ -177,28 +185,28 @@ async def _review(
             mounts = {m["metadata"]["name"]: DGXDataMount.model_validate(m).spec for m, key in found if key == 1}
             ctx = BuildContext(catalog=validator.catalog, defaults=memo.config.defaults(), data_mounts=mounts)
             earlier = _previous_job(previous) if operation == "UPDATE" else None
-            denied, notes = await dry_run(memo.kube, job, ctx, earlier)
+            denied, notes = await dry_run(memo.kube, job, ctx, earlier, dry_run_s)
             problems += denied
             warnings += notes
     return problems, unchecked
 
 
-async def _mounts(kube: Kube, job: DGXTrainingJob) -> list[tuple[dict[str, Any] | None, str | None]]:
+async def _mounts(
+    kube: Kube, job: DGXTrainingJob, timeout: float | None = None
+) -> list[tuple[dict[str, Any] | None, str | None]]:
     """Per spec.dataMounts entry: (the stored mount without its status, or None when absent; None,
-    or why it could not be looked up), all looked up at once within MOUNT_LOOKUP_TIMEOUT_S."""
+    or why it could not be looked up), all looked up at once within ``timeout`` (default
+    MOUNT_LOOKUP_TIMEOUT_S)."""
     namespace = job.metadata.namespace or "default"
+    limit = MOUNT_LOOKUP_TIMEOUT_S if timeout is None else timeout
 
     async def lookup(index: int, name: str) -> tuple[dict[str, Any] | None, str | None]:
-        bound = asyncio.timeout(MOUNT_LOOKUP_TIMEOUT_S)
+        bound = asyncio.timeout(limit)
         try:
             async with bound:
                 mount = await kube.get_mount(namespace, name)
         except Exception as exc:  # whatever failed, the mount is unknown: the job cannot be checked
-            reason = (
-                f"the API server did not answer within {MOUNT_LOOKUP_TIMEOUT_S:g}s"
-                if bound.expired()
-                else _lookup_failure(exc)
-            )
+            reason = f"the API server did not answer within {limit:g}s" if bound.expired() else _lookup_failure(exc)
             return (
                 None,
                 f"spec.dataMounts[{index}]: cannot check against DGXDataMount {namespace}/{name}: {reason}; retry",
@@ -299,17 +307,22 @@ def _waits(found: Refusal) -> bool:
 
 
 async def dry_run(
-    kube: Kube, job: DGXTrainingJob, ctx: BuildContext, previous: DGXTrainingJob | None = None
+    kube: Kube,
+    job: DGXTrainingJob,
+    ctx: BuildContext,
+    previous: DGXTrainingJob | None = None,
+    timeout: float | None = None,
 ) -> tuple[list[Problem], list[str]]:
     """(problems, warnings): each child of :func:`children` created with ``dryRun=All``, all at once
-    and within DRY_RUN_TIMEOUT_S. A permanent refusal is a problem at ``spec`` quoting the apiserver;
-    on an UPDATE, only if the stored spec's same child is not refused as well: then the cause is the
-    cluster's (a namespace labelled for PodSecurity later, a PriorityClass deleted), and refusing
+    and within ``timeout`` (default DRY_RUN_TIMEOUT_S). A permanent refusal is a problem at ``spec``
+    quoting the apiserver; on an UPDATE, only if the stored spec's same child is not refused as well:
+    then the cause is the cluster's (a namespace labelled for PodSecurity later, a PriorityClass deleted), and refusing
     would pin the job, suspending it too. Everything else admits the job with a warning: quota, an
     answer that retrying may change (5xx, 429, RBAC's 403 of the operator), no answer in time."""
     problems: list[Problem] = []
     warnings: list[str] = []
-    bound = asyncio.timeout(DRY_RUN_TIMEOUT_S)
+    limit = DRY_RUN_TIMEOUT_S if timeout is None else timeout
+    bound = asyncio.timeout(limit)
     try:
         async with bound:
             built = children(job, ctx)
@@ -327,9 +340,9 @@ async def dry_run(
         if not bound.expired():
             raise
         name = f"{job.metadata.namespace}/{job.metadata.name}"
-        log.warning("webhook: dry-run of the children of %s: no answer within %gs", name, DRY_RUN_TIMEOUT_S)
+        log.warning("webhook: dry-run of the children of %s: no answer within %gs", name, limit)
         return [], [
-            f"spec: the apiserver did not answer the dry-run of the job's children within {DRY_RUN_TIMEOUT_S:g}s; "
+            f"spec: the apiserver did not answer the dry-run of the job's children within {limit:g}s; "
             "admitted without that check"
         ]
     for (label, _), answer in zip(built, answers, strict=True):
@@ -373,139 +386,48 @@ def _one_line(exc: BaseException) -> str:
 # -- serving -----------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class SelfSigned:
-    """PEM: the CA that signed the serving certificate (the caBundle), the certificate and its key."""
-
-    ca: bytes
-    certificate: bytes
-    key: bytes
-
-
-def self_signed(dns_names: Sequence[str], now: datetime | None = None) -> SelfSigned:
-    """A new CA (whose key is dropped once it signed) and a serving certificate for ``dns_names``."""
-    now = now or datetime.now(UTC)
-    start, end = now - timedelta(minutes=5), now + timedelta(days=CERTIFICATE_DAYS)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kubedgx webhook CA")])
-    ca = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(start)
-        .not_valid_after(end)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(_key_usage(cert_sign=True), critical=True)
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
-    key = ec.generate_private_key(ec.SECP256R1())
-    certificate = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, dns_names[0])]))
-        .issuer_name(ca_name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(start)
-        .not_valid_after(end)
-        .add_extension(x509.SubjectAlternativeName([x509.DNSName(n) for n in dns_names]), critical=False)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(_key_usage(cert_sign=False), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
-    pem = serialization.Encoding.PEM
-    return SelfSigned(
-        ca=ca.public_bytes(pem),
-        certificate=certificate.public_bytes(pem),
-        key=key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()),
-    )
-
-
-def _key_usage(*, cert_sign: bool) -> x509.KeyUsage:
-    return x509.KeyUsage(
-        digital_signature=True,
-        content_commitment=False,
-        key_encipherment=False,
-        data_encipherment=False,
-        key_agreement=False,
-        key_cert_sign=cert_sign,
-        crl_sign=cert_sign,
-        encipher_only=False,
-        decipher_only=False,
-    )
-
-
-def webhook_configuration(hook: WebhookConfig, ca_bundle: bytes) -> dict[str, Any]:
-    """The ValidatingWebhookConfiguration of self-signed mode: each kind's CREATE and UPDATE to its
-    path on the Service, port 443 (the Service maps it to the webhook port)."""
+def webhook_configuration(hook: WebhookConfig, ca_bundle: bytes, namespaces: Sequence[str] = ()) -> dict[str, Any]:
+    """The ValidatingWebhookConfiguration the chart renders (charts/kubedgx/templates/webhook.yaml;
+    a chart test compares the two): each kind's CREATE and UPDATE to its path on the Service, port
+    443 (the Service maps it to the webhook port), only in the watched ``namespaces`` when given.
+    The operator writes it whole only when it is missing and it was run without the chart."""
+    webhooks: list[dict[str, Any]] = []
+    for name, resource, path in WEBHOOKS:
+        webhook: dict[str, Any] = {
+            "name": name,
+            "admissionReviewVersions": ["v1"],
+            "sideEffects": "None",
+            "failurePolicy": hook.failure_policy,
+            "matchPolicy": "Equivalent",
+            "timeoutSeconds": hook.timeout_seconds,
+            "clientConfig": {
+                "service": {"name": hook.service, "namespace": hook.namespace, "path": path, "port": 443},
+                "caBundle": base64.b64encode(ca_bundle).decode("ascii"),
+            },
+            "matchConditions": [dict(c) for c in MATCH_CONDITIONS],
+            "rules": [
+                {
+                    "apiGroups": [GROUP],
+                    "apiVersions": [VERSION],
+                    "operations": ["CREATE", "UPDATE"],
+                    "resources": [resource],
+                    "scope": "Namespaced",
+                }
+            ],
+        }
+        if namespaces:
+            webhook["namespaceSelector"] = {
+                "matchExpressions": [
+                    {"key": "kubernetes.io/metadata.name", "operator": "In", "values": list(namespaces)}
+                ]
+            }
+        webhooks.append(webhook)
     return {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingWebhookConfiguration",
         "metadata": {"name": hook.configuration, "labels": dict(MANAGED_BY)},
-        "webhooks": [
-            {
-                "name": name,
-                "clientConfig": {
-                    "service": {"name": hook.service, "namespace": hook.namespace, "port": 443, "path": path},
-                    "caBundle": base64.b64encode(ca_bundle).decode("ascii"),
-                },
-                "rules": [
-                    {
-                        "apiGroups": [GROUP],
-                        "apiVersions": [VERSION],
-                        "operations": ["CREATE", "UPDATE"],
-                        "resources": [resource],
-                        "scope": "Namespaced",
-                    }
-                ],
-                "failurePolicy": hook.failure_policy,
-                "matchPolicy": "Equivalent",
-                "matchConditions": [dict(c) for c in MATCH_CONDITIONS],
-                "sideEffects": "None",
-                "admissionReviewVersions": ["v1"],
-                "timeoutSeconds": 10,
-            }
-            for name, resource, path in WEBHOOKS
-        ],
+        "webhooks": webhooks,
     }
-
-
-async def owned(kube: Kube, body: dict[str, Any], cluster_role: str | None) -> dict[str, Any]:
-    """``body`` owned by the ClusterRole, when one is named and exists: deleting the release deletes
-    the ClusterRole, and the garbage collector the configuration with it. (A cluster-scoped object
-    can only be owned by a cluster-scoped one, hence not the Deployment.)"""
-    if cluster_role is None:
-        return body
-    uid = await kube.cluster_role_uid(cluster_role)
-    if uid is None:
-        log.warning("ClusterRole %s not found: the webhook configuration gets no owner", cluster_role)
-        return body
-    owner = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "name": cluster_role, "uid": uid}
-    return {**body, "metadata": {**body["metadata"], "ownerReferences": [owner]}}
-
-
-async def publish(kube: Kube, body: dict[str, Any], retry_base: float = 1.0, owner: str | None = None) -> None:
-    """Create or patch the configuration; transient failures are retried a few times, then raised
-    (kopf then stops the operator: serving a CA the API server does not know is no use)."""
-    for attempt in range(PUBLISH_ATTEMPTS):
-        try:
-            outcome = await kube.apply_webhook_configuration(await owned(kube, body, owner))
-        except (TransientError, aiohttp.ClientError, TimeoutError) as exc:
-            if attempt + 1 == PUBLISH_ATTEMPTS:
-                raise
-            delay = retry_base * 2.0**attempt
-            log.warning(
-                "ValidatingWebhookConfiguration %s: %s; retrying in %.1fs", body["metadata"]["name"], exc, delay
-            )
-            await asyncio.sleep(delay)
-        else:
-            log.info("ValidatingWebhookConfiguration %s %s with this start's CA", body["metadata"]["name"], outcome)
-            return
 
 
 class WebhookServer(kopf.WebhookServer):
@@ -520,55 +442,107 @@ class WebhookServer(kopf.WebhookServer):
 
 
 @dataclass
-class PublishingServer:
-    """kopf's server; each time it listens (again), the webhook configuration is published."""
+class ListeningServer:
+    """kopf's server, telling ``on_listening`` each time it listens (again): the replica's readiness
+    waits for it, so that no endpoint is advertised before its socket accepts."""
 
     server: WebhookServer
-    publish: Callable[[], Awaitable[None]]
+    on_listening: Callable[[], None]
 
     async def __call__(self, fn: kopf.WebhookFn) -> AsyncIterator[kopf.WebhookClientConfig]:
         async with self.server:
             async for client_config in self.server(fn):
-                await self.publish()
+                self.on_listening()
                 yield client_config
 
 
 @dataclass
 class WebhookSetup:
-    """The server to put in ``settings.admission.server``, and what to remove when the operator stops."""
+    """The server to put in ``settings.admission.server``, and what to stop when the operator stops."""
 
     server: Callable[[kopf.WebhookFn], AsyncIterator[kopf.WebhookClientConfig]]
+    listening: asyncio.Event
     directory: str | None = None
+    keeper: CertificateKeeper | None = None
+    task: asyncio.Task[None] | None = None
 
-    def close(self) -> None:
+    async def close(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+            await asyncio.gather(self.task, return_exceptions=True)
         if self.directory is not None:
             shutil.rmtree(self.directory, ignore_errors=True)
 
 
-def setup(hook: WebhookConfig, kube: Kube, retry_base: float = 1.0) -> WebhookSetup:
+async def setup(
+    hook: WebhookConfig, kube: Kube, retry_base: float = 1.0, namespaces: Sequence[str] = ()
+) -> WebhookSetup:
     """The webhook server for the configured mode (:class:`WebhookServer`, looked up when called:
-    tests replace it)."""
+    tests replace it). Self-signed: the shared pair is read (or made) before the server starts, and
+    kept current by a task until :meth:`WebhookSetup.close`."""
+    listening = asyncio.Event()
     if hook.mode != "self-signed":
         insecure = hook.mode == "insecure"
-        return WebhookSetup(
-            WebhookServer(
-                addr=hook.host,
-                port=hook.port,
-                certfile=None if insecure else hook.certfile,
-                pkeyfile=None if insecure else hook.pkeyfile,
-                insecure=insecure,
-            )
+        server = WebhookServer(
+            addr=hook.host,
+            port=hook.port,
+            certfile=None if insecure else hook.certfile,
+            pkeyfile=None if insecure else hook.pkeyfile,
+            insecure=insecure,
         )
-    pair = self_signed(hook.dns_names)
-    # kopf loads (and every minute re-reads) the pair from files: a private directory until cleanup.
+        return WebhookSetup(ListeningServer(server, listening.set), listening)
+    # Settings require both in this mode.
+    assert hook.namespace is not None
+    assert hook.secret is not None
+    # kopf loads the pair from files (and restarts its server when they change): a private directory.
     directory = tempfile.mkdtemp(prefix="kubedgx-webhook-")
-    paths = os.path.join(directory, "tls.crt"), os.path.join(directory, "tls.key")
-    for path, data in zip(paths, (pair.certificate, pair.key), strict=True):
-        with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as handle:
-            handle.write(data)
-    server = WebhookServer(
-        addr=hook.host, port=hook.port, host=hook.dns_names[0], certfile=paths[0], pkeyfile=paths[1], cadata=pair.ca
+    keeper = CertificateKeeper(
+        kube=kube,
+        namespace=hook.namespace,
+        secret=hook.secret,
+        dns_names=hook.dns_names,
+        configuration=hook.configuration,
+        webhooks=tuple(name for name, _, _ in WEBHOOKS),
+        body=lambda ca: webhook_configuration(hook, ca, namespaces),
+        directory=directory,
     )
-    body = webhook_configuration(hook, pair.ca)
-    owner = hook.owner_cluster_role
-    return WebhookSetup(PublishingServer(server, lambda: publish(kube, body, retry_base, owner)), directory)
+    try:
+        pair = await _first_pair(keeper, retry_base)
+    except BaseException:
+        shutil.rmtree(directory, ignore_errors=True)
+        raise
+    server = WebhookServer(
+        addr=hook.host,
+        port=hook.port,
+        host=hook.dns_names[0],
+        certfile=keeper.certfile,
+        pkeyfile=keeper.keyfile,
+        cadata=pair.ca,
+    )
+
+    setup = WebhookSetup(ListeningServer(server, listening.set), listening, directory, keeper)
+    setup.task = asyncio.get_running_loop().create_task(_publish_and_keep(keeper), name="webhook certificate")
+    return setup
+
+
+async def _first_pair(keeper: CertificateKeeper, retry_base: float) -> SelfSigned:
+    """The pair to serve from the start; transient failures are retried a few times, then raised
+    (kopf then stops the operator, whose log says why: without the Secret's pair this replica would
+    serve a certificate the apiserver does not trust)."""
+    for attempt in range(PUBLISH_ATTEMPTS):
+        try:
+            return await keeper.ensure()
+        except PublishError as exc:
+            raise kopf.PermanentError(str(exc)) from exc
+        except (TransientError, aiohttp.ClientError, TimeoutError) as exc:
+            if attempt + 1 == PUBLISH_ATTEMPTS:
+                raise
+            delay = retry_base * 2.0**attempt
+            log.warning("webhook: Secret %s/%s: %s; retrying in %.1fs", keeper.namespace, keeper.secret, exc, delay)
+            await asyncio.sleep(delay)
+    raise AssertionError("unreachable")
+
+
+async def _publish_and_keep(keeper: CertificateKeeper) -> None:
+    await keeper.publish()
+    await keeper.keep()

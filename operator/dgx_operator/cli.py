@@ -311,8 +311,17 @@ OPERATOR_FLAGS = {
     "webhook_namespace": "KUBEDGX_WEBHOOK_NAMESPACE",
     "webhook_configuration": "KUBEDGX_WEBHOOK_CONFIGURATION",
     "webhook_failure_policy": "KUBEDGX_WEBHOOK_FAILURE_POLICY",
-    "webhook_owner_clusterrole": "KUBEDGX_WEBHOOK_OWNER_CLUSTERROLE",
+    "webhook_secret": "KUBEDGX_WEBHOOK_SECRET",
+    "webhook_timeout_seconds": "KUBEDGX_WEBHOOK_TIMEOUT_SECONDS",
     "webhook_dry_run": "KUBEDGX_WEBHOOK_DRY_RUN",
+    "bind_address": "KUBEDGX_BIND_ADDRESS",
+    "shutdown_delay": "KUBEDGX_SHUTDOWN_DELAY",
+    "leader_elect": "KUBEDGX_LEADER_ELECTION",
+    "leader_election_namespace": "KUBEDGX_LEADER_ELECTION_NAMESPACE",
+    "leader_election_id": "KUBEDGX_LEADER_ELECTION_ID",
+    "leader_election_lease_duration": "KUBEDGX_LEADER_ELECTION_LEASE_DURATION",
+    "leader_election_renew_deadline": "KUBEDGX_LEADER_ELECTION_RENEW_DEADLINE",
+    "leader_election_retry_period": "KUBEDGX_LEADER_ELECTION_RETRY_PERIOD",
 }
 WEBHOOK_MODE_VARIABLES = (
     "KUBEDGX_WEBHOOK_CERT",
@@ -364,19 +373,13 @@ def cmd_operator(args: argparse.Namespace, out: TextIO, err: TextIO, stdin: Text
         return 2
     if config.webhook is not None:
         from dgx_operator import webhooks  # noqa: F401  (registers the validating webhook)
-    liveness = args.liveness or (f"http://0.0.0.0:{config.health_port}/healthz" if config.health_port else None)
     kopf.configure(
         verbose=args.verbose,
         log_format=kopf.LogFormat.JSON if args.log_format == "json" else kopf.LogFormat.PLAIN,
     )
-    kopf.run(
-        standalone=args.standalone,
-        clusterwide=not config.namespaces,
-        namespaces=config.namespaces,
-        liveness_endpoint=liveness,
-        peering_name=args.peering,
-        memo=kopf.Memo(config=config),
-    )
+    from dgx_operator import runtime
+
+    runtime.run(config, standalone=args.standalone, peering_name=args.peering, liveness=args.liveness)
     return 0
 
 
@@ -523,11 +526,25 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="dry-run a job's children against the apiserver at admission (on)",
     )
+    o.add_argument("--webhook-secret", metavar="NAME", help="self-signed: the Secret sharing the pair (<service>-tls)")
+    o.add_argument("--webhook-timeout-seconds", type=int, metavar="N", help="the configuration's timeoutSeconds (10)")
+    o.add_argument("--bind-address", metavar="IP", help="address of the health, metrics and webhook servers (0.0.0.0)")
     o.add_argument(
-        "--webhook-owner-clusterrole",
-        metavar="NAME",
-        help="self-signed: a ClusterRole that owns the configuration (removed with it)",
+        "--shutdown-delay",
+        metavar="DURATION",
+        help="after SIGTERM, keep answering admission reviews this long before stopping (0s)",
     )
+    o.add_argument(
+        "--leader-elect",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="elect one replica on a Lease to reconcile; every replica serves admission (off)",
+    )
+    o.add_argument("--leader-election-namespace", metavar="NS", help="the Lease's namespace (the operator's)")
+    o.add_argument("--leader-election-id", metavar="NAME", help="the Lease's name (kubedgx-operator)")
+    o.add_argument("--leader-election-lease-duration", metavar="DURATION", help="how long a Lease lasts (15s)")
+    o.add_argument("--leader-election-renew-deadline", metavar="DURATION", help="leader gives up after (10s)")
+    o.add_argument("--leader-election-retry-period", metavar="DURATION", help="between attempts (2s)")
     o.set_defaults(func=cmd_operator)
 
     i = sub.add_parser("instances", help="list the instance types of the catalog")

@@ -180,6 +180,7 @@ class Controller(ReconcileLoop):
         """The job is gone: drop its bookkeeping."""
         key = (namespace, name)
         self.cancel_timer(key)
+        self.forget_key(key)
         self.expectations.pop(key, None)
         self.failures.pop(key, None)
         self.locks.pop(key, None)

@@ -20,6 +20,8 @@ from dgx_operator import admission, metrics, priorities
 from dgx_operator.api.trainingjob import KIND
 from dgx_operator.controller import Controller, KueueSettings
 from dgx_operator.kube import Kube
+from dgx_operator.leader import ElectionConfig, LeaderElector
+from dgx_operator.loop import ReconcileLoop
 from dgx_operator.metrics import Metrics
 from dgx_operator.mounts import MountController
 from dgx_operator.reconcile.pods import slim
@@ -52,14 +54,15 @@ async def startup(
     config: OperatorConfig = memo.get("config") or OperatorConfig.from_env()
     memo.config = config
     configure(settings, config)
-    memo.metrics = Metrics()
+    # With leader election a replica starts as a stand-by: its leader gauge and phase gauges say so.
+    memo.metrics = Metrics(leader=config.leader_election is None)
     kube = await Kube.connect()
     kube.on_error = memo.metrics.api_error
     memo.kube = kube
     # PriorityClasses the cluster lacks are dropped, with a WARNING, so no worker is refused (priorities.py).
     config = memo.config = await priorities.checked(config, kube)
     if config.webhook is not None:
-        memo.webhook = admission.setup(config.webhook, kube, config.retry_base)
+        memo.webhook = await admission.setup(config.webhook, kube, config.retry_base, config.namespaces)
         settings.admission.server = memo.webhook.server
     catalog = config.catalog()
     memo.validator = Validator(catalog, defaults=config.defaults())
@@ -88,17 +91,42 @@ async def startup(
     )
     if config.metrics_port:
         try:
-            memo.metrics_server = await metrics.serve(memo.metrics, config.metrics_port)
+            memo.metrics_server = await metrics.serve(memo.metrics, config.metrics_port, config.bind_address)
         except OSError as exc:
             raise kopf.PermanentError(f"cannot serve metrics on port {config.metrics_port}: {exc}") from exc
+    if config.leader_election is not None:
+        # Every replica watches and serves admission; only the Lease's holder reconciles.
+        await elect(memo, kube, config.leader_election)
+
+
+async def elect(memo: Any, kube: Kube, election: ElectionConfig) -> None:
+    """Start campaigning; the controllers wait (noting what is dirty) until this replica leads."""
+    loops: list[ReconcileLoop] = [memo.controller, memo.mounts]
+    for loop in loops:
+        loop.leading = False
+
+    async def lead() -> None:
+        memo.metrics.leading(True)
+        for loop in loops:
+            loop.lead()
+
+    async def follow() -> None:
+        memo.metrics.leading(False)
+        for loop in loops:
+            await loop.follow()
+
+    memo.elector = LeaderElector(kube, election, on_lead=lead, on_follow=follow)
+    memo.elector.start()
 
 
 @kopf.on.cleanup()
 async def cleanup(memo: Any, **_: Any) -> None:
+    if "elector" in memo:
+        await memo.elector.release()
     if "metrics_server" in memo:
         await memo.metrics_server.cleanup()
     if "webhook" in memo:
-        memo.webhook.close()
+        await memo.webhook.close()
     if "controller" in memo:
         await memo.controller.stop()
     if "mounts" in memo:

@@ -25,6 +25,8 @@ from dgx_operator.api import GROUP, VERSION
 JOBS = "dgxtrainingjobs"
 MOUNTS = "dgxdatamounts"
 MERGE_PATCH = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
+WEBHOOK_CONFIGURATIONS = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations"
 
 log = logging.getLogger(__name__)
 
@@ -343,41 +345,158 @@ class Kube:
             self._raise("patch", exc, f"patch finalizers of {plural} {namespace}/{name}")
         return patched
 
-    async def cluster_role_uid(self, name: str) -> str | None:
-        """The UID of a ClusterRole (the owner of the self-signed webhook's configuration), or None."""
-        api: Any = client.RbacAuthorizationV1Api(self.api)
+    # -- raw JSON calls (no client models: they reject fields they do not know) -----------------
+
+    async def _json(
+        self, method: str, path: str, body: Any = None, *, content_type: str = "application/json"
+    ) -> dict[str, Any]:
+        """One call whose answer is read as plain JSON; errors raise ApiException, as the models' do."""
+        response = await self.api.call_api(
+            path,
+            method,
+            header_params={"Accept": "application/json", "Content-Type": content_type},
+            body=body,
+            auth_settings=["BearerToken"],
+            _preload_content=False,
+        )
         try:
-            role = await api.read_cluster_role(name)
+            data = await response.read()
+            if not 200 <= response.status <= 299:
+                exc = ApiException(status=response.status, reason=response.reason)
+                exc.headers = response.headers
+                exc.body = data
+                raise exc
+        finally:
+            response.release()
+        found: dict[str, Any] = json.loads(data) if data else {}
+        return found
+
+    # -- leader election (leader.py) -------------------------------------------------------------
+
+    @staticmethod
+    def _lease_path(namespace: str, name: str | None = None) -> str:
+        base = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
+        return f"{base}/{name}" if name else base
+
+    async def get_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return await self._json("GET", self._lease_path(namespace, name))
         except ApiException as exc:
             if exc.status == 404:
                 return None
-            self._raise("get", exc, f"get clusterrole {name}")
-        return str(role.metadata.uid) if role.metadata and role.metadata.uid else None
+            self._raise("get", exc, f"get lease {namespace}/{name}")
 
-    async def apply_webhook_configuration(self, body: Mapping[str, Any]) -> Literal["created", "patched"]:
-        """Create the (cluster-scoped) ValidatingWebhookConfiguration, or merge-patch the existing one
-        with this body's labels and webhooks (a merge patch replaces the webhooks list whole)."""
-        api: Any = client.AdmissionregistrationV1Api(self.api)  # dict bodies, unparsed answers
-        name = body["metadata"]["name"]
+    async def create_lease(self, namespace: str, name: str, spec: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The created Lease, or None when another candidate created it first."""
+        body = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": dict(spec),
+        }
         try:
-            await _unparsed(api.create_validating_webhook_configuration(dict(body), _preload_content=False))
-            return "created"
+            return await self._json("POST", self._lease_path(namespace), body)
         except ApiException as exc:
-            if exc.status != 409:
-                self._raise("create", exc, f"create validatingwebhookconfiguration {name}")
-        meta: dict[str, Any] = {"labels": dict(body["metadata"].get("labels") or {})}
-        if body["metadata"].get("ownerReferences"):
-            meta["ownerReferences"] = list(body["metadata"]["ownerReferences"])
-        patch = {"metadata": meta, "webhooks": body["webhooks"]}
+            if exc.status == 409:
+                return None
+            self._raise("create", exc, f"create lease {namespace}/{name}")
+
+    async def replace_lease(
+        self, namespace: str, name: str, spec: Mapping[str, Any], resource_version: str
+    ) -> dict[str, Any] | None:
+        """The Lease as written, or None when it changed since it was read (409)."""
+        body = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": name, "namespace": namespace, "resourceVersion": resource_version},
+            "spec": dict(spec),
+        }
         try:
-            await _unparsed(
-                api.patch_validating_webhook_configuration(
-                    name, patch, _preload_content=False, _content_type=MERGE_PATCH
-                )
+            return await self._json("PUT", self._lease_path(namespace, name), body)
+        except ApiException as exc:
+            if exc.status in (404, 409):
+                return None
+            self._raise("update", exc, f"update lease {namespace}/{name}")
+
+    # -- the self-signed webhook's certificate Secret and configuration (admission.py) -----------
+
+    async def get_secret(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return await self._json("GET", f"/api/v1/namespaces/{namespace}/secrets/{name}")
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            self._raise("get", exc, f"get secret {namespace}/{name}")
+
+    async def update_secret_data(
+        self, namespace: str, name: str, data: Mapping[str, bytes], resource_version: str
+    ) -> dict[str, Any] | None:
+        """Write the Secret's data, only if it is still the version read; None on a conflict (another
+        replica wrote first: read it again)."""
+        patch = {
+            "metadata": {"resourceVersion": resource_version},
+            "data": {k: base64.b64encode(v).decode("ascii") for k, v in data.items()},
+        }
+        try:
+            return await self._json(
+                "PATCH", f"/api/v1/namespaces/{namespace}/secrets/{name}", patch, content_type=MERGE_PATCH
             )
         except ApiException as exc:
+            if exc.status == 409:
+                return None
+            self._raise("patch", exc, f"patch secret {namespace}/{name}")
+
+    async def create_secret(self, namespace: str, name: str, data: Mapping[str, bytes]) -> bool:
+        """Create an Opaque Secret; False when it exists already (another replica made it first)."""
+        body = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "type": "Opaque",
+            "metadata": {"name": name, "namespace": namespace, "labels": {"app.kubernetes.io/managed-by": "kubedgx"}},
+            "data": {k: base64.b64encode(v).decode("ascii") for k, v in data.items()},
+        }
+        try:
+            await self._json("POST", f"/api/v1/namespaces/{namespace}/secrets", body)
+        except ApiException as exc:
+            if exc.status == 409:
+                return False
+            self._raise("create", exc, f"create secret {namespace}/{name}")
+        return True
+
+    async def create_webhook_configuration(self, body: Mapping[str, Any]) -> None:
+        """Create the ValidatingWebhookConfiguration (run without the chart, which renders it)."""
+        try:
+            await self._json("POST", WEBHOOK_CONFIGURATIONS, dict(body))
+        except ApiException as exc:
+            if self.on_error is not None:
+                self.on_error("create", exc.status)
+            raise
+
+    async def get_webhook_configuration(self, name: str) -> dict[str, Any] | None:
+        try:
+            return await self._json("GET", f"{WEBHOOK_CONFIGURATIONS}/{name}")
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            self._raise("get", exc, f"get validatingwebhookconfiguration {name}")
+
+    async def patch_webhook_ca(self, name: str, ca_bundles: Mapping[int, bytes], resource_version: str) -> bool:
+        """Set ``clientConfig.caBundle`` of the webhooks at these indexes of one configuration, and
+        nothing else (the chart owns the rest): a JSON patch whose first operation tests the
+        resourceVersion the indexes were read at. False when the configuration changed since
+        (409, or the test failed: 422): read it again."""
+        patch: list[dict[str, Any]] = [{"op": "test", "path": "/metadata/resourceVersion", "value": resource_version}]
+        patch += [
+            {"op": "add", "path": f"/webhooks/{i}/clientConfig/caBundle", "value": base64.b64encode(ca).decode("ascii")}
+            for i, ca in sorted(ca_bundles.items())
+        ]
+        try:
+            await self._json("PATCH", f"{WEBHOOK_CONFIGURATIONS}/{name}", patch, content_type=JSON_PATCH)
+        except ApiException as exc:
+            if exc.status in (409, 422):
+                return False
             self._raise("patch", exc, f"patch validatingwebhookconfiguration {name}")
-        return "patched"
+        return True
 
     # -- Kueue (reconcile.queueing) ---------------------------------------------------------------
 

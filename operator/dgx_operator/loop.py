@@ -45,6 +45,12 @@ class ReconcileLoop:
     retry_base: float
     #: Made on first use, in the event loop that runs the reconciles.
     _slots: asyncio.Semaphore | None = None
+    #: Whether this replica reconciles. With leader election (leader.py) only the leader does; the
+    #: others keep their watches and caches warm and note which objects exist, so that a new leader
+    #: reconciles all of them at once.
+    leading: bool = True
+    #: Every object triggered and not forgotten since: what a new leader looks at first.
+    _known: set[Key] | None = None
 
     async def step(self, key: Key) -> float | None:
         """One pass over ``key``; returns when to look again (None: only on the next trigger)."""
@@ -54,6 +60,11 @@ class ReconcileLoop:
         """Ask for a pass over one object; bursts of triggers coalesce into one pass."""
         key = (namespace, name)
         self.dirty.add(key)
+        if self._known is None:
+            self._known = set()
+        self._known.add(key)
+        if not self.leading:
+            return
         task = self.workers.get(key)
         if task is None or task.done():
             self.workers[key] = asyncio.get_running_loop().create_task(self._drain(key), name=f"reconcile-{key}")
@@ -61,7 +72,7 @@ class ReconcileLoop:
     async def _drain(self, key: Key) -> None:
         if self._slots is None:
             self._slots = asyncio.Semaphore(MAX_CONCURRENT_RECONCILES)
-        while key in self.dirty:
+        while key in self.dirty and self.leading:
             delay: float | None
             async with self._slots:
                 self.dirty.discard(key)  # only now: triggers while waiting for a slot are this pass
@@ -92,6 +103,33 @@ class ReconcileLoop:
         if delay is not None:
             loop = asyncio.get_running_loop()
             self.timers[key] = loop.call_later(max(delay, 0.0), self.trigger, *key)
+
+    def forget_key(self, key: Key) -> None:
+        """The object is gone: a future leader need not look at it."""
+        self.dirty.discard(key)
+        if self._known is not None:
+            self._known.discard(key)
+
+    def lead(self) -> None:
+        """This replica became the leader: reconcile every object it knows of (another leader may
+        have changed any of them, or none reconciled them for a while)."""
+        self.leading = True
+        for key in sorted(self._known or ()):
+            self.trigger(*key)
+
+    async def follow(self) -> None:
+        """This replica stops leading (lost or released Lease, shutdown): no pass may start or go on,
+        since the next leader may already be acting. Passes in flight are cancelled; what they were
+        doing is redone by whichever replica leads next (level-triggered: nothing is lost)."""
+        self.leading = False
+        for timer in self.timers.values():
+            timer.cancel()
+        self.timers.clear()
+        tasks = [t for t in self.workers.values() if not t.done()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self.workers.clear()
 
     def cancel_timer(self, key: Key) -> None:
         timer = self.timers.pop(key, None)

@@ -85,6 +85,7 @@ class MountController(ReconcileLoop):
     def forget(self, namespace: str, name: str) -> None:
         key = (namespace, name)
         self.cancel_timer(key)
+        self.forget_key(key)
         self.failures.pop(key, None)
         self.warned.discard(key)
         self.unreadable.discard(key)

@@ -9,6 +9,7 @@ the variable of the first bad value. docs/operator.md ("Running the operator") l
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import re
@@ -19,6 +20,7 @@ from typing import Literal, cast
 import kopf
 
 from dgx_operator.catalog import Catalog
+from dgx_operator.leader import ElectionConfig, default_identity
 from dgx_operator.render.names import JOB_LABEL
 from dgx_operator.render.resolved import DEFAULT_TRAINER_IMAGE, Defaults
 
@@ -27,6 +29,10 @@ PREFIX = "kubedgx.io"
 DEFAULT_METRICS_PORT = 8080
 DEFAULT_HEALTH_PORT = 8081
 DEFAULT_WEBHOOK_CONFIGURATION = "kubedgx"
+#: The apiserver's default and the chart's: how long it waits for the webhook's answer.
+DEFAULT_WEBHOOK_TIMEOUT_SECONDS = 10
+#: The Lease the replicas elect their leader on, unless KUBEDGX_LEADER_ELECTION_ID names another.
+DEFAULT_LEADER_ELECTION_ID = "kubedgx-operator"
 #: The PriorityClasses the chart creates; KUBEDGX_PRIORITY_CLASSES replaces them ("" = none).
 DEFAULT_PRIORITY_CLASSES: Mapping[str, str] = {"low": "kubedgx-low", "normal": "kubedgx-normal", "high": "kubedgx-high"}
 PRIORITIES = ("low", "normal", "high")
@@ -46,6 +52,10 @@ SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/names
 
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+#: A duration as Kubernetes components take them (15s, 1m30s, 500ms), or plain seconds.
+_DURATION = re.compile(r"(?:(\d+(?:\.\d+)?)(ms|s|m|h))+|\d+(?:\.\d+)?")
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("", "0", "false", "no", "off")
 
@@ -68,9 +78,10 @@ class WebhookConfig:
 
     * ``certificate``: ``certfile``/``pkeyfile`` mounted from a Secret (cert-manager's); the chart
       creates the ValidatingWebhookConfiguration and cert-manager injects its caBundle;
-    * ``self-signed``: the operator makes a CA and a serving certificate for the Service's DNS names
-      at startup, and creates or patches the ValidatingWebhookConfiguration ``configuration`` itself
-      (:mod:`dgx_operator.admission`);
+    * ``self-signed``: the replicas share a CA and serving certificate for the Service's DNS names,
+      kept in the Secret ``secret`` (made by the first replica to find it empty), and set its CA as
+      the caBundle of the chart's ValidatingWebhookConfiguration ``configuration``
+      (:mod:`dgx_operator.webhookcert`);
     * ``insecure``: plain HTTP, for tests and a TLS-terminating proxy.
 
     The default mode follows the arguments: files given -> certificate, else insecure (tests)."""
@@ -85,10 +96,11 @@ class WebhookConfig:
     namespace: str | None = None
     configuration: str = DEFAULT_WEBHOOK_CONFIGURATION
     failure_policy: FailurePolicy = "Fail"
-    #: A ClusterRole that owns the configuration (self-signed mode): the chart's, so that Kubernetes'
-    #: garbage collector removes the configuration with the release instead of leaving a webhook
-    #: that refuses every write (finalizer removals included) once no operator serves it.
-    owner_cluster_role: str | None = None
+    #: The Secret that holds the self-signed pair (self-signed mode); default ``<service>-tls``.
+    secret: str | None = None
+    #: The configuration's timeoutSeconds: the review's own deadlines (mount lookups, dry-runs) are
+    #: fitted inside it, so the apiserver gets our answer rather than its timeout.
+    timeout_seconds: int = DEFAULT_WEBHOOK_TIMEOUT_SECONDS
     #: Dry-run a job's children (worker 0, its Service and ConfigMap) against the apiserver at
     #: admission, so that `kubectl apply` refuses a job whose pods PodSecurity or a missing
     #: PriorityClass would refuse (admission.py); KUBEDGX_WEBHOOK_DRY_RUN=0 turns it off.
@@ -147,6 +159,15 @@ class OperatorConfig:
     #: Manage jobs without the label too (they go to the LocalQueue "default"), as Kueue's
     #: manageJobsWithoutQueueName does for its built-in kinds.
     kueue_manage_without_queue_name: bool = False
+    #: The address the health, metrics and webhook servers listen on (KUBEDGX_BIND_ADDRESS).
+    bind_address: str = "0.0.0.0"
+    #: Several replicas, one of which (the holder of this Lease) reconciles; None: this process
+    #: reconciles (one replica, or a local run). See :mod:`dgx_operator.leader`.
+    leader_election: ElectionConfig | None = None
+    #: Seconds between SIGTERM and the end of serving: the replica reports not ready and hands its
+    #: leadership over at once, but goes on answering admission reviews while the endpoint's removal
+    #: reaches the apiserver (a rolling update then refuses no write).
+    shutdown_delay: float = 0.0
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> OperatorConfig:
@@ -166,6 +187,9 @@ class OperatorConfig:
             webhook=env.webhook(),
             kueue=env.flag("KUBEDGX_KUEUE", default=True),
             kueue_manage_without_queue_name=env.flag("KUBEDGX_KUEUE_MANAGE_JOBS_WITHOUT_QUEUE_NAME"),
+            bind_address=env.address("KUBEDGX_BIND_ADDRESS") or "0.0.0.0",
+            leader_election=env.leader_election(),
+            shutdown_delay=env.duration("KUBEDGX_SHUTDOWN_DELAY", 0.0),
         )
 
     def catalog(self) -> Catalog:
@@ -222,6 +246,60 @@ class _Env:
             raise ConfigError(name, f"must be a port number {low}-65535, got {value!r}")
         return int(value)
 
+    def duration(self, name: str, default: float, *, positive: bool = False) -> float:
+        value = self.text(name)
+        if value is None:
+            return default
+        if not _DURATION.fullmatch(value):
+            raise ConfigError(name, f"must be a duration such as 15s, 1m30s or 500ms, got {value!r}")
+        parts = _DURATION_PART.findall(value)
+        seconds = sum(float(n) * _UNIT_SECONDS[u] for n, u in parts) if parts else float(value)
+        if positive and seconds <= 0:
+            raise ConfigError(name, f"must be longer than 0, got {value!r}")
+        return seconds
+
+    def address(self, name: str) -> str | None:
+        value = self.text(name)
+        if value is not None:
+            try:
+                ipaddress.ip_address(value)
+            except ValueError:
+                raise ConfigError(name, f"must be an IP address to listen on (0.0.0.0: all), got {value!r}") from None
+        return value
+
+    def leader_election(self) -> ElectionConfig | None:
+        """Only with KUBEDGX_LEADER_ELECTION=1; the Lease is in the operator's own namespace unless
+        KUBEDGX_LEADER_ELECTION_NAMESPACE names another."""
+        on = self.flag("KUBEDGX_LEADER_ELECTION")
+        name = self.name("KUBEDGX_LEADER_ELECTION_ID", _DNS_SUBDOMAIN, 253, "Lease name")
+        namespace = self.name("KUBEDGX_LEADER_ELECTION_NAMESPACE", _DNS_LABEL, 63, "namespace name")
+        durations = {
+            field: self.duration(f"KUBEDGX_LEADER_ELECTION_{suffix}", default, positive=True)
+            for field, suffix, default in (
+                ("lease_duration", "LEASE_DURATION", 15.0),
+                ("renew_deadline", "RENEW_DEADLINE", 10.0),
+                ("retry_period", "RETRY_PERIOD", 2.0),
+            )
+        }
+        if not on:
+            return None
+        namespace = namespace or _own_namespace()
+        if namespace is None:
+            raise ConfigError(
+                "KUBEDGX_LEADER_ELECTION_NAMESPACE",
+                f"required with KUBEDGX_LEADER_ELECTION=1 (no {SERVICE_ACCOUNT_NAMESPACE}: not in a pod)",
+            )
+        config = ElectionConfig(
+            namespace=namespace,
+            name=name or DEFAULT_LEADER_ELECTION_ID,
+            identity=default_identity(self.environ),
+            **durations,
+        )
+        problems = config.problems()
+        if problems:
+            raise ConfigError("KUBEDGX_LEADER_ELECTION_LEASE_DURATION", "; ".join(problems))
+        return config
+
     def choice(self, name: str, choices: tuple[str, ...], default: str) -> str:
         value = self.text(name)
         if value is None:
@@ -275,7 +353,13 @@ class _Env:
         )
         service = self.name("KUBEDGX_WEBHOOK_SERVICE", _DNS_LABEL, 63, "Service name")
         namespace = self.name("KUBEDGX_WEBHOOK_NAMESPACE", _DNS_LABEL, 63, "namespace name")
-        owner = self.name("KUBEDGX_WEBHOOK_OWNER_CLUSTERROLE", _DNS_SUBDOMAIN, 253, "ClusterRole name")
+        secret = self.name("KUBEDGX_WEBHOOK_SECRET", _DNS_SUBDOMAIN, 253, "Secret name")
+        timeout = self.text("KUBEDGX_WEBHOOK_TIMEOUT_SECONDS")
+        if timeout is not None and (not timeout.isdigit() or not 1 <= int(timeout) <= 30):
+            raise ConfigError(
+                "KUBEDGX_WEBHOOK_TIMEOUT_SECONDS", f"must be 1-30 (the apiserver's bounds), got {timeout!r}"
+            )
+        host = self.address("KUBEDGX_BIND_ADDRESS") or "0.0.0.0"
         dry_run = self.flag("KUBEDGX_WEBHOOK_DRY_RUN") if self.text("KUBEDGX_WEBHOOK_DRY_RUN") else True
         if not port:
             return None
@@ -310,6 +394,7 @@ class _Env:
                 )
         return WebhookConfig(
             port=port,
+            host=host,
             certfile=certfile,
             pkeyfile=pkeyfile,
             insecure=insecure,
@@ -318,7 +403,8 @@ class _Env:
             namespace=namespace,
             configuration=configuration or DEFAULT_WEBHOOK_CONFIGURATION,
             failure_policy=cast(FailurePolicy, policy),
-            owner_cluster_role=owner if self_signed else None,
+            secret=(secret or f"{service}-tls") if self_signed else None,
+            timeout_seconds=int(timeout) if timeout is not None else DEFAULT_WEBHOOK_TIMEOUT_SECONDS,
             dry_run=dry_run,
         )
 

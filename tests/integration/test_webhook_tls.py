@@ -1,8 +1,9 @@
 """The validating webhook's TLS modes as the chart uses them (docs/operator.md, "Running the operator"):
 
-* self-signed: the operator makes its own CA and serving certificate for the Service's DNS names, serves TLS with
-  them, and creates (or, on a later start, patches) the ValidatingWebhookConfiguration with a Service clientConfig
-  and that CA, which must verify what the server presents under the Service's name;
+* self-signed: the replicas share one CA and serving certificate for the Service's DNS names, kept in a Secret
+  (the first to find it empty fills it), serve TLS with it, and set its CA as the caBundle of the
+  ValidatingWebhookConfiguration (the chart's; created only when missing), which must verify what the server
+  presents under the Service's name; a restart keeps the pair, an expiring pair is renewed keeping the old CA;
 * certificate files (cert-manager's Secret): served as given, and the operator writes no configuration.
 
 The operator runs in-process against the emulator, which serves admissionregistration.k8s.io/v1 for these tests
@@ -15,8 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import copy
 import dataclasses
 import ssl
+import tempfile
 import types
 import uuid
 from collections.abc import AsyncIterator
@@ -28,12 +31,12 @@ import kopf
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
-from kubernetes_asyncio.client.exceptions import ApiException
 
 from dgx_operator import admission
 from dgx_operator.kube import Kube
 from dgx_operator.metrics import Metrics
 from dgx_operator.settings import OperatorConfig, WebhookConfig
+from dgx_operator.webhookcert import CertificateKeeper, PublishError, SelfSigned, self_signed, unusable
 from tests.conftest import BASE_JOB, with_changes
 from tests.integration.conftest import OperatorRun, RunOperator
 from tests.integration.emulator import Emulator, Kind
@@ -153,17 +156,50 @@ def ca_bundle(vwc: Body) -> bytes:
 
 # -- self-signed ----------------------------------------------------------------------------------------------
 
+SECRETS = "secrets"
+SECRET = f"{SERVICE}-tls"
+
+
+@pytest.fixture
+def self_signed_served(vwc_served: Emulator) -> Emulator:
+    """The emulator with the release's namespace (the Secret lives there)."""
+    vwc_served.create_namespace(NAMESPACE)
+    return vwc_served
+
+
+def chart_configuration(**hook: Any) -> Body:
+    """The configuration as the chart renders it: no caBundle (the replicas set it)."""
+    body = admission.webhook_configuration(
+        WebhookConfig(self_signed=True, service=SERVICE, namespace=NAMESPACE, configuration="kubedgx", **hook), b""
+    )
+    for webhook in body["webhooks"]:
+        del webhook["clientConfig"]["caBundle"]
+    return body
+
+
+def stored_pair(emulator: Emulator) -> SelfSigned | None:
+    secret = emulator.get(SECRETS, NAMESPACE, SECRET)
+    data = {k: base64.b64decode(v) for k, v in ((secret or {}).get("data") or {}).items()}
+    return SelfSigned.of(data)
+
 
 async def test_self_signed_mode_registers_a_configuration_whose_ca_verifies_the_server(
-    vwc_served: Emulator, run_operator: RunOperator
+    self_signed_served: Emulator, run_operator: RunOperator
 ) -> None:
-    emulator, port = vwc_served, free_port()
+    """Run without the chart: the Secret and the configuration are missing, and the operator creates both."""
+    emulator, port = self_signed_served, free_port()
     config = quick(OperatorConfig.from_env(self_signed_env(port, KUBEDGX_WEBHOOK_FAILURE_POLICY="Ignore")))
-    await start(run_operator, config)
+    memo = kopf.Memo()
+    await start(run_operator, config, memo)
     vwc = await emulator.wait_for_object(VWCS, None, "kubedgx", timeout=10)
+    await emulator.wait_for(lambda: "webhook" in memo, timeout=10)
+    await asyncio.wait_for(memo.webhook.listening.wait(), timeout=10)
 
     assert vwc["metadata"]["labels"] == {"app.kubernetes.io/managed-by": "kubedgx-operator"}
     ca = ca_bundle(vwc)
+    pair = stored_pair(emulator)
+    assert pair is not None
+    assert ca == pair.ca  # the Secret's CA is the caBundle
     hooks = {hook["name"]: hook for hook in vwc["webhooks"]}
     assert sorted(hooks) == ["dgxdatamounts.kubedgx.io", "dgxtrainingjobs.kubedgx.io"]
     for name, path, plural in (
@@ -202,10 +238,43 @@ async def test_self_signed_mode_registers_a_configuration_whose_ca_verifies_the_
         await served_certificate(port, admission.self_signed([HOSTNAME]).ca, HOSTNAME)
 
 
-async def test_a_second_start_patches_the_configuration_with_its_new_ca(
-    vwc_served: Emulator, run_operator: RunOperator
+async def test_the_chart_s_configuration_gets_its_ca_bundle_and_nothing_else(
+    self_signed_served: Emulator, run_operator: RunOperator
 ) -> None:
-    emulator, port = vwc_served, free_port()
+    """The chart renders the configuration and an empty Secret; the operator fills the Secret and patches only the
+    caBundle of its two webhooks (a third webhook of the configuration, and every other field, stay as they are)."""
+    emulator, port = self_signed_served, free_port()
+    rendered = chart_configuration(timeout_seconds=7)
+    other = {**copy.deepcopy(rendered["webhooks"][0]), "name": "someone-else.example.com"}
+    rendered["webhooks"].insert(0, other)
+    emulator.create(VWCS, rendered)
+    emulator.create(SECRETS, {"metadata": {"name": SECRET, "namespace": NAMESPACE}, "type": "Opaque"})
+    memo = kopf.Memo()
+    await start(run_operator, quick(OperatorConfig.from_env(self_signed_env(port))), memo)
+    vwc = await emulator.wait_for_object(
+        VWCS, None, "kubedgx", lambda v: "caBundle" in v["webhooks"][1]["clientConfig"], timeout=10
+    )
+    await emulator.wait_for(lambda: "webhook" in memo, timeout=10)
+    await asyncio.wait_for(memo.webhook.listening.wait(), timeout=10)
+    pair = stored_pair(emulator)
+    assert pair is not None
+    assert "caBundle" not in vwc["webhooks"][0]["clientConfig"]  # not ours
+    for mine in vwc["webhooks"][1:]:
+        assert base64.b64decode(mine["clientConfig"]["caBundle"]) == pair.ca
+        assert mine["timeoutSeconds"] == 7  # the chart's, untouched
+    without_ca = copy.deepcopy(vwc)
+    for webhook in without_ca["webhooks"]:
+        webhook["clientConfig"].pop("caBundle", None)
+    assert without_ca["webhooks"] == rendered["webhooks"]
+    writes = [(c.verb, c.status) for c in emulator.calls(resource=VWCS) if c.write]
+    assert writes == [("patch", 200)]  # one patch: nothing created
+    assert (await review(port, pair.ca, HOSTNAME))["response"]["allowed"] is False
+
+
+async def test_a_restart_keeps_the_pair_so_the_ca_bundle_never_changes(
+    self_signed_served: Emulator, run_operator: RunOperator
+) -> None:
+    emulator, port = self_signed_served, free_port()
     config = quick(OperatorConfig.from_env(self_signed_env(port)))
     memo = kopf.Memo()
     first = await start(run_operator, config, memo)
@@ -213,83 +282,87 @@ async def test_a_second_start_patches_the_configuration_with_its_new_ca(
     key_directory = Path(memo.webhook.directory)
     assert sorted(p.name for p in key_directory.iterdir()) == ["tls.crt", "tls.key"]
     assert (key_directory / "tls.key").stat().st_mode & 0o077 == 0  # the key is the operator's alone
+    served = await served_certificate(port, ca_bundle(created), HOSTNAME)
     await first.stop()
     assert not key_directory.exists()  # removed at cleanup
 
-    await start(run_operator, config)
-    patched = await emulator.wait_for_object(
-        VWCS, None, "kubedgx", lambda vwc: ca_bundle(vwc) != ca_bundle(created), timeout=10
-    )
-    assert len(emulator.select(VWCS)) == 1
-    assert patched["metadata"]["uid"] == created["metadata"]["uid"]  # the same object, patched
-    assert [hook["failurePolicy"] for hook in patched["webhooks"]] == ["Fail", "Fail"]  # the default
-    writes = [(c.verb, c.status) for c in emulator.calls(resource=VWCS) if c.write]
-    assert writes == [("create", 201), ("create", 409), ("patch", 200)]
-    # The new CA verifies the server; the old one no longer does.
-    assert (await review(port, ca_bundle(patched), HOSTNAME))["response"]["allowed"] is False
-    with pytest.raises(ssl.SSLCertVerificationError):
-        await served_certificate(port, ca_bundle(created), HOSTNAME)
+    memo = kopf.Memo()
+    await start(run_operator, config, memo)
+    await emulator.wait_for(lambda: "webhook" in memo, timeout=10)  # set once the Secret was read
+    await asyncio.wait_for(memo.webhook.listening.wait(), timeout=10)
+    again = await served_certificate(port, ca_bundle(created), HOSTNAME)  # no TLS error after the restart
+    assert again == served
+    assert emulator.get(VWCS, None, "kubedgx")["webhooks"] == created["webhooks"]
+    secret_writes = [c.verb for c in emulator.calls(resource=SECRETS) if c.write]
+    assert secret_writes == ["create"]  # the first start made the pair; the second only read it
 
 
-CLUSTER_ROLES = "clusterroles"
-CLUSTER_ROLE_KIND = Kind("rbac.authorization.k8s.io", "v1", CLUSTER_ROLES, "ClusterRole", namespaced=False)
+async def test_two_replicas_starting_together_end_with_one_pair(self_signed_served: Emulator, api_client: Any) -> None:
+    emulator = self_signed_served
+    emulator.create(SECRETS, {"metadata": {"name": SECRET, "namespace": NAMESPACE}, "type": "Opaque"})
+    hook = WebhookConfig(self_signed=True, service=SERVICE, namespace=NAMESPACE, secret=SECRET)
+    keepers = [keeper(hook, Kube(api_client), tmp) for tmp in ("a", "b")]
+    first, second = await asyncio.gather(*(k.ensure() for k in keepers))
+    assert first == second == stored_pair(emulator)
+    patches = [c for c in emulator.calls(resource=SECRETS) if c.write]
+    assert [c.status for c in patches] in ([200, 409], [409, 200])  # one wrote, the other read the winner's
+    for k in keepers:
+        assert Path(k.certfile).read_bytes() == first.certificate
 
 
-async def test_the_configuration_is_owned_by_the_chart_s_cluster_role(
-    vwc_served: Emulator, run_operator: RunOperator
+def keeper(hook: WebhookConfig, kube: Kube, name: str) -> CertificateKeeper:
+    directory = Path(tempfile.mkdtemp(prefix=f"keeper-{name}-"))
+    return CertificateKeeper(
+        kube=kube, namespace=NAMESPACE, secret=SECRET, dns_names=hook.dns_names, configuration="kubedgx",
+        webhooks=("dgxtrainingjobs.kubedgx.io", "dgxdatamounts.kubedgx.io"),
+        body=lambda ca: admission.webhook_configuration(hook, ca), directory=str(directory),
+    )  # fmt: skip
+
+
+async def test_an_expiring_pair_is_renewed_keeping_the_old_ca_in_the_bundle(
+    self_signed_served: Emulator, api_client: Any
 ) -> None:
-    """Uninstalling the release deletes the ClusterRole, and with it (garbage collection) the configuration: no
-    webhook is left that refuses every write to the kept CRDs once no operator serves it. Re-owned on a patch."""
-    emulator, port = vwc_served, free_port()
-    emulator._register(CLUSTER_ROLE_KIND)  # the emulator serves no RBAC kinds of its own
-    role = emulator.create(
-        CLUSTER_ROLES,
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": "kubedgx"}},
-    )
-    env = self_signed_env(port, KUBEDGX_WEBHOOK_OWNER_CLUSTERROLE="kubedgx")
-    config = quick(OperatorConfig.from_env(env))
-    assert config.webhook is not None
-    assert config.webhook.owner_cluster_role == "kubedgx"
-    first = await start(run_operator, config)
-    vwc = await emulator.wait_for_object(VWCS, None, "kubedgx", timeout=10)
-    owner = {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "ClusterRole",
-        "name": "kubedgx",
-        "uid": role["metadata"]["uid"],
-    }
-    assert vwc["metadata"]["ownerReferences"] == [owner]
-    await first.stop()
-
-    emulator.patch(VWCS, None, "kubedgx", {"metadata": {"ownerReferences": None}})  # lost, say by a manual edit
-    await start(run_operator, config)
-    patched = await emulator.wait_for_object(
-        VWCS, None, "kubedgx", lambda v: v["metadata"].get("ownerReferences"), timeout=10
-    )
-    assert patched["metadata"]["ownerReferences"] == [owner]
+    """A replica still serving the old certificate stays trusted until it reads the new pair."""
+    emulator = self_signed_served
+    hook = WebhookConfig(self_signed=True, service=SERVICE, namespace=NAMESPACE, secret=SECRET)
+    old = self_signed(hook.dns_names, days=20)  # inside the 30 days before expiry
+    data = {k: base64.b64encode(v).decode() for k, v in old.data().items()}
+    emulator.create(SECRETS, {"metadata": {"name": SECRET, "namespace": NAMESPACE}, "type": "Opaque", "data": data})
+    renewed = await keeper(hook, Kube(api_client), "r").ensure()
+    assert renewed.certificate != old.certificate
+    assert renewed.ca.endswith(old.ca)  # the new CA first, then the old one
+    assert stored_pair(emulator) == renewed
+    assert unusable(renewed, hook.dns_names) is None
+    old_certificate = x509.load_pem_x509_certificate(old.certificate)
+    assert any(old_certificate.issuer == c.subject for c in x509.load_pem_x509_certificates(renewed.ca))
 
 
-async def test_a_missing_owner_leaves_the_configuration_unowned(
-    vwc_served: Emulator, run_operator: RunOperator
+async def test_a_failed_read_of_the_secret_is_retried_and_counted(
+    self_signed_served: Emulator, run_operator: RunOperator
 ) -> None:
-    emulator, port = vwc_served, free_port()
-    emulator._register(CLUSTER_ROLE_KIND)
-    config = quick(OperatorConfig.from_env(self_signed_env(port, KUBEDGX_WEBHOOK_OWNER_CLUSTERROLE="absent")))
-    await start(run_operator, config)
-    vwc = await emulator.wait_for_object(VWCS, None, "kubedgx", timeout=10)
-    assert "ownerReferences" not in vwc["metadata"]
-
-
-async def test_a_failed_registration_is_retried_and_counted(vwc_served: Emulator, run_operator: RunOperator) -> None:
-    emulator, port = vwc_served, free_port()
-    emulator.fail("create", VWCS, code=503, times=2)
+    emulator, port = self_signed_served, free_port()
+    emulator.fail("get", SECRETS, code=503, times=2)
     memo = kopf.Memo()
     await start(run_operator, quick(OperatorConfig.from_env(self_signed_env(port))), memo)
     await emulator.wait_for_object(VWCS, None, "kubedgx", timeout=10)
-    assert [c.status for c in emulator.calls("create", VWCS)] == [503, 503, 201]
+    assert [c.status for c in emulator.calls("get", SECRETS)][:3] == [503, 503, 404]
     metrics: Metrics = memo.metrics
     exposition = metrics.exposition().decode()
-    assert 'kubedgx_api_errors_total{code="503",verb="create"} 2.0' in exposition
+    assert 'kubedgx_api_errors_total{code="503",verb="get"} 2.0' in exposition
+
+
+async def test_a_configuration_it_may_not_create_is_reported_not_retried_at_once(
+    self_signed_served: Emulator, api_client: Any
+) -> None:
+    """RBAC without create (the chart's) and no configuration (deleted by hand): the log says what to do."""
+    emulator = self_signed_served
+    emulator.fail("create", VWCS, code=403)
+    hook = WebhookConfig(self_signed=True, service=SERVICE, namespace=NAMESPACE, secret=SECRET)
+    k = keeper(hook, Kube(api_client), "f")
+    pair = await k.ensure()
+    with pytest.raises(PublishError, match="does not exist and this operator may not create it"):
+        await k.inject(pair)
+    assert [c.status for c in emulator.calls(resource=VWCS) if c.write] == [403]
 
 
 # -- certificate files ------------------------------------------------------------------------------------------
@@ -327,23 +400,9 @@ async def test_certificate_files_are_served_as_given_and_no_configuration_is_wri
 async def test_the_self_signed_configuration_body() -> None:
     """Webhook names need three DNS segments (the API server refuses fewer); paths are kopf's handler ids."""
     hook = WebhookConfig(self_signed=True, service="svc", namespace="ns", configuration="mine", failure_policy="Fail")
-    body = admission.webhook_configuration(hook, b"CA")
+    body = admission.webhook_configuration(hook, b"CA", namespaces=("ml",))
     assert body["metadata"]["name"] == "mine"
     assert [h["name"].count(".") for h in body["webhooks"]] == [2, 2]
     assert [h["clientConfig"]["service"]["path"] for h in body["webhooks"]] == [JOB_PATH, MOUNT_PATH]
     assert {h["clientConfig"]["caBundle"] for h in body["webhooks"]} == {base64.b64encode(b"CA").decode()}
-
-
-async def test_a_refused_registration_is_not_retried(vwc_served: Emulator, api_client: Any) -> None:
-    """403 (the chart gave no RBAC for it) is raised at once: kopf then stops the operator, whose log says
-    why, rather than serving a CA the API server never learns."""
-    emulator = vwc_served
-    emulator.fail("create", VWCS, code=403)
-    hook = WebhookConfig(self_signed=True, service=SERVICE, namespace=NAMESPACE)
-    errors: list[tuple[str, int]] = []
-    kube = Kube(api_client, on_error=lambda verb, code: errors.append((verb, code)))
-    with pytest.raises(ApiException) as refused:
-        await admission.publish(kube, admission.webhook_configuration(hook, b"CA"), retry_base=0.01)
-    assert refused.value.status == 403
-    assert [c.status for c in emulator.calls(resource=VWCS)] == [403]
-    assert errors == [("create", 403)]
+    assert [h["namespaceSelector"]["matchExpressions"][0]["values"] for h in body["webhooks"]] == [["ml"], ["ml"]]

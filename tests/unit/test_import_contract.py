@@ -110,6 +110,9 @@ RUNTIME = (
     "dgx_operator.mounts",
     "dgx_operator.settings",
     "dgx_operator.admission",
+    "dgx_operator.leader",
+    "dgx_operator.webhookcert",
+    "dgx_operator.runtime",
 )
 
 
