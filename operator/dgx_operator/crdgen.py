@@ -165,8 +165,8 @@ KINDS: tuple[Kind, ...] = (
                 "type": "string",
                 "jsonPath": '.status.conditions[?(@.type=="Ready")].reason',
                 "description": (
-                    "The Ready condition's reason: Listed or Writable, Syncing, or what the store answered (BucketNotFound, "
-                    "AccessDenied, Unreachable, ...)."
+                    "The Ready condition's reason: Listed or Writable, Syncing, or what the store answered "
+                    "(BucketNotFound, AccessDenied, Unreachable, ...)."
                 ),
             },
             {
