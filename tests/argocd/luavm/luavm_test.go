@@ -1,9 +1,10 @@
 // Package luavm runs kubedgx's Argo CD health checks and resource actions in Argo CD's own Lua VM: the package
 // github.com/argoproj/argo-cd/v3/util/lua, imported as a module at the version go.mod pins, not an imitation of it.
 //
-// Argo CD v3.2.12: the newest release whose module graph the Go module proxy serves whole to Go 1.26 (v3.3 to v3.5
-// replace their gitops-engine with a directory of their own repository, which their module zip leaves out, and the
-// gitops-engine pseudo-version they name does not build with them; v3.6 needs Go 1.27). util/lua's lua.go and
+// Argo CD v3.2.12: the newest release whose module graph builds from the Go module proxy with Go 1.26 (v3.3 to v3.5
+// replace their gitops-engine with a directory of their own repository, which their module zip leaves out: the
+// version v3.3 names in its place lacks KubectlCmd.ManageServerSideDiffDryRuns, which v3.3 calls, and the one v3.4
+// and v3.5 name is not served; v3.6 needs Go 1.27). util/lua's lua.go and
 // oslib_safe.go are the same in v3.2.12 to v3.5.7 but for gitops-engine's import path and one reflect call; v3.6.1
 // adds a compiled-script cache and returns no health for a script that returns nil. So the VM (which libraries
 // open, the safe os module, the JSON in and out, the one-second timeout) is the one Argo CD 3.2 to 3.6 run; gopher-lua
