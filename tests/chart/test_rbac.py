@@ -65,7 +65,6 @@ KUEUE_RULES = (
     ("kueue.x-k8s.io", "resourceflavors", "list"),
     ("kueue.x-k8s.io", "resourceflavors", "watch"),
     ("kueue.x-k8s.io", "workloadpriorityclasses", "get"),
-    ("scheduling.k8s.io", "priorityclasses", "get"),
 )
 KUEUE_WHY = (
     "Kueue's integration (kueue.enabled): the emulator serves no Kueue API; tests/cluster/test_kueue.py exercises "
@@ -137,8 +136,15 @@ def test_every_rule_carries_a_purpose_comment_in_the_template() -> None:
 
 
 def test_secrets_are_read_only_when_data_mounts_may() -> None:
+    """Any Secret (a mount's credentials) only with dataMounts.readSecrets; the webhook's own Secret, by name,
+    always (self-signed mode)."""
+
     def grants_secrets(values: dict[str, Any]) -> bool:
-        return any("secrets" in rule["resources"] for role in roles(render(values)) for rule in role.obj["rules"])
+        return any(
+            "secrets" in rule["resources"] and "resourceNames" not in rule
+            for role in roles(render(values))
+            for rule in role.obj["rules"]
+        )
 
     assert grants_secrets({})
     assert not grants_secrets({"dataMounts": {"readSecrets": False}})
@@ -209,7 +215,10 @@ def test_the_grant_model_reads_bindings_and_resource_names() -> None:
     pods_in = {g.namespace for g in namespaced if (g.resource, g.verb) == ("pods", "create")}
     assert pods_in == {"ml", "research"}
     vwc = [g for g in grants(render()) if g.resource == VWC]
-    assert {(g.verb, g.names) for g in vwc} == {("create", None), ("patch", frozenset({"kubedgx-webhook"}))}
+    assert {(g.verb, g.names) for g in vwc} == {
+        ("get", frozenset({"kubedgx-webhook"})),
+        ("patch", frozenset({"kubedgx-webhook"})),
+    }
     assert grants(render({"serviceAccount": {"create": False, "name": "other"}})) == []
 
     def call(verb: str, resource: str, namespace: str | None, name: str | None) -> Call:
@@ -231,7 +240,9 @@ def chart_config(objects: list[Rendered], tmp_path: Path, monkeypatch: pytest.Mo
     local files and ports: the catalog ConfigMap written to a file, the webhook on a free loopback port,
     no metrics or health servers, the short backoffs of the integration tests."""
     deployment = one(objects, "Deployment")
-    variables = {e["name"]: e["value"] for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    env = deployment["spec"]["template"]["spec"]["containers"][0]["env"]
+    variables = {e["name"]: e["value"] for e in env if "value" in e}
+    variables["POD_NAME"] = "kubedgx-operator-0"  # valueFrom metadata.name
     catalog = tmp_path / "catalog.yaml"
     catalog.write_text(one(objects, "ConfigMap", "kubedgx-catalog")["data"]["catalog.yaml"], encoding="utf-8")
     variables |= {"KUBEDGX_CATALOG": str(catalog), "KUBEDGX_METRICS_PORT": "0", "KUBEDGX_HEALTH_PORT": "0"}
@@ -326,8 +337,14 @@ async def admit(port: int, path: str, obj: dict[str, Any]) -> None:
 async def exercise(op: Operator, s3: S3, config: OperatorConfig) -> None:
     emulator = op.emulator
     assert config.webhook is not None
-    # The webhook configuration exists from an earlier start: create answers 409, the operator patches it.
-    await emulator.wait_for(lambda: emulator.get(VWC, None, config.webhook.configuration), message="the VWC")
+    # The chart's webhook configuration gets the replicas' CA; this replica wins the chart's empty Lease.
+    await emulator.wait_for(
+        lambda: all(
+            "caBundle" in h["clientConfig"] for h in emulator.get(VWC, None, config.webhook.configuration)["webhooks"]
+        ),
+        message="the caBundle",
+    )
+    await emulator.wait_for(lambda: op.memo.elector.leading, message="the Lease")
 
     # A job's whole life; its children's creates each meet a 409 first (the operator reads the object
     # to see whose it is: gone, so it tries again).
@@ -404,15 +421,12 @@ async def test_the_rbac_allows_every_call_of_the_operator_and_no_more(
             emulator.create_namespace(namespace)
     install_webhook_configuration_api(emulator, tmp_path)
     assert config.webhook is not None
-    emulator.create(
-        VWC,
-        {
-            "apiVersion": "admissionregistration.k8s.io/v1",
-            "kind": "ValidatingWebhookConfiguration",
-            "metadata": {"name": config.webhook.configuration},
-            "webhooks": [],
-        },
-    )
+    # What the chart renders for the replicas to write: the configuration, the certificate's Secret (empty)
+    # and the leader election Lease (empty), in the release namespace.
+    emulator.create_namespace(NAMESPACE)
+    for kind, resource in (("ValidatingWebhookConfiguration", VWC), ("Secret", "secrets"), ("Lease", "leases")):
+        (obj,) = [r.obj for r in objects if r.kind == kind]
+        emulator.create(resource, obj, namespace=None if kind == "ValidatingWebhookConfiguration" else NAMESPACE)
     op = await start(emulator, run_operator, config, namespaces)
     await asyncio.wait_for(exercise(op, s3, config), timeout=45)
 
@@ -436,9 +450,8 @@ async def test_the_rbac_allows_every_call_of_the_operator_and_no_more(
     assert {("", "secrets", "get"), ("kubedgx.io", "dgxtrainingjobs", "delete"), ("", "events", "create")} <= used(
         calls
     )
-    assert {("admissionregistration.k8s.io", VWC, "create"), ("admissionregistration.k8s.io", VWC, "patch")} <= used(
-        calls
-    )
+    assert {("admissionregistration.k8s.io", VWC, "get"), ("admissionregistration.k8s.io", VWC, "patch")} <= used(calls)
+    assert {("coordination.k8s.io", "leases", "update"), ("", "secrets", "patch")} <= used(calls)
     if namespaces:
         assert ("", "namespaces", "watch") in used(calls)
 

@@ -135,6 +135,8 @@ def test_every_object_is_labelled_and_namespaced_objects_are_in_the_release_name
         assert meta["labels"]["app.kubernetes.io/managed-by"] == "Helm", rendered
         if rendered.kind in cluster_scoped:
             assert "namespace" not in meta, rendered
+        elif rendered.kind in ("Role", "RoleBinding") and rendered.name.endswith("-self"):
+            assert meta["namespace"] == NAMESPACE, rendered  # the Lease and the webhook's Secret
         elif rendered.kind in ("Role", "RoleBinding"):
             assert meta["namespace"] in watched, rendered
         else:
@@ -225,12 +227,15 @@ def test_the_pod_security_check_catches_violations() -> None:
 # -- the operator's Deployment -------------------------------------------------------------------------
 
 
-def test_the_operator_runs_once_with_recreate_and_the_documented_interface() -> None:
+def test_two_replicas_roll_and_one_leads_with_the_documented_interface() -> None:
+    """Every replica serves the webhook, one (the Lease's holder) reconciles; an upgrade starts a new replica
+    before it stops an old one, and a stopping one stays in service for shutdownDelay (docs: chart README)."""
     objects = render()
     dep = deployment(objects)
-    assert dep["spec"]["replicas"] == 1
-    assert dep["spec"]["strategy"] == {"type": "Recreate"}
+    assert dep["spec"]["replicas"] == 2
+    assert dep["spec"]["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}}
     pod = dep["spec"]["template"]["spec"]
+    assert pod["terminationGracePeriodSeconds"] == 30
     assert pod["serviceAccountName"] == one(objects, "ServiceAccount")["metadata"]["name"] == "kubedgx-operator"
     assert pod["securityContext"]["runAsUser"] == 10001
     c = container(objects)
@@ -239,10 +244,19 @@ def test_the_operator_runs_once_with_recreate_and_the_documented_interface() -> 
     assert c["args"] == ["operator", "--standalone", "--log-format", "json"]
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert ports == {"health": 8081, "metrics": 8080, "webhook": 9443}
-    for probe in ("livenessProbe", "readinessProbe"):
-        assert c[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}
     assert c["resources"]["requests"] == {"cpu": "100m", "memory": "256Mi"}
+    assert {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}} in c["env"]
     assert env(objects) == {
+        "POD_NAME": "",  # valueFrom, above
+        "KUBEDGX_SHUTDOWN_DELAY": "5s",
+        "KUBEDGX_LEADER_ELECTION": "1",
+        "KUBEDGX_LEADER_ELECTION_ID": "kubedgx-leader",
+        "KUBEDGX_LEADER_ELECTION_NAMESPACE": NAMESPACE,
+        "KUBEDGX_LEADER_ELECTION_LEASE_DURATION": "15s",
+        "KUBEDGX_LEADER_ELECTION_RENEW_DEADLINE": "10s",
+        "KUBEDGX_LEADER_ELECTION_RETRY_PERIOD": "2s",
         "KUBEDGX_WATCH_NAMESPACES": "",
         "KUBEDGX_HEALTH_PORT": "8081",
         "KUBEDGX_METRICS_PORT": "8080",
@@ -255,12 +269,13 @@ def test_the_operator_runs_once_with_recreate_and_the_documented_interface() -> 
         "KUBEDGX_KUEUE": "1",
         "KUBEDGX_KUEUE_MANAGE_JOBS_WITHOUT_QUEUE_NAME": "0",
         "KUBEDGX_WEBHOOK_PORT": "9443",
+        "KUBEDGX_WEBHOOK_TIMEOUT_SECONDS": "10",
         "KUBEDGX_WEBHOOK_SELF_SIGNED": "1",
         "KUBEDGX_WEBHOOK_SERVICE": "kubedgx-webhook",
         "KUBEDGX_WEBHOOK_NAMESPACE": NAMESPACE,
         "KUBEDGX_WEBHOOK_CONFIGURATION": "kubedgx-webhook",
         "KUBEDGX_WEBHOOK_FAILURE_POLICY": "Fail",
-        "KUBEDGX_WEBHOOK_OWNER_CLUSTERROLE": "kubedgx-operator",
+        "KUBEDGX_WEBHOOK_SECRET": "kubedgx-webhook-tls",
     }
     # The catalog ConfigMap is mounted where KUBEDGX_CATALOG points; /tmp is writable.
     mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
@@ -372,9 +387,14 @@ def test_names_follow_the_release() -> None:
     names = {r.name for r in objects if r.kind not in ("CustomResourceDefinition", "PriorityClass")}
     assert names == {
         "team-a-kubedgx-operator",
+        "team-a-kubedgx-operator-self",
         "team-a-kubedgx-catalog",
         "team-a-kubedgx-webhook",
+        "team-a-kubedgx-webhook-tls",
+        "team-a-kubedgx-leader",
         "team-a-kubedgx-metrics",
+        "team-a-kubedgx-edit",
+        "team-a-kubedgx-view",
     }
     objects = render({"fullnameOverride": "dgx"})
     assert {r.name for r in objects if r.kind == "Service"} == {"dgx-webhook", "dgx-metrics"}
@@ -501,17 +521,18 @@ def test_namespaced_mode_puts_a_role_in_each_namespace() -> None:
     objects = render({"watchNamespaces": ["ml", "research"]})
     assert env(objects)["KUBEDGX_WATCH_NAMESPACES"] == "ml,research"
     roles = {(r["metadata"]["namespace"], r["metadata"]["name"]) for r in find(objects, "Role")}
-    assert roles == {("ml", "kubedgx-operator"), ("research", "kubedgx-operator")}
-    for binding in find(objects, "RoleBinding"):
+    # ... and one in the release namespace for the Lease and the webhook's Secret (by name).
+    assert roles == {("ml", "kubedgx-operator"), ("research", "kubedgx-operator"), (NAMESPACE, "kubedgx-operator-self")}
+    for binding in [b for b in find(objects, "RoleBinding") if b["metadata"]["namespace"] != NAMESPACE]:
         assert binding["roleRef"] == {
             "apiGroup": "rbac.authorization.k8s.io",
             "kind": "Role",
             "name": "kubedgx-operator",
         }
         assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "kubedgx-operator", "namespace": NAMESPACE}]
-    assert {b["metadata"]["namespace"] for b in find(objects, "RoleBinding")} == {"ml", "research"}
+    assert {b["metadata"]["namespace"] for b in find(objects, "RoleBinding")} == {"ml", "research", NAMESPACE}
     # The cluster-scoped part only: no pods, jobs or secrets anywhere but in the two namespaces.
-    cluster_resources = {res for rule in one(objects, "ClusterRole")["rules"] for res in rule["resources"]}
+    cluster_resources = {res for rule in one(objects, "ClusterRole", "kubedgx-operator")["rules"] for res in rule["resources"]}
     assert cluster_resources == {
         "customresourcedefinitions",
         "namespaces",
@@ -519,7 +540,6 @@ def test_namespaced_mode_puts_a_role_in_each_namespace() -> None:
         "workloadpriorityclasses",
         "priorityclasses",
         "validatingwebhookconfigurations",
-        "clusterroles",
     }
     assert "watches the namespaces ml, research" in notes({"watchNamespaces": ["ml", "research"]})
 
@@ -534,9 +554,46 @@ def handler_paths() -> set[str]:
     return {f"/{h.id}" for h in operator_registry()._webhooks.get_all_handlers()}
 
 
-def test_self_signed_mode_leaves_the_configuration_to_the_operator() -> None:
+@pytest.mark.parametrize("namespaces", [[], ["ml", "research"]], ids=["cluster-wide", "namespaced"])
+def test_self_signed_mode_renders_the_configuration_the_operator_would_and_an_empty_secret(
+    namespaces: list[str],
+) -> None:
+    """The configuration is the release's: exactly admission.webhook_configuration's body (what the operator
+    writes when run without the chart), with no caBundle (the replicas set it from the Secret)."""
+    from dgx_operator.settings import WebhookConfig
+
+    objects = render({"watchNamespaces": namespaces, "webhook": {"timeoutSeconds": 7, "failurePolicy": "Ignore"}})
+    vwc = one(objects, "ValidatingWebhookConfiguration")
+    assert "annotations" not in vwc["metadata"]
+    hook = WebhookConfig(self_signed=True, service="kubedgx-webhook", namespace=NAMESPACE,
+                         configuration="kubedgx-webhook", failure_policy="Ignore", timeout_seconds=7)  # fmt: skip
+    expected = admission.webhook_configuration(hook, b"", namespaces)["webhooks"]
+    for webhook in expected:
+        del webhook["clientConfig"]["caBundle"]
+    assert vwc["webhooks"] == expected
+    secret = one(objects, "Secret", "kubedgx-webhook-tls")
+    assert (secret["type"], secret.get("data")) == ("Opaque", None)
+    assert env(objects)["KUBEDGX_WEBHOOK_SECRET"] == "kubedgx-webhook-tls"
+    assert env(objects)["KUBEDGX_WEBHOOK_TIMEOUT_SECONDS"] == "7"
+    # RBAC: that configuration and that Secret, by name, and no create of either.
+    rules = [r for role in find(objects, "ClusterRole") + find(objects, "Role") for r in role["rules"]]
+    vwc_rules = [r for r in rules if "validatingwebhookconfigurations" in r["resources"]]
+    assert vwc_rules == [
+        {
+            "apiGroups": ["admissionregistration.k8s.io"],
+            "resources": ["validatingwebhookconfigurations"],
+            "resourceNames": ["kubedgx-webhook"],
+            "verbs": ["get", "patch"],
+        }
+    ]
+    named = [r for r in rules if "secrets" in r["resources"] and "resourceNames" in r]
+    assert named == [{"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["kubedgx-webhook-tls"],
+                      "verbs": ["get", "patch"]}]  # fmt: skip
+    assert not [r for r in rules if "create" in r["verbs"] and {"secrets", "leases"} & set(r["resources"])]
+
+
+def test_the_service_reaches_every_replica() -> None:
     objects = render()
-    assert find(objects, "ValidatingWebhookConfiguration") == []
     assert not {r.obj["apiVersion"] for r in objects} & {"cert-manager.io/v1"}
     service = one(objects, "Service", "kubedgx-webhook")
     assert service["spec"]["ports"] == [{"name": "https", "port": 443, "targetPort": "webhook", "protocol": "TCP"}]
@@ -595,8 +652,9 @@ def test_cert_manager_mode_renders_issuer_certificate_and_configuration(namespac
     assert not {"KUBEDGX_WEBHOOK_SELF_SIGNED", "KUBEDGX_WEBHOOK_CONFIGURATION"} & set(variables)
     pod = deployment(objects)["spec"]["template"]["spec"]
     assert {"name": "webhook-tls", "secret": {"secretName": "kubedgx-webhook-tls"}} in pod["volumes"]
-    rules = [r for role in find(objects, "ClusterRole") for r in role["rules"]]
+    rules = [r for role in find(objects, "ClusterRole") + find(objects, "Role") for r in role["rules"]]
     assert not [r for r in rules if "validatingwebhookconfigurations" in r["resources"]]
+    assert find(objects, "Secret") == []  # cert-manager's Certificate makes its own
 
 
 def test_cert_manager_mode_with_an_issuer_of_your_own() -> None:
@@ -735,17 +793,14 @@ def test_notes_tell_how_to_submit_a_first_job() -> None:
     text = notes()
     assert "kubectl -n default apply -f examples/quickstart.yaml" in text
     assert "kubectl -n default get dgxtrainingjobs -w" in text
-    # The self-signed configuration is owned by the chart's ClusterRole (garbage-collected on uninstall);
-    # without that ClusterRole the user is told to delete it.
-    assert "It is owned by ClusterRole kubedgx-operator: `helm uninstall` removes both." in text
-    assert "kubectl delete validatingwebhookconfiguration kubedgx-webhook" not in text
-    unowned = notes({"rbac": {"create": False}})
-    assert "kubectl delete validatingwebhookconfiguration kubedgx-webhook --ignore-not-found" in unowned
-    assert "KUBEDGX_WEBHOOK_OWNER_CLUSTERROLE" not in env(render({"rbac": {"create": False}}))
+    # The configuration and its certificate's Secret are the release's; who leads is one command away.
+    assert "Secret kubedgx-webhook-tls" in text
+    assert "ValidatingWebhookConfiguration kubedgx-webhook (both part of this release)" in text
+    assert "kubectl -n kubedgx get lease kubedgx-leader -o jsonpath='{.spec.holderIdentity}'" in text
     assert (ROOT / "examples/quickstart.yaml").is_file()
     namespaced = notes({"watchNamespaces": ["ml", "research"]})
     assert "kubectl -n ml apply -f examples/quickstart.yaml" in namespaced
-    assert "validatingwebhookconfiguration kubedgx-webhook" not in notes(dict(SCENARIOS)["cert-manager"])
+    assert "cainjector sets the caBundle" in notes(dict(SCENARIOS)["cert-manager"])
 
 
 def test_the_chart_describes_itself() -> None:

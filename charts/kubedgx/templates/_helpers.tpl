@@ -89,6 +89,11 @@ app.kubernetes.io/part-of: kubedgx
 {{- include "kubedgx.webhookName" . }}
 {{- end }}
 
+{{/* The Lease the replicas elect their leader on. */}}
+{{- define "kubedgx.leaseName" -}}
+{{- include "kubedgx.component" (dict "root" . "suffix" "leader") }}
+{{- end }}
+
 {{- define "kubedgx.certificateSecretName" -}}
 {{- include "kubedgx.component" (dict "root" . "suffix" "webhook-tls") }}
 {{- end }}

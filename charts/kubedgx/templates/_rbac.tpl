@@ -90,9 +90,15 @@ watches every namespace, a Role in each namespace of watchNamespaces otherwise.
 - apiGroups: ["kueue.x-k8s.io"]
   resources: ["workloadpriorityclasses"]
   verbs: ["get"]
-# Kueue integration: the value of the workers' PriorityClass, for a job without that label.
+{{- end }}
+{{- if .Values.priorityClasses.enabled }}
+{{- $p := .Values.priorityClasses }}
+# The workers' PriorityClasses (those three, by name): checked at startup, so a missing one is dropped with a
+# warning instead of every worker being refused (dgx_operator/priorities.py); with kueue.enabled, their value
+# goes into a queued job's Workload.
 - apiGroups: ["scheduling.k8s.io"]
   resources: ["priorityclasses"]
+  resourceNames: [{{ $p.low.name | quote }}, {{ $p.normal.name | quote }}, {{ $p.high.name | quote }}]
   verbs: ["get"]
 {{- end }}
 {{- if .Values.watchNamespaces }}
@@ -103,28 +109,41 @@ watches every namespace, a Role in each namespace of watchNamespaces otherwise.
   verbs: ["list", "watch"]
 {{- end }}
 {{- if include "kubedgx.selfSignedWebhook" . }}
-# Admission (self-signed webhook): at each start the operator creates its ValidatingWebhookConfiguration
-# with the new CA (create cannot be limited to a name: RBAC checks it before the object has one) ...
-- apiGroups: ["admissionregistration.k8s.io"]
-  resources: ["validatingwebhookconfigurations"]
-  verbs: ["create"]
-# Admission (self-signed webhook): ... or, when it exists (409), merge-patches its webhooks and caBundle;
-# only that one object.
+# Admission (self-signed webhook): the chart renders the ValidatingWebhookConfiguration; the replicas
+# read it and set the shared CA as its caBundle (a patch of that field only). That one object, and
+# no create: the release owns it.
 - apiGroups: ["admissionregistration.k8s.io"]
   resources: ["validatingwebhookconfigurations"]
   resourceNames: [{{ include "kubedgx.webhookConfigurationName" . | quote }}]
-  verbs: ["patch"]
-# Admission (self-signed webhook): the UID of this ClusterRole, made the configuration's owner so that
-# uninstalling the release garbage-collects the configuration with it.
-- apiGroups: ["rbac.authorization.k8s.io"]
-  resources: ["clusterroles"]
-  resourceNames: [{{ include "kubedgx.operatorName" . | quote }}]
-  verbs: ["get"]
+  verbs: ["get", "patch"]
 {{- end }}
 {{- if and .Values.peering.enabled (not .Values.watchNamespaces) }}
 # kopf framework (peering.enabled): the ClusterKopfPeering object shared with other kopf operators.
 - apiGroups: ["kopf.dev"]
   resources: ["clusterkopfpeerings"]
   verbs: ["get", "list", "watch", "patch"]
+{{- end }}
+{{- end }}
+
+
+{{- /*
+"kubedgx.rbac.release": objects in the release's own namespace; a Role there.
+*/ -}}
+{{- define "kubedgx.rbac.release" -}}
+{{- if .Values.leaderElection.enabled }}
+# Leader election: the replicas read and write the Lease they elect on, which the chart renders
+# (templates/leader.yaml): that one, by name, and no create.
+- apiGroups: ["coordination.k8s.io"]
+  resources: ["leases"]
+  resourceNames: [{{ include "kubedgx.leaseName" . | quote }}]
+  verbs: ["get", "update"]
+{{- end }}
+{{- if include "kubedgx.selfSignedWebhook" . }}
+# Admission (self-signed webhook): the Secret the replicas share the serving pair in, rendered empty
+# by the chart; the first replica fills it, any renews it (patch guarded by its resourceVersion).
+- apiGroups: [""]
+  resources: ["secrets"]
+  resourceNames: [{{ include "kubedgx.certificateSecretName" . | quote }}]
+  verbs: ["get", "patch"]
 {{- end }}
 {{- end }}
