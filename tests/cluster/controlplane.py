@@ -570,6 +570,10 @@ class ControlPlane:
                 f"--service-account-signing-key-file={pki.sa_key}",
                 # A loopback advertise address would make the `kubernetes` Endpoints invalid.
                 "--endpoint-reconciler-type=none",
+                # Webhooks (and aggregated APIs) behind a Service are reached at a ready endpoint of it,
+                # not at its ClusterIP, which needs a kube-proxy this cluster has not: the chart's
+                # webhook, served by pods tests/cluster/podrunner.py runs (test_ha.py).
+                "--enable-aggregator-routing=true",
                 f"--default-not-ready-toleration-seconds={TOLERATION_SECONDS}",
                 f"--default-unreachable-toleration-seconds={TOLERATION_SECONDS}",
                 *self.extra_apiserver_args,

@@ -47,7 +47,10 @@ def install(kubectl: Kubectl, values: Mapping[str, Any] | None = None, *, releas
     both CRDs are Established. Idempotent: other test modules may have installed them already.
     Returns every rendered object, the Deployment included (the operator's configuration)."""
     rendered = render(dict(values or {}), name=release, namespace=namespace)
-    objects = [r for r in rendered if r.kind != "Deployment"]
+    # Not the Deployment (no fake node runs its pods), nor what only its pods use: the webhook
+    # configuration (failurePolicy Fail with no replica to answer would refuse every write of the
+    # other modules; test_webhook.py and test_ha.py route the apiserver to the webhook themselves).
+    objects = [r for r in rendered if r.kind not in ("Deployment", "ValidatingWebhookConfiguration")]
     kubectl.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
     text = json.dumps({"apiVersion": "v1", "kind": "List", "items": [r.obj for r in objects]})
     kubectl.run("apply", "--server-side", "--force-conflicts", f"--field-manager={MANAGER}", "-f", "-", input=text)
