@@ -9,9 +9,10 @@ namespaceSelector to this module's namespaces so no other test meets them.
 
 The webhook dry-runs each job's children against this apiserver, with PodSecurity, Priority and
 ResourceQuota admission on: what they refuse for good is refused at `kubectl apply`, what the
-cluster may lift (quota) is admitted with a warning. The operator maps spec.priority high to a
-PriorityClass that does not exist (``ABSENT_CLASS``), so that no cluster-scoped object other tests
-use is changed.
+cluster may lift (quota) is admitted with a warning. The chart maps spec.priority high to a
+PriorityClass of this module's own (``ABSENT_CLASS``), which exists when the operator starts (a class
+missing then is dropped with a warning: dgx_operator/priorities.py) and is deleted by the test that
+needs it missing, so that no cluster-scoped object other tests use is changed.
 """
 
 from __future__ import annotations
@@ -49,7 +50,6 @@ SCOPE_LABEL = "test.kubedgx.io/webhook"
 CONFIGURATION = f"kubedgx-webhook-test-{SUFFIX}"
 #: spec.priority high maps to this PriorityClass, which nobody creates.
 ABSENT_CLASS = f"kubedgx-absent-{SUFFIX}"
-PRIORITY_CLASSES = f"low=kubedgx-low,normal=kubedgx-normal,high={ABSENT_CLASS}"
 DENIED = 'admission webhook "dgxtrainingjobs.kubedgx.io" denied the request'
 
 
@@ -66,11 +66,17 @@ def port() -> int:
 @pytest.fixture(scope="module")
 def operator(control_plane: ControlPlane, kubectl: Kubectl, serving: dict[str, Path], port: int,
              tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:  # fmt: skip
-    chart: list[Rendered] = install(kubectl)
+    install(kubectl)  # the default PriorityClasses
+    chart: list[Rendered] = install(kubectl, {"priorityClasses": {"create": False, "high": {"name": ABSENT_CLASS}}})
+    kubectl.apply({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": ABSENT_CLASS},
+                   "value": 100000})  # fmt: skip
     work = tmp_path_factory.mktemp("operator-webhook")
-    args = (*webhook_args(serving, port), "--priority-classes", PRIORITY_CLASSES)
-    with chart_operator(control_plane, kubectl, __name__, chart, work, args) as op:
-        yield op
+    try:
+        with chart_operator(control_plane, kubectl, __name__, chart, work, webhook_args(serving, port)) as op:
+            yield op
+    finally:
+        kubectl.run("delete", "priorityclass", ABSENT_CLASS, "--ignore-not-found")
+        install(kubectl)  # the chart's default RBAC again
 
 
 @pytest.fixture(scope="module")
@@ -211,7 +217,9 @@ def test_pod_security_baseline_refuses_a_job_whose_workers_cache_on_host_path(
     assert "Warning" not in proc.stderr, proc.stderr
 
 
-def test_a_priority_whose_class_does_not_exist_is_refused(scoped: Kubectl) -> None:
+def test_a_priority_whose_class_does_not_exist_is_refused(scoped: Kubectl, kubectl: Kubectl) -> None:
+    """A class deleted after the operator started (one missing at its start is dropped, with a warning)."""
+    kubectl.run("delete", "priorityclass", ABSENT_CLASS)
     job = command_job("urgent")
     job["spec"]["priority"] = "high"
     with pytest.raises(KubectlError) as refused:
