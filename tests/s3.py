@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import base64
 import logging
+import ssl
+import tempfile
 import threading
 import uuid
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,9 +28,17 @@ REGION = "us-east-1"
 
 class S3:
     """A started moto server: ``endpoint``, ``client`` (boto3), bucket helpers. ``wrap`` puts WSGI
-    middleware in front of moto (tests/datasync counts and gates requests with it)."""
+    middleware in front of moto (tests/datasync counts and gates requests with it). With
+    ``ssl_context`` it serves HTTPS (``endpoint`` is https://) with that context's certificate;
+    ``client`` then trusts ``ca_file``."""
 
-    def __init__(self, wrap: Callable[[Any], Any] | None = None) -> None:
+    def __init__(
+        self,
+        wrap: Callable[[Any], Any] | None = None,
+        *,
+        ssl_context: ssl.SSLContext | None = None,
+        ca_file: str | None = None,
+    ) -> None:
         import boto3
         from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
         from werkzeug.serving import make_server
@@ -34,16 +46,18 @@ class S3:
         logging.getLogger("werkzeug").setLevel(logging.ERROR)  # a line per request otherwise
         app = DomainDispatcherApplication(create_backend_app)
         self.app: Any = wrap(app) if wrap is not None else app
-        self.server = make_server("127.0.0.1", 0, self.app, threaded=True)
+        self.server = make_server("127.0.0.1", 0, self.app, threaded=True, ssl_context=ssl_context)
         self.thread = threading.Thread(target=self.server.serve_forever, name="moto", daemon=True)
         self.thread.start()
-        self.endpoint = f"http://127.0.0.1:{self.server.server_port}"
+        scheme = "https" if ssl_context is not None else "http"
+        self.endpoint = f"{scheme}://127.0.0.1:{self.server.server_port}"
         self.client: Any = boto3.client(
             "s3",
             endpoint_url=self.endpoint,
             aws_access_key_id=ACCESS_KEY,
             aws_secret_access_key=SECRET_KEY,
             region_name=REGION,
+            verify=ca_file if ca_file is not None else True,
         )
 
     def bucket(self, prefix: str = "kubedgx", objects: Mapping[str, bytes] | None = None) -> str:
@@ -82,3 +96,29 @@ def s3() -> Iterator[S3]:
         yield server
     finally:
         server.stop()
+
+
+@dataclass(frozen=True)
+class PrivateS3:
+    """moto's S3 over HTTPS with a certificate of a private CA, as an on-premises MinIO or Ceph RGW
+    serves: ``s3.endpoint`` is https://127.0.0.1:<port>, ``ca_pem`` the CA that signed it (no
+    default trust store has it), ``ca_file`` the same PEM in a file."""
+
+    s3: S3
+    ca_pem: str
+    ca_file: str
+
+
+@pytest.fixture(scope="session")
+def s3_private_ca() -> Iterator[PrivateS3]:
+    from tests.private_ca import PrivateCA, server_context
+
+    ca = PrivateCA()
+    with tempfile.TemporaryDirectory(prefix="kubedgx-test-ca-") as directory:
+        ca_file = Path(directory) / "ca.crt"
+        ca_file.write_text(ca.pem, encoding="ascii")
+        server = S3(ssl_context=server_context(ca.issue(["127.0.0.1", "localhost"])), ca_file=str(ca_file))
+        try:
+            yield PrivateS3(server, ca.pem, str(ca_file))
+        finally:
+            server.stop()

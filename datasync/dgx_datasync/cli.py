@@ -14,12 +14,12 @@ import math
 import os
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from dgx_api.progress import TERMINATION_LIMIT, write_termination
-from dgx_datasync import logs, sync
+from dgx_datasync import logs, sync, trust
 from dgx_datasync.errors import SyncError
 from dgx_datasync.store import StoreOptions, list_source, parse_uri
 from dgx_datasync.watch import watch
@@ -53,7 +53,7 @@ def fit_termination(result: dict[str, Any], limit: int = TERMINATION_LIMIT) -> s
 
 
 def _options(args: argparse.Namespace) -> StoreOptions:
-    return StoreOptions(endpoint_url=args.endpoint_url, region=args.region)
+    return StoreOptions(endpoint_url=args.endpoint_url, region=args.region, ca_bundle=getattr(args, "ca_bundle", None))
 
 
 def cmd_pull(args: argparse.Namespace) -> dict[str, Any]:
@@ -99,6 +99,16 @@ def cmd_restore(args: argparse.Namespace) -> dict[str, Any]:
 def cmd_list(args: argparse.Namespace) -> dict[str, Any]:
     listing = list_source(parse_uri(args.source), _options(args), include=args.include, exclude=args.exclude)
     return listing.summary()
+
+
+def _check_trust(env: Mapping[str, str]) -> None:
+    """A CA bundle that cannot be used is a mistake no retry fixes: exit 2 naming the variable."""
+    pem = (env.get(trust.PEM_ENV) or "").strip()
+    if pem:
+        try:
+            trust.certificates(pem)
+        except ValueError as exc:
+            raise SyncError("LocalError", f"{trust.PEM_ENV} {exc}") from None
 
 
 def _positive_int(text: str) -> int:
@@ -175,7 +185,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     logs.configure(args.log_format)
     termination = Path(os.environ.get(TERMINATION_ENV) or DEFAULT_TERMINATION)
     try:
-        result = args.func(args)
+        _check_trust(os.environ)
+        # The private CAs the operator passed (the chart's caBundle), added to the default ones.
+        with trust.bundle_for(os.environ) as args.ca_bundle:
+            result = args.func(args)
     except SyncError as err:
         write_termination(fit_termination({"error": err.reason, "message": err.message}), termination)
         print(f"datasync: {err.message}", file=sys.stderr, flush=True)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import re
 import socket
+import ssl
 from typing import Final, Literal, get_args
 
 from dgx_api.text import printable
@@ -27,6 +28,7 @@ Reason = Literal[
     "AccessDenied",
     "BucketNotFound",
     "Unreachable",
+    "CertificateUntrusted",
     "SourceChanged",
     "LocalError",
 ]
@@ -144,7 +146,15 @@ def _http_status(exc: BaseException) -> int | None:
 def classify(exc: BaseException, uri: str, bucket: str, *, endpoint: str | None = None) -> SyncError | None:
     """Map a store exception to a :class:`SyncError` about ``uri``; ``None`` when unrecognised."""
     where = f"the endpoint {endpoint}" if endpoint else "the object store"
-    for item in _chain(exc):
+    chain = _chain(exc)
+    # A certificate the client does not accept arrives wrapped as a connection error (botocore's
+    # SSLError around aiohttp's): it is no network trouble a retry outlives, and its fix is a CA.
+    # (aiohttp's ClientConnectorCertificateError is an ssl.CertificateError too, without OpenSSL's words.)
+    untrusted = [item for item in chain if isinstance(item, ssl.SSLCertVerificationError)]
+    if untrusted:
+        said = [str(getattr(item, "verify_message", None) or "") for item in untrusted]
+        return certificate_untrusted(uri, where, next((s for s in said if s), "certificate verify failed"))
+    for item in chain:
         if isinstance(item, SyncError):
             return item
         name = type(item).__name__
@@ -190,6 +200,15 @@ def classify(exc: BaseException, uri: str, bucket: str, *, endpoint: str | None 
 
 def bucket_not_found(uri: str, bucket: str) -> SyncError:
     return SyncError("BucketNotFound", f"bucket '{bucket}' does not exist ({uri}): create it or fix spec.source")
+
+
+def certificate_untrusted(uri: str, where: str, detail: str) -> SyncError:
+    return SyncError(
+        "CertificateUntrusted",
+        f"the TLS certificate of {where} is not accepted for {uri} ({detail}): if a private CA signs it, "
+        "give kubedgx that CA (the Helm chart's caBundle value, docs/datamounts.md); otherwise fix the "
+        "endpoint's certificate",
+    )
 
 
 def unreachable(uri: str, where: str, detail: str) -> SyncError:

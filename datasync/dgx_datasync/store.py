@@ -123,11 +123,16 @@ class StoreOptions:
     s3: ``AWS_ACCESS_KEY_ID`` + ``AWS_SECRET_ACCESS_KEY`` (+ ``AWS_SESSION_TOKEN``); absent, botocore's
     ambient chain (IRSA web identity, instance profile, config files) decides.
     gs: ``GOOGLE_APPLICATION_CREDENTIALS`` names a service-account JSON file; absent, "google_default".
+
+    ``ca_bundle``: a PEM file that s3 requests verify the store's TLS certificate against instead of
+    botocore's default bundle (:func:`dgx_datasync.trust.bundle_for` writes one that adds private CAs
+    to the defaults). Not used for gs (see :mod:`dgx_datasync.trust`).
     """
 
     endpoint_url: str | None = None
     region: str | None = None
     env: Mapping[str, str] | None = None
+    ca_bundle: str | None = None
 
     def __post_init__(self) -> None:
         if self.endpoint_url:
@@ -319,6 +324,8 @@ def filesystem_kwargs(loc: Location, options: StoreOptions) -> dict[str, Any]:
         client: dict[str, Any] = {}
         if options.region:
             client["region_name"] = options.region
+        if options.ca_bundle:
+            client["verify"] = options.ca_bundle  # botocore's `verify`: a bundle file replaces its default
         kwargs: dict[str, Any] = {
             **common,
             "client_kwargs": client,

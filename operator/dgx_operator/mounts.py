@@ -26,6 +26,7 @@ from dgx_operator.loop import Key, ReconcileLoop
 from dgx_operator.metrics import MOUNT_KIND, Metrics
 from dgx_operator.reconcile.mounts import (
     MOUNT_FINALIZER,
+    READY,
     Listed,
     needs_listing,
     parse_mount,
@@ -33,26 +34,31 @@ from dgx_operator.reconcile.mounts import (
     syncing,
     users,
 )
-from dgx_operator.render.datasync import GCS_KEY_DEFAULT
+from dgx_operator.render.datasync import CA_BUNDLE_ENV, GCS_KEY_DEFAULT
 
 log = logging.getLogger("kubedgx")
 
 #: (spec, credential environment) -> what the store said. Blocking; runs in a worker thread.
 Lister = Callable[[DGXDataMountSpec, Mapping[str, str]], Listed]
 AWS_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+#: The Ready reason of a mount whose store's TLS certificate was not trusted (dgx_datasync's).
+UNTRUSTED = "CertificateUntrusted"
 
 
 def list_store(spec: DGXDataMountSpec, env: Mapping[str, str]) -> Listed:
-    """List an input mount's source (or check that an output mount's destination is writable)."""
-    from dgx_datasync import StoreOptions, SyncError, check_writable, list_source, parse_uri
+    """List an input mount's source (or check that an output mount's destination is writable), with
+    the environment a sync container of the mount gets: its credentials and the private CAs
+    (KUBEDGX_CA_BUNDLE_PEM, added to the default trust as the containers add them)."""
+    from dgx_datasync import StoreOptions, SyncError, check_writable, list_source, parse_uri, trust
 
     try:
-        location = parse_uri(spec.source)
-        options = StoreOptions(endpoint_url=spec.endpoint, region=spec.region, env=dict(env))
-        if spec.direction == "Out":
-            check_writable(location, options)
-            return Listed()
-        listing = list_source(location, options, spec.include, spec.exclude)
+        with trust.bundle_for(env) as ca_bundle:
+            location = parse_uri(spec.source)
+            options = StoreOptions(endpoint_url=spec.endpoint, region=spec.region, env=dict(env), ca_bundle=ca_bundle)
+            if spec.direction == "Out":
+                check_writable(location, options)
+                return Listed()
+            listing = list_source(location, options, spec.include, spec.exclude)
     except SyncError as exc:
         return Listed(error=exc.reason, message=exc.message, transient=exc.transient)
     return Listed(objects=len(listing.objects), total_bytes=listing.total_bytes, digest=listing.digest)
@@ -73,6 +79,9 @@ class MountController(ReconcileLoop):
     in_use_recheck: float = 30.0
     retry_base: float = 1.0
     metrics: Metrics | None = None
+    #: PEM of the private CAs the stores' certificates may be signed by (OperatorConfig.ca_bundle),
+    #: added to the default trust of every listing.
+    ca_bundle: str | None = None
     dirty: set[Key] = field(default_factory=set)
     workers: dict[Key, asyncio.Task[None]] = field(default_factory=dict)
     timers: dict[Key, asyncio.TimerHandle] = field(default_factory=dict)
@@ -81,6 +90,8 @@ class MountController(ReconcileLoop):
     warned: set[Key] = field(default_factory=set)
     #: Mounts whose "stored spec no longer parses" warning was posted (until it parses again).
     unreadable: set[Key] = field(default_factory=set)
+    #: Mounts Failed with CertificateUntrusted that this operator listed again (see recheck_trust).
+    rechecked: set[Key] = field(default_factory=set)
 
     def forget(self, namespace: str, name: str) -> None:
         key = (namespace, name)
@@ -89,6 +100,7 @@ class MountController(ReconcileLoop):
         self.failures.pop(key, None)
         self.warned.discard(key)
         self.unreadable.discard(key)
+        self.rechecked.discard(key)
         if self.metrics is not None:
             self.metrics.forget(self.kind, key)
 
@@ -116,7 +128,7 @@ class MountController(ReconcileLoop):
             log.warning("DGXDataMount %s/%s: %s", namespace, name, why)
             return None
         self.unreadable.discard(key)
-        if not needs_listing(mount):
+        if not needs_listing(mount) and not self.recheck_trust(key, mount):
             self.observed(key, mount.status)
             return None
         await self.write_status(mount, syncing(mount, self.now()))
@@ -129,12 +141,27 @@ class MountController(ReconcileLoop):
             raise TransientError(f"{mount.spec.source}: {listed.message}")
         return None
 
+    def recheck_trust(self, key: Key, mount: DGXDataMount) -> bool:
+        """A mount that failed because the store's certificate was not trusted is listed once more by
+        each operator that starts: the CA bundle is read at startup, and the admin's fix (the chart's
+        caBundle) arrives as a new operator, not as an edit of the mount's spec."""
+        status = mount.status
+        if status is None or status.phase != "Failed" or key in self.rechecked:
+            return False
+        reason = next((c.reason for c in status.conditions if c.type == READY), None)
+        if reason != UNTRUSTED:
+            return False
+        self.rechecked.add(key)
+        return True
+
     async def list_mount(self, mount: DGXDataMount) -> Listed:
         namespace = mount.metadata.namespace or "default"
         with tempfile.TemporaryDirectory(prefix="kubedgx-credentials-") as scratch:
             env, problem = await self.credentials(namespace, mount.spec, scratch)
             if problem is not None:
                 return problem
+            if self.ca_bundle:
+                env[CA_BUNDLE_ENV] = self.ca_bundle
             try:
                 return await asyncio.wait_for(asyncio.to_thread(self.lister, mount.spec, env), self.list_timeout)
             except TimeoutError:

@@ -19,6 +19,7 @@ from typing import Literal, cast
 
 import kopf
 
+from dgx_datasync import trust
 from dgx_operator.catalog import Catalog
 from dgx_operator.leader import ElectionConfig, default_identity
 from dgx_operator.render.names import JOB_LABEL
@@ -168,6 +169,10 @@ class OperatorConfig:
     #: leadership over at once, but goes on answering admission reviews while the endpoint's removal
     #: reaches the apiserver (a rolling update then refuses no write).
     shutdown_delay: float = 0.0
+    #: PEM of the private CAs that sign object stores' certificates (KUBEDGX_CA_BUNDLE names the file,
+    #: read once at startup): added to the default trust of the operator's own listings and passed to
+    #: every data sync container (dgx_datasync.trust). Certificates only; None: the defaults alone.
+    ca_bundle: str | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> OperatorConfig:
@@ -190,6 +195,7 @@ class OperatorConfig:
             bind_address=env.address("KUBEDGX_BIND_ADDRESS") or "0.0.0.0",
             leader_election=env.leader_election(),
             shutdown_delay=env.duration("KUBEDGX_SHUTDOWN_DELAY", 0.0),
+            ca_bundle=env.ca_bundle("KUBEDGX_CA_BUNDLE"),
         )
 
     def catalog(self) -> Catalog:
@@ -202,6 +208,7 @@ class OperatorConfig:
             cache_root=self.cache_root,
             priority_classes=dict(self.priority_classes),
             image_pull_policy=self.image_pull_policy,
+            ca_bundle_pem=self.ca_bundle,
         )
 
 
@@ -266,6 +273,24 @@ class _Env:
             except ValueError:
                 raise ConfigError(name, f"must be an IP address to listen on (0.0.0.0: all), got {value!r}") from None
         return value
+
+    def ca_bundle(self, name: str) -> str | None:
+        """The CA certificates in the PEM file ``name`` points to, checked now: a bundle that cannot
+        be used would otherwise fail every listing and every sync container of every job."""
+        path = self.text(name)
+        if path is None:
+            return None
+        if not path.startswith("/"):
+            raise ConfigError(name, f"must be the absolute path of a PEM file, got {path!r}")
+        try:
+            with open(path, encoding="utf-8") as handle:
+                text = handle.read(trust.MAX_BYTES + 1)
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(name, f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
+        try:
+            return trust.certificates(text)
+        except ValueError as exc:
+            raise ConfigError(name, f"{path} {exc}") from None
 
     def leader_election(self) -> ElectionConfig | None:
         """Only with KUBEDGX_LEADER_ELECTION=1; the Lease is in the operator's own namespace unless

@@ -24,6 +24,8 @@ from dgx_operator.api.trainingjob import DataMountRef, DGXTrainingJobSpec
 from dgx_operator.render.resolved import BuildContext, JobIdentity
 
 DATASYNC = ["python", "-m", "dgx_datasync"]
+#: dgx_datasync.trust.PEM_ENV, spelled here so that the builders import no data plane.
+CA_BUNDLE_ENV = "KUBEDGX_CA_BUNDLE_PEM"
 #: Where a gs:// service-account key is mounted in the sync containers.
 CREDENTIALS_DIR = "/var/run/kubedgx/credentials"
 GCS_KEY_DEFAULT = "service-account.json"
@@ -101,6 +103,13 @@ def credentials(plan: MountPlan) -> tuple[list[dict[str, Any]], list[dict[str, A
     return env, [], []
 
 
+def trust_env(ctx: BuildContext) -> list[dict[str, Any]]:
+    """The private CAs, by value: the pod runs in the job's namespace, where no ConfigMap of the
+    operator's release can be mounted (dgx_datasync.trust adds them to the default trust)."""
+    pem = ctx.defaults.ca_bundle_pem
+    return [{"name": CA_BUNDLE_ENV, "value": pem}] if pem else []
+
+
 def store_args(spec: DGXDataMountSpec) -> list[str]:
     args: list[str] = []
     if spec.endpoint:
@@ -159,7 +168,7 @@ def _container(
         "imagePullPolicy": ctx.defaults.image_pull_policy,
         "command": list(DATASYNC),
         "args": args,
-        "env": [*env, {"name": "PYTHONUNBUFFERED", "value": "1"}],
+        "env": [*env, *trust_env(ctx), {"name": "PYTHONUNBUFFERED", "value": "1"}],
         "resources": {"requests": dict(resources), "limits": dict(resources)},
         "volumeMounts": [{"name": plan.volume, "mountPath": plan.ref.mount_path}, *cred_mounts],
         "terminationMessagePath": "/dev/termination-log",

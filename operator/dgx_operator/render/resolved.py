@@ -54,6 +54,9 @@ class Defaults:
     #: prepare-cache init container.
     run_as_user: int = 10001
     fs_group: int = 10001
+    #: PEM of the private CAs object stores' certificates are signed by (the chart's caBundle): every
+    #: data sync container gets it in KUBEDGX_CA_BUNDLE_PEM and adds it to its default trust.
+    ca_bundle_pem: str | None = None
 
 
 @dataclass(frozen=True)
