@@ -383,6 +383,20 @@ def cmd_operator(args: argparse.Namespace, out: TextIO, err: TextIO, stdin: Text
     return 0
 
 
+def cmd_check_install(args: argparse.Namespace, out: TextIO, err: TextIO, stdin: TextIO) -> int:
+    """Check an installation from inside the cluster (the chart's `helm test` hook runs this):
+    dgx_operator.installcheck says what each check exercises. The cluster client is imported here
+    only, as kopf is for `operator`."""
+    import asyncio
+
+    from dgx_operator import installcheck
+
+    namespace = args.namespace or installcheck.own_namespace() or "default"
+    return asyncio.run(
+        installcheck.run_checks(namespace, args.catalog, webhook=args.webhook, timeout=args.timeout, out=out)
+    )
+
+
 def _kube_version(text: str) -> str:
     """A Kubernetes minor version whose schemas kubernetes-validate ships."""
     known = kube_versions()
@@ -546,6 +560,35 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--leader-election-renew-deadline", metavar="DURATION", help="leader gives up after (10s)")
     o.add_argument("--leader-election-retry-period", metavar="DURATION", help="between attempts (2s)")
     o.set_defaults(func=cmd_operator)
+
+    ci = sub.add_parser(
+        "check-install",
+        help="check an installation from inside the cluster (the Helm chart's test: helm test <release>)",
+        description="Check that the apiserver serves the CRDs, that the catalog loads, that a valid "
+        "DGXTrainingJob is accepted and (with the webhook) that the validating webhook refuses one whose "
+        "instance type the catalog lacks. Every create is a server-side dry run: nothing is stored. One "
+        "line per check; exits 1 if one failed, 2 if no client of the cluster can be configured.",
+    )
+    ci.add_argument(
+        "-n", "--namespace", type=_namespace, help="where to dry-run the jobs (default: this pod's, else default)"
+    )
+    ci.add_argument(
+        "--catalog", metavar="FILE", help="the installed catalog (the chart's ConfigMap; default: built-in)"
+    )
+    ci.add_argument(
+        "--webhook",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="expect the validating webhook to answer (on)",
+    )
+    ci.add_argument(
+        "--timeout",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="keep retrying calls the apiserver answers with a 5xx (a webhook not reachable yet) this long (60)",
+    )
+    ci.set_defaults(func=cmd_check_install)
 
     i = sub.add_parser("instances", help="list the instance types of the catalog")
     i.add_argument("--catalog", metavar="FILE", help="instance catalog YAML (default: the built-in one)")

@@ -2,7 +2,8 @@
 cluster: shared helpers.
 
 ``render(values)`` renders the chart as ``helm install kubedgx charts/kubedgx -n kubedgx`` would
-(``lookup`` returns nothing) and returns every object with the template it came from.
+(``lookup`` returns nothing) and returns every object it installs with the template it came from;
+``render(values, hooks=True)`` adds the hooks (the ``helm test`` objects).
 ``SCENARIOS`` are the default values and each of charts/kubedgx/ci/*.yaml.
 
 The integration fixtures (``emulator``, ``run_operator``, ``s3``...) are re-exported for
@@ -67,13 +68,22 @@ def render_raw(
         return chart.render(values or {}, name=name, namespace=namespace, is_install=True)
 
 
-def render(values: dict[str, Any] | None = None, *, name: str = RELEASE, namespace: str = NAMESPACE) -> list[Rendered]:
+def render(
+    values: dict[str, Any] | None = None, *, name: str = RELEASE, namespace: str = NAMESPACE, hooks: bool = False
+) -> list[Rendered]:
+    """What ``helm install`` applies (a release's manifest); with ``hooks``, also the hooks (what
+    ``helm template`` prints: the ``helm test`` objects, created only by ``helm test``)."""
     out = []
     for template, text in sorted(render_raw(values, name=name, namespace=namespace).items()):
         if template.endswith("NOTES.txt"):
             continue
         out.extend(Rendered(template, doc) for doc in yaml.safe_load_all(text) if doc)
-    return out
+    return out if hooks else [r for r in out if not is_hook(r.obj)]
+
+
+def is_hook(obj: dict[str, Any]) -> bool:
+    """A Helm hook (helm.sh/hook): not part of the release's manifest, created when its event comes."""
+    return "helm.sh/hook" in ((obj.get("metadata") or {}).get("annotations") or {})
 
 
 def notes(values: dict[str, Any] | None = None) -> str:

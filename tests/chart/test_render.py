@@ -99,7 +99,7 @@ def test_helm_lint_strict_finds_nothing(scenario: str, values: dict[str, Any]) -
 
 @pytest.mark.parametrize(("scenario", "values"), SCENARIOS, ids=SCENARIO_IDS)
 def test_every_object_passes_the_kubernetes_schemas_strictly(scenario: str, values: dict[str, Any]) -> None:
-    objects = render(values)
+    objects = render(values, hooks=True)
     assert objects
     checked = 0
     for rendered in objects:
@@ -129,7 +129,7 @@ def test_every_object_is_labelled_and_namespaced_objects_are_in_the_release_name
     watched = set(values.get("watchNamespaces") or [])
     cluster_scoped = {"ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition", "PriorityClass"}
     cluster_scoped.add("ValidatingWebhookConfiguration")
-    for rendered in render(values):
+    for rendered in render(values, hooks=True):
         meta = rendered.obj["metadata"]
         assert meta["labels"]["app.kubernetes.io/instance"] == RELEASE, rendered
         assert meta["labels"]["app.kubernetes.io/managed-by"] == "Helm", rendered
@@ -137,6 +137,9 @@ def test_every_object_is_labelled_and_namespaced_objects_are_in_the_release_name
             assert "namespace" not in meta, rendered
         elif rendered.kind in ("Role", "RoleBinding") and rendered.name.endswith("-self"):
             assert meta["namespace"] == NAMESPACE, rendered  # the Lease and the webhook's Secret
+        elif rendered.kind in ("Role", "RoleBinding") and rendered.name.endswith("-test"):
+            # helm test's dry runs, where jobs run: the first watched namespace, else the release's.
+            assert meta["namespace"] == (values.get("watchNamespaces") or [NAMESPACE])[0], rendered
         elif rendered.kind in ("Role", "RoleBinding"):
             assert meta["namespace"] in watched, rendered
         else:
@@ -198,8 +201,11 @@ def restricted_violations(spec: dict[str, Any]) -> list[str]:
 
 @pytest.mark.parametrize(("scenario", "values"), SCENARIOS, ids=SCENARIO_IDS)
 def test_every_pod_template_meets_restricted_pod_security(scenario: str, values: dict[str, Any]) -> None:
-    specs = pod_specs(render(values))
-    assert [name for name, _ in specs] == ["Deployment/kubedgx-operator (kubedgx/templates/deployment.yaml)"]
+    specs = pod_specs(render(values, hooks=True))
+    assert [name for name, _ in specs] == [
+        "Deployment/kubedgx-operator (kubedgx/templates/deployment.yaml)",
+        "Pod/kubedgx-test (kubedgx/templates/tests/check-install.yaml)",  # helm test
+    ]
     for name, spec in specs:
         assert restricted_violations(spec) == [], name
         for c in spec["containers"]:
@@ -237,6 +243,23 @@ def test_two_replicas_roll_and_one_leads_with_the_documented_interface() -> None
     pod = dep["spec"]["template"]["spec"]
     assert pod["terminationGracePeriodSeconds"] == 30
     assert pod["serviceAccountName"] == one(objects, "ServiceAccount")["metadata"]["name"] == "kubedgx-operator"
+    # The securityContexts are values now (podSecurityContext, securityContext); their defaults are what
+    # the chart rendered before they were.
+    assert pod["securityContext"] == {
+        "runAsNonRoot": True,
+        "runAsUser": 10001,
+        "runAsGroup": 10001,
+        "fsGroup": 10001,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    assert container(objects)["securityContext"] == {
+        "runAsNonRoot": True,
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+    assert not {"topologySpreadConstraints"} & set(pod)
+    assert "envFrom" not in container(objects)
     assert pod["securityContext"]["runAsUser"] == 10001
     c = container(objects)
     assert c["image"] == "ghcr.io/kubedgx/operator:0.1.0"
@@ -532,7 +555,9 @@ def test_namespaced_mode_puts_a_role_in_each_namespace() -> None:
         assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "kubedgx-operator", "namespace": NAMESPACE}]
     assert {b["metadata"]["namespace"] for b in find(objects, "RoleBinding")} == {"ml", "research", NAMESPACE}
     # The cluster-scoped part only: no pods, jobs or secrets anywhere but in the two namespaces.
-    cluster_resources = {res for rule in one(objects, "ClusterRole", "kubedgx-operator")["rules"] for res in rule["resources"]}
+    cluster_resources = {
+        res for rule in one(objects, "ClusterRole", "kubedgx-operator")["rules"] for res in rule["resources"]
+    }
     assert cluster_resources == {
         "customresourcedefinitions",
         "namespaces",

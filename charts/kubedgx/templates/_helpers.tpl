@@ -117,3 +117,26 @@ app.kubernetes.io/part-of: kubedgx
 {{- $_ := set $catalog "gpus" (concat (.Values.catalog.gpus | default list) .Values.catalogExtraGpus) }}
 {{- toYaml $catalog }}
 {{- end }}
+
+{{/* The labels that select the operator's pods (Deployment, Services, PDB, NetworkPolicy, PodMonitor). */}}
+{{- define "kubedgx.operatorSelectorLabels" -}}
+{{ include "kubedgx.selectorLabels" . }}
+app.kubernetes.io/component: operator
+{{- end }}
+
+{{/* The private CAs of object stores (caBundle): "true" when given, as PEM or as a ConfigMap. */}}
+{{- define "kubedgx.caBundle" -}}
+{{- if and .Values.caBundle.pem .Values.caBundle.configMap.name }}
+{{- fail "caBundle: give the PEM (caBundle.pem) or an existing ConfigMap (caBundle.configMap.name), not both" }}
+{{- end }}
+{{- if or .Values.caBundle.pem .Values.caBundle.configMap.name }}true{{ end }}
+{{- end }}
+
+{{- define "kubedgx.caBundleConfigMapName" -}}
+{{- .Values.caBundle.configMap.name | default (include "kubedgx.component" (dict "root" . "suffix" "ca-bundle")) }}
+{{- end }}
+
+{{/* Where `helm test` dry-runs its jobs: tests.namespace, else the first watched namespace, else the release's. */}}
+{{- define "kubedgx.testNamespace" -}}
+{{- .Values.tests.namespace | default (first (.Values.watchNamespaces | default (list .Release.Namespace))) }}
+{{- end }}
