@@ -287,7 +287,12 @@ class LeaderElector:
                     spec = lease_spec(c, record, self.wall(), release=True)
                     await self.kube.replace_lease(c.namespace, c.name, spec, record.resource_version)
                     log.info("leader election: %s released Lease %s/%s", c.identity, c.namespace, c.name)
-        except (TransientError, ApiException, TimeoutError, OSError) as exc:
+        except ApiException as exc:
+            # 403/404 at shutdown: the release is being uninstalled (its Role or the Lease went first).
+            log.warning(
+                "leader election: could not release Lease %s/%s (HTTP %s); it expires", c.namespace, c.name, exc.status
+            )
+        except (TransientError, TimeoutError, OSError) as exc:
             log.warning("leader election: could not release Lease %s/%s (%s); it expires", c.namespace, c.name, exc)
 
 

@@ -363,8 +363,8 @@ class PodRunner:
                 return
             container.restarts += 1
             container.backoff_until = time.monotonic() + min(10.0 * 2 ** (container.restarts - 1), 60.0) / 10
-        if container.process is None and container.waiting is None and time.monotonic() >= container.backoff_until:
-            self._run(running, pod)
+        if container.process is None and time.monotonic() >= container.backoff_until:
+            self._run(running, pod)  # (again, after a waiting reason: a Secret created later is mounted then)
         self._probe(running, pod)
         self._send_status(running, pod)
 
@@ -389,17 +389,17 @@ class PodRunner:
         repository = image.split("@")[0].rsplit(":", 1)[0] if ":" in image.split("/")[-1] else image.split("@")[0]
         commands = self.executables.get(repository)
         if commands is None:
-            running.container.waiting = ("ErrImagePull", f"the test pod runner runs no image {image}")
+            self._wait(running, "ErrImagePull", f"the test pod runner runs no image {image}")
             return
         try:
             mounts = self._volumes(running, pod)
             env = self._environment(running, pod, container, mounts)
         except (ApiError, KeyError, ValueError) as exc:
-            running.container.waiting = ("CreateContainerConfigError", str(exc))
+            self._wait(running, "CreateContainerConfigError", str(exc))
             return
         argv = [*container.get("command", []), *container.get("args", [])]
         if not argv or argv[0] not in commands:
-            running.container.waiting = ("RunContainerError", f"no local executable for {argv[:1]} of {image}")
+            self._wait(running, "RunContainerError", f"no local executable for {argv[:1]} of {image}")
             return
         argv = [commands[argv[0]], *(_rewrite(a, mounts) for a in argv[1:])]
         log_path = running.directory / f"{container['name']}.log"
@@ -416,10 +416,17 @@ class PodRunner:
                 start_new_session=True,
             )
         running.container.process = process
+        running.container.waiting = None
         running.container.log_path = log_path
         running.container.started_at = _now()
         running.container.ready = False
         self.started.append((running.name, process.pid))
+
+    @staticmethod
+    def _wait(running: RunningPod, reason: str, message: str) -> None:
+        """The container cannot start yet: say why, and try again in a second (the kubelet backs off too)."""
+        running.container.waiting = (reason, message)
+        running.container.backoff_until = time.monotonic() + 1.0
 
     def _volumes(self, running: RunningPod, pod: dict[str, Any]) -> list[tuple[str, Path]]:
         """(mountPath, local directory) of the container's volume mounts, longest path first."""

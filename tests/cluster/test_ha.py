@@ -88,11 +88,13 @@ class Ha:
     jobs: Kubectl
     uninstalled: bool = False
 
-    def refused(self) -> list[str]:
-        """Log lines of the replicas that report a call RBAC refused, which the chart's rules must never cause."""
+    def refused(self, namespace: str = NAMESPACE) -> list[str]:
+        """Log lines of a release's replicas that report a call RBAC refused, which the chart's rules must never
+        cause (checked before an uninstall, which removes the RBAC while the replicas stop)."""
         return [
             line
-            for _, text in self.runner.logs()
+            for pod, text in self.runner.logs()
+            if pod.startswith(f"{namespace}.")
             for line in text.splitlines()
             if re.search(r"forbidden: User .* cannot ", line)
         ]
@@ -203,13 +205,13 @@ def ha(
         kubectl.run("delete", "namespace", JOBS_NAMESPACE, "--wait=false", "--ignore-not-found")
 
 
-def served_certificate(ip: str, ca: bytes) -> bytes:
+def served_certificate(ip: str, ca: bytes, hostname: str = SERVICE_DNS) -> bytes:
     """The certificate a replica serves on its webhook port, verified as the apiserver verifies it:
     against the caBundle, for the Service's DNS name."""
     context = ssl.create_default_context(cadata=ca.decode())
     with (
         socket.create_connection((ip, 9443), timeout=5) as raw,
-        context.wrap_socket(raw, server_hostname=SERVICE_DNS) as tls,
+        context.wrap_socket(raw, server_hostname=hostname) as tls,
     ):
         der = tls.getpeercert(binary_form=True)
     assert der is not None
@@ -611,3 +613,95 @@ def test_uninstall_removes_the_configuration_the_secret_and_the_lease(ha: Ha) ->
     # No webhook is left behind to refuse writes to the kept CRDs.
     ha.jobs.apply(command_job("after-uninstall"))
     ha.jobs.delete(JOBS, "after-uninstall")
+
+
+def test_cert_manager_mode_serves_what_cert_manager_issues(ha: Ha) -> None:
+    """The chart's other mode, with the test doing cert-manager's part (its controller writes the
+    Certificate's Secret; its cainjector copies the CA into the configuration named by
+    ``cert-manager.io/inject-ca-from``): the replicas mount and serve that Secret, the release's
+    configuration reaches them through the Service, and they write neither."""
+    from dgx_operator.webhookcert import self_signed  # a CA and a certificate, as cert-manager's would be
+    from tests.cluster.test_chart import stub_crd
+
+    namespace, release = "kubedgx-cm", "cm"
+    fullname = f"{release}-kubedgx"
+    created = []
+    for crd in (
+        stub_crd("cert-manager.io", "Issuer", "issuers"),
+        stub_crd("cert-manager.io", "Certificate", "certificates"),
+    ):
+        if ha.admin.get("customresourcedefinition", crd["metadata"]["name"]) is None:
+            ha.admin.apply(crd)
+            created.append(crd["metadata"]["name"])
+    ha.admin.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+    k = ha.admin.in_namespace(namespace)
+    config = helm.Config(kubeconfig_path=ha.plane.kubeconfig, kube_context=CONTEXT, namespace=namespace)
+    values = VALUES | {"webhook": {"certManager": {"enabled": True}}}
+    try:
+        wait_for(
+            "the stub CRDs served",
+            lambda: ha.admin.run("get", "certificates.cert-manager.io", "-A", check=False).returncode == 0,
+            timeout=60,
+            interval=0.5,
+        )
+        summary = config.install(str(CHART), release, values)
+        assert summary["status"] == "deployed", summary
+        certificate = k.get("certificate", f"{fullname}-webhook")
+        assert certificate is not None
+        secret_name = certificate["spec"]["secretName"]
+        pair = self_signed(certificate["spec"]["dnsNames"])
+        ca, crt, key = pair.ca, pair.certificate, pair.key
+        k.apply(
+            {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "type": "kubernetes.io/tls",
+                "metadata": {"name": secret_name},
+                "data": {"ca.crt": _b64(ca), "tls.crt": _b64(crt), "tls.key": _b64(key)},
+            }
+        )
+        vwc = ha.admin.get("validatingwebhookconfiguration", f"{fullname}-webhook")
+        assert vwc is not None
+        assert vwc["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == f"{namespace}/{fullname}-webhook"
+        injected = [
+            {"op": "add", "path": f"/webhooks/{i}/clientConfig/caBundle", "value": _b64(ca)}
+            for i in range(len(vwc["webhooks"]))
+        ]
+        ha.admin.run(
+            "patch", "validatingwebhookconfiguration", f"{fullname}-webhook", "--type=json", "-p", json.dumps(injected)
+        )
+        selector = {"app.kubernetes.io/instance": release, "app.kubernetes.io/component": "operator"}
+        wait_for(
+            "both replicas ready",
+            lambda: len([p for p in k.select("pods", selector) if _ready(p)]) == 2,
+            timeout=TIMEOUT,
+            interval=0.3,
+            diagnose=ha.diagnose,
+        )
+        answer = ha.jobs.apply(unknown_instance_job("cm-bad"), check=False)
+        assert "unknown instance type" in answer.stderr, answer.stderr  # served with cert-manager's certificate
+        ha.jobs.apply(command_job("cm-good"))
+        ha.jobs.delete(JOBS, "cm-good")
+        for pod in k.select("pods", selector):
+            assert served_certificate(
+                dig(pod, "status", "podIP"), ca, f"{fullname}-webhook.{namespace}.svc"
+            ) == x509.load_pem_x509_certificate(crt).public_bytes(Encoding.DER)
+        # The replicas wrote nothing of the webhook's: the caBundle is what "cert-manager" injected.
+        assert ca_bundles_of(ha, f"{fullname}-webhook") == {_b64(ca)}
+        assert ha.refused(namespace) == []
+    finally:
+        with contextlib.suppress(Exception):
+            config.uninstall(release, ignore_not_found=True)
+        config.close()
+        ha.admin.run("delete", "namespace", namespace, "--wait=false", "--ignore-not-found")
+        for name in created:
+            ha.admin.run("delete", "customresourcedefinition", name, "--wait=false", "--ignore-not-found")
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def ca_bundles_of(ha: Ha, name: str) -> set[str]:
+    vwc = ha.admin.get("validatingwebhookconfiguration", name)
+    return {str(dig(h, "clientConfig", "caBundle", default="")) for h in (vwc or {}).get("webhooks", [])}
