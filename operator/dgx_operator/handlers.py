@@ -88,6 +88,7 @@ async def startup(
         post_event=post_event,
         retry_base=config.retry_base,
         metrics=memo.metrics,
+        ca_bundle=config.ca_bundle,
     )
     if config.metrics_port:
         try:
