@@ -22,7 +22,7 @@ import yaml
 from dgx_datasync import trust
 from dgx_operator.cli import build_parser, cmd_check_install
 from dgx_operator.settings import OperatorConfig
-from tests.chart.conftest import CHART, KUBE_VERSION, NAMESPACE, find, is_hook, one, render
+from tests.chart.conftest import CHART, KUBE_VERSION, NAMESPACE, find, is_hook, notes, one, render
 from tests.chart.test_render import container, deployment, env, restricted_violations
 from tests.private_ca import PrivateCA
 
@@ -387,6 +387,8 @@ def test_the_test_hook_follows_the_installation() -> None:
     assert build_parser().parse_args(no_webhook["Pod"]["spec"]["containers"][0]["args"]).webhook is False
     assert sorted(r.kind for r in hook_objects({"rbac": {"create": False}})) == ["Pod", "ServiceAccount"]
     assert hook_objects({"tests": {"enabled": False}}) == []
+    assert "helm test kubedgx -n kubedgx" in notes()
+    assert "helm test" not in notes({"tests": {"enabled": False}})
     # Never part of what helm install applies.
     assert not [r for r in render() if r.name.endswith("-test")]
 
