@@ -311,6 +311,7 @@ OPERATOR_FLAGS = {
     "webhook_namespace": "KUBEDGX_WEBHOOK_NAMESPACE",
     "webhook_configuration": "KUBEDGX_WEBHOOK_CONFIGURATION",
     "webhook_failure_policy": "KUBEDGX_WEBHOOK_FAILURE_POLICY",
+    "ca_bundle": "KUBEDGX_CA_BUNDLE",
     "webhook_secret": "KUBEDGX_WEBHOOK_SECRET",
     "webhook_timeout_seconds": "KUBEDGX_WEBHOOK_TIMEOUT_SECONDS",
     "webhook_dry_run": "KUBEDGX_WEBHOOK_DRY_RUN",
@@ -540,6 +541,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="dry-run a job's children against the apiserver at admission (on)",
     )
+    o.add_argument("--ca-bundle", metavar="FILE", help="PEM of object stores' private CAs, added to the default trust")
     o.add_argument("--webhook-secret", metavar="NAME", help="self-signed: the Secret sharing the pair (<service>-tls)")
     o.add_argument("--webhook-timeout-seconds", type=int, metavar="N", help="the configuration's timeoutSeconds (10)")
     o.add_argument("--bind-address", metavar="IP", help="address of the health, metrics and webhook servers (0.0.0.0)")

@@ -157,6 +157,9 @@ def read() -> Install:
             install.builds[options["-f"]] = options["-t"]
         elif words[:2] == ["docker", "push"]:
             install.pushes.append(words[2])
+        elif words[:2] == ["helm", "test"]:
+            # The release installed above; its hook is rendered and run in tests/chart and test_chart_hooks.py.
+            assert words[2:] == ["kubedgx", "-n", "kubedgx"], words
         elif words[0] == "helm":
             install.installs.append(helm_install(words))
         elif words[0] == "kubectl":

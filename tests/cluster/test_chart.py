@@ -37,7 +37,7 @@ import helm_python as helm
 import pytest
 import yaml
 
-from tests.chart.conftest import CHART, CI, chart_values
+from tests.chart.conftest import CHART, CI, chart_values, is_hook
 from tests.cluster.controlplane import CONTEXT, ControlPlane
 from tests.e2e.kubectl import JOBS, MOUNTS, Kubectl, KubectlError, WaitTimeoutError, condition, dig, wait_for
 
@@ -101,10 +101,11 @@ def documents(text: str) -> list[dict[str, Any]]:
 
 
 def render(chart: Path, values: dict[str, Any] | None, *, name: str, namespace: str) -> list[dict[str, Any]]:
-    """The chart rendered offline, as ``helm template`` would (NOTES left out)."""
+    """The chart rendered offline as ``helm install`` applies it (NOTES and ``helm test`` hooks left out)."""
     with helm.Chart.load(str(chart)) as loaded:
         out = loaded.render(values or {}, name=name, namespace=namespace, is_install=True)
-    return [doc for path, text in sorted(out.items()) if not path.endswith("NOTES.txt") for doc in documents(text)]
+    docs = [doc for path, text in sorted(out.items()) if not path.endswith("NOTES.txt") for doc in documents(text)]
+    return [doc for doc in docs if not is_hook(doc)]
 
 
 def keys(objects: list[dict[str, Any]], namespace: str) -> set[Key]:

@@ -185,8 +185,9 @@ class Clock:
 
 
 def elector(store: Leases, clock: Clock, identity: str, events: list[str]) -> LeaderElector:
-    c = ElectionConfig(namespace="ops", name="lease", identity=identity, retry_period=0.01, renew_deadline=0.05,
-                       lease_duration=1.0)  # fmt: skip (Leases count whole seconds)
+    c = ElectionConfig(
+        namespace="ops", name="lease", identity=identity, retry_period=0.01, renew_deadline=0.05, lease_duration=1.0
+    )  # fmt: skip (Leases count whole seconds)
     return LeaderElector(
         store,  # type: ignore[arg-type]
         c,
