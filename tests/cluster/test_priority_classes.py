@@ -4,8 +4,8 @@ with its Priority admission plugin: the workers are created, scheduled and run b
 with CreateRefused, a class that exists is still used, and the operator's log names the missing class
 and the fix, once. Also: what `kubedgx manifests` prints for the no-Helm path is accepted by the apiserver.
 
-The operator runs as the chart's ServiceAccount (the default values grant it `get` on priorityclasses,
-so the check is answered), configured by the chart with ``priorityClasses.create: false`` and the
+The operator runs as the chart's ServiceAccount (the chart grants it `get` on the priorityclasses it
+names, so the check is answered), configured by the chart with ``priorityClasses.create: false`` and the
 normal class renamed to one that exists nowhere: the chart's own way of naming classes it does not make.
 """
 
@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 
 from dgx_operator.priorities import APPLY_COMMAND
-from tests.chart.conftest import Rendered, render
+from tests.chart.conftest import Rendered
 from tests.cluster.controlplane import ControlPlane
-from tests.cluster.operator import Operator, chart_operator
+from tests.cluster.operator import Operator, chart_operator, install
 from tests.e2e.jobs import command_job, running_with, wait_job, worker_pods
 from tests.e2e.kubectl import Kubectl, KubectlError, dig, reasons, wait_for
 
@@ -45,11 +45,14 @@ def operator(
     severity; the plain format is the message alone)."""
     assert kubectl.get("priorityclass", MISSING) is None, f"{MISSING} must not exist for this module"
     assert kubectl.get("priorityclass", "kubedgx-high") is not None
-    objects = render(VALUES)
+    objects = install(kubectl, VALUES)  # the ClusterRole's get on priorityclasses names the classes configured
     workdir = tmp_path_factory.mktemp("operator")
     json_logs = ("--log-format", "json")
-    with chart_operator(control_plane, kubectl, request.module.__name__, objects, workdir, json_logs) as op:
-        yield op
+    try:
+        with chart_operator(control_plane, kubectl, request.module.__name__, objects, workdir, json_logs) as op:
+            yield op
+    finally:
+        install(kubectl)  # the default RBAC again, for the modules after this one
 
 
 def test_the_apiserver_refuses_a_pod_naming_the_missing_class(namespace: Kubectl) -> None:
