@@ -282,6 +282,7 @@ async def test_a_restart_keeps_the_pair_so_the_ca_bundle_never_changes(
     key_directory = Path(memo.webhook.directory)
     assert sorted(p.name for p in key_directory.iterdir()) == ["tls.crt", "tls.key"]
     assert (key_directory / "tls.key").stat().st_mode & 0o077 == 0  # the key is the operator's alone
+    await asyncio.wait_for(memo.webhook.listening.wait(), timeout=10)  # the VWC is patched before the socket binds
     served = await served_certificate(port, ca_bundle(created), HOSTNAME)
     await first.stop()
     assert not key_directory.exists()  # removed at cleanup
