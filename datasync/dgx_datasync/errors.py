@@ -165,18 +165,43 @@ def classify(exc: BaseException, uri: str, bucket: str, *, endpoint: str | None 
         code = found[0] if found else str(status or "")
         if code in _BUCKET_MISSING:
             return bucket_not_found(uri, bucket)
-        if code in _CREDENTIALS_INVALID or name in _BAD_CREDENTIALS or status == 401:
+        google = uri.startswith("gs://")
+        if name in _BAD_CREDENTIALS and google:
+            said = item.args[0] if item.args and isinstance(item.args[0], str) else detail
             return SyncError(
                 "CredentialsInvalid",
-                f"the store rejected the credentials for {uri} ({code or name}): check the access key and "
-                "secret in the credentials Secret (spec.credentialsSecretRef)",
+                f"Google's token endpoint refused the service-account key for {uri} ({said[:200] or name}): the key "
+                "was deleted or disabled, or is not the account's; create a new key and put it into the "
+                "credentials Secret (spec.credentialsSecretRef, key service-account.json)",
             )
-        if code in _ACCESS_DENIED or status == 403:
+        if code in _CREDENTIALS_INVALID or name in _BAD_CREDENTIALS or status == 401:
+            fix = (
+                "the service-account key in the credentials Secret "
+                "(spec.credentialsSecretRef, key service-account.json)"
+                if google
+                else "the access key and secret in the credentials Secret (spec.credentialsSecretRef)"
+            )
+            return SyncError(
+                "CredentialsInvalid", f"the store rejected the credentials for {uri} ({code or name}): check {fix}"
+            )
+        # gcsfs raises a bare OSError("Forbidden: <url>\n<GCS's message>") for a 403.
+        forbidden = type(item) is OSError and str(item).startswith("Forbidden:")
+        if code in _ACCESS_DENIED or status == 403 or forbidden:
+            if google:
+                said = str(item).partition("\n")[2].strip()
+                return SyncError(
+                    "AccessDenied",
+                    f"access denied to {uri} ({said[:300] or 403}): grant the service account "
+                    f"roles/storage.objectViewer (inputs) or roles/storage.objectAdmin (outputs) on bucket '{bucket}'",
+                )
             return SyncError(
                 "AccessDenied",
                 f"access denied to {uri} ({code}): grant the credentials' identity list/read access "
                 f"(and write access for outputs) on bucket '{bucket}'",
             )
+        # gcsfs: a failed precondition (412) is a FileExistsError naming the URL, not a local file.
+        if isinstance(item, FileExistsError) and item.filename is None and google:
+            status = 412
         if code in _CHANGED or status == 412:
             return SyncError(
                 "SourceChanged", f"an object under {uri} changed while it was being copied: run the sync again"

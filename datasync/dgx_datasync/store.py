@@ -404,9 +404,16 @@ def make_filesystem(loc: Location, options: StoreOptions) -> Any:
             fs = s3fs.S3FileSystem(**kwargs)
             fs.retries = 2  # s3fs's own retry loop, on top of botocore's attempts
             return fs
-        import gcsfs
+        # gcsfs.GCSFileSystem is, by default since gcsfs 2025.x, a subclass that asks the Storage
+        # Control API (gRPC) for each bucket's layout before using it, waits up to 60 s when that
+        # API is not reachable at the endpoint, and asks again on the next call. Plain JSON API
+        # calls are all the sync makes; they work the same on flat and hierarchical-namespace
+        # buckets, so the plain class it is.
+        from gcsfs.core import GCSFileSystem
 
-        return gcsfs.GCSFileSystem(**kwargs)
+        fs = GCSFileSystem(**kwargs)
+        _fail_fast_on_refused_keys(fs)
+        return fs
     except SyncError:
         raise
     except Exception as exc:
@@ -420,6 +427,31 @@ def make_filesystem(loc: Location, options: StoreOptions) -> Any:
                 ) from exc
             raise
         raise error from exc
+
+
+def _fail_fast_on_refused_keys(fs: Any) -> None:
+    """gcsfs turns every failed token refresh into a retriable "401 Invalid Credentials" and retries
+    it six times with backoff (half a minute) even when Google's token endpoint said the key itself
+    is refused (``invalid_grant``: deleted, disabled, not the account's): google-auth marks such a
+    RefreshError not retryable, and so does this wrapper, so the sync fails at once with the reason."""
+    from gcsfs.retry import HttpError, NonRetryableError
+    from google.auth.exceptions import RefreshError
+
+    credentials = getattr(fs, "credentials", None)
+    original = getattr(credentials, "maybe_refresh", None)
+    if credentials is None or original is None:
+        return
+
+    def maybe_refresh(*args: Any, **kwargs: Any) -> None:
+        try:
+            original(*args, **kwargs)
+        except HttpError as exc:
+            cause = exc.__cause__
+            if isinstance(cause, RefreshError) and not getattr(cause, "retryable", False):
+                raise NonRetryableError(str(cause)) from cause
+            raise
+
+    credentials.maybe_refresh = maybe_refresh
 
 
 class Store:
@@ -510,7 +542,7 @@ class Store:
                 if self.scheme == "s3":
                     self._run(self._s3_download, loc, obj, fd)
                 else:
-                    self.fs.get_file(loc.path, fd_path(fd))
+                    self._run(self._gs_download, loc, obj, fd)
         except FileNotFoundError as exc:
             if exc.filename is not None:  # a local path: our directory went away
                 raise
@@ -548,6 +580,40 @@ class Store:
                 offset += len(chunk)
         finally:
             body.close()
+        if span is not None and offset != span[1] + 1:
+            raise SyncError("Unreachable", f"short read of {loc.uri}: the connection dropped", transient=True)
+
+    async def _gs_download(self, loc: Location, obj: RemoteObject, fd: int) -> None:
+        """GCS's counterpart of If-Match: the read names the generation the listing saw, so an object
+        replaced since answers 404 (that generation is gone) instead of the new bytes."""
+        params = {"generation": obj.etag} if obj.etag else {}
+        if obj.size <= LARGE_OBJECT:
+            await self._gs_range(fd, loc, params, None)
+            return
+        os.ftruncate(fd, obj.size)
+        limit = asyncio.Semaphore(RANGES_PER_OBJECT)
+
+        async def one(start: int) -> None:
+            async with limit:
+                await self._gs_range(fd, loc, params, (start, min(start + RANGE_SIZE, obj.size) - 1))
+
+        await asyncio.gather(*(one(start) for start in range(0, obj.size, RANGE_SIZE)))
+
+    async def _gs_range(self, fd: int, loc: Location, params: dict[str, str], span: tuple[int, int] | None) -> None:
+        from gcsfs.retry import validate_response
+
+        url = self.fs.url(loc.path)
+        headers = {"Range": f"bytes={span[0]}-{span[1]}"} if span is not None else {}
+        await self.fs._set_session()
+        async with self.fs.session.get(
+            url, params=params, headers=self.fs._get_headers(headers), timeout=self.fs.requests_timeout
+        ) as response:
+            if response.status >= 400:
+                validate_response(response.status, await response.read(), url)
+            offset = span[0] if span else 0
+            while chunk := await response.content.read(_READ_CHUNK):
+                os.pwrite(fd, chunk, offset)
+                offset += len(chunk)
         if span is not None and offset != span[1] + 1:
             raise SyncError("Unreachable", f"short read of {loc.uri}: the connection dropped", transient=True)
 

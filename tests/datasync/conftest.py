@@ -48,6 +48,7 @@ from typing import Any
 
 import pytest
 
+from tests.gcs import FakeGCS, Gate, Hit
 from tests.s3 import ACCESS_KEY as ACCESS_KEY
 from tests.s3 import REGION as REGION
 from tests.s3 import S3
@@ -56,50 +57,34 @@ from tests.s3 import SECRET_KEY as SECRET_KEY
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@dataclass(frozen=True)
-class Hit:
-    method: str
-    path: str
-    query: str
-
-    def key_in(self, bucket: str) -> str | None:
-        """The object key this request addresses in ``bucket`` (path-style), or None."""
-        head = f"/{bucket}/"
-        return self.path[len(head) :] if self.path.startswith(head) and len(self.path) > len(head) else None
-
-
-class Gate:
-    """Lets ``allow`` matching requests through, then holds the rest until :meth:`open`.
-
-    ``held`` is set when the first request is held; ``action`` (optional) runs once, in the server
-    thread, when the gate first holds, before anything is released."""
-
-    def __init__(self, match: Callable[[Hit], bool], allow: int = 0, action: Callable[[], None] | None = None):
-        self.match = match
-        self.allow = allow
-        self.action = action
-        self.passed = 0
-        self.held = threading.Event()
-        self._open = threading.Event()
-        self._lock = threading.Lock()
-
-    def check(self, hit: Hit) -> None:
-        if not self.match(hit) or self._open.is_set():
-            return
-        with self._lock:
-            if self.passed < self.allow:
-                self.passed += 1
-                return
-            first = not self.held.is_set()
-            self.held.set()
-        if first and self.action is not None:
-            self.action()
-            self._open.set()
-            return
-        self._open.wait(timeout=120)
-
-    def open(self) -> None:
-        self._open.set()
+def s3_hit(method: str, path: str, query: str) -> Hit:
+    """A moto request as a :class:`tests.gcs.Hit` (path-style: ``/bucket/key``), so tests read the log
+    of either store the same way."""
+    bucket, _, key = path.lstrip("/").partition("/")
+    params = query.split("&") if query else []
+    multipart = any(p.startswith("uploadId=") for p in params)
+    if not bucket:
+        op = "other"
+    elif key:
+        if method == "GET":
+            op = "get"
+        elif method == "HEAD":
+            op = "head"
+        elif method == "DELETE":
+            op = "delete"
+        elif method == "PUT":
+            op = "part" if multipart else "write"
+        elif method == "POST":
+            op = "write" if multipart else ("part" if "uploads" in params or "uploads=" in params else "other")
+        else:
+            op = "other"
+    elif method == "GET" and not any(p.split("=")[0] in {"location", "versioning", "policy", "acl"} for p in params):
+        op = "list"
+    elif method == "POST" and any(p.split("=")[0] == "delete" for p in params):
+        op = "delete"
+    else:
+        op = "other"
+    return Hit(method, path, query, op, bucket or None, key or None)
 
 
 @dataclass
@@ -128,7 +113,7 @@ class CountingMiddleware:
         self.lock = threading.Lock()
 
     def __call__(self, environ: dict[str, Any], start_response: Any) -> Any:
-        hit = Hit(environ["REQUEST_METHOD"], environ.get("PATH_INFO", ""), environ.get("QUERY_STRING", ""))
+        hit = s3_hit(environ["REQUEST_METHOD"], environ.get("PATH_INFO", ""), environ.get("QUERY_STRING", ""))
         with self.lock:
             self.hits.append(hit)
             gates = list(self.gates)
@@ -159,6 +144,37 @@ class MotoS3(S3):
     def etag(self, bucket: str, key: str) -> str:
         return str(self.client.head_object(Bucket=bucket, Key=key)["ETag"]).strip('"')
 
+    # -- what tests/gcs.py's FakeGCS has too, so a test can run on either store --------------------
+
+    scheme = "s3"
+
+    def put(self, bucket: str, key: str, data: bytes) -> None:
+        self.client.put_object(Bucket=bucket, Key=key, Body=data)
+
+    def put_many(self, bucket: str, objects: Mapping[str, bytes], workers: int = 8) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(workers) as pool:
+            list(pool.map(lambda kv: self.put(bucket, kv[0], kv[1]), objects.items()))
+
+    def version(self, bucket: str, key: str) -> str:
+        """What a listing records for the object (its ETag)."""
+        return self.etag(bucket, key)
+
+    def env(self) -> dict[str, str]:
+        return {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY}
+
+    def cli_args(self) -> list[str]:
+        return ["--endpoint-url", self.endpoint, "--region", REGION]
+
+    def options(self) -> Any:
+        from dgx_datasync import StoreOptions
+
+        return StoreOptions(endpoint_url=self.endpoint, region=REGION, env=self.env())
+
+    def uri(self, bucket: str, prefix: str = "") -> str:
+        return f"s3://{bucket}/{prefix}" if prefix else f"s3://{bucket}"
+
     # -- request log -------------------------------------------------------------------------------
 
     @property
@@ -177,24 +193,14 @@ class MotoS3(S3):
         """GET requests for object bodies in ``bucket`` since ``mark``, per key (listings excluded)."""
         found: Counter[str] = Counter()
         for hit in self.since(mark):
-            key = hit.key_in(bucket)
-            if hit.method == "GET" and key is not None:
-                found[key] += 1
+            if hit.op == "get" and hit.bucket == bucket and hit.key is not None:
+                found[hit.key] += 1
         return found
 
     def object_writes(self, bucket: str, mark: int = 0) -> list[str]:
         """Keys written since ``mark``, in the order the object became visible: a single PUT, or the
         POST that completes a multipart upload (its part PUTs are not listed)."""
-        out = []
-        for hit in self.since(mark):
-            key = hit.key_in(bucket)
-            if key is None:
-                continue
-            if (hit.method == "PUT" and "uploadId=" not in hit.query) or (
-                hit.method == "POST" and "uploadId=" in hit.query
-            ):
-                out.append(key)
-        return out
+        return [h.key for h in self.since(mark) if h.op == "write" and h.bucket == bucket and h.key is not None]
 
     @contextlib.contextmanager
     def gate(
@@ -279,7 +285,41 @@ def s3() -> Iterator[MotoS3]:
         server.stop()
 
 
-def cli_env(extra: Mapping[str, str] | None = None, *, credentials: bool = True) -> dict[str, str]:
+#: A store the scenario tests run against: moto's S3 or fake-gcs-server (either has put, get,
+#: keys, version, bucket, env, cli_args, options, uri, and the request log: mark, since,
+#: object_gets, object_writes, gate, fail).
+ObjectStore = MotoS3 | FakeGCS
+#: ``pytestmark = BOTH`` runs every test of a module once against each store.
+BOTH = pytest.mark.parametrize("store", ["s3", "gs"], indirect=True)
+
+
+@pytest.fixture(scope="session")
+def gcs() -> Iterator[FakeGCS]:
+    from tests import gcs as module
+
+    if module.go() is None and not os.environ.get("KUBEDGX_FAKE_GCS_SERVER"):
+        pytest.skip("no Go toolchain: fake-gcs-server cannot be built (python -m tests.gcs); the gs:// tests skip")
+    server = FakeGCS(module.build().binary)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def store(request: pytest.FixtureRequest) -> ObjectStore:
+    """moto's S3 unless the test is parametrized with ``BOTH`` (then each in turn)."""
+    scheme = getattr(request, "param", "s3")
+    found: ObjectStore = request.getfixturevalue("s3" if scheme == "s3" else "gcs")
+    return found
+
+
+def cli_env(
+    extra: Mapping[str, str] | None = None,
+    *,
+    credentials: bool = True,
+    identity: Mapping[str, str] | None = None,
+) -> dict[str, str]:
     """A clean environment for a datasync subprocess: our test keys (or none), no ambient AWS/GCP
     identity to stumble on, and the source tree importable."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "GOOGLE_"))}
@@ -296,7 +336,9 @@ def cli_env(extra: Mapping[str, str] | None = None, *, credentials: bool = True)
         }
     )
     if credentials:
-        env.update({"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY})
+        env.update(
+            identity if identity is not None else {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY}
+        )
     env.update(extra or {})
     return env
 
@@ -326,15 +368,15 @@ class CliResult:
         return f"{' '.join(self.command)} -> rc {self.rc}\nstdout: {self.stdout}\nstderr: {self.stderr}"
 
 
-def _command(args: tuple[str, ...], endpoint: str | None) -> list[str]:
+def _command(args: tuple[str, ...], endpoint: str | None, scheme: str = "s3") -> list[str]:
     command = [sys.executable, "-m", "dgx_datasync", *args]
     if endpoint:
-        command += ["--endpoint-url", endpoint, "--region", REGION]
+        command += ["--endpoint-url", endpoint] + (["--region", REGION] if scheme == "s3" else [])
     return command
 
 
 @pytest.fixture
-def run_cli(s3: MotoS3, tmp_path: Path) -> Callable[..., CliResult]:
+def run_cli(store: ObjectStore, tmp_path: Path) -> Callable[..., CliResult]:
     counter = iter(range(1_000_000))
 
     def run(
@@ -345,11 +387,12 @@ def run_cli(s3: MotoS3, tmp_path: Path) -> Callable[..., CliResult]:
         timeout: float = 120,
     ) -> CliResult:
         termination = tmp_path / f"termination-{next(counter)}.json"
-        command = _command(args, s3.endpoint if endpoint == "default" else endpoint)
+        command = _command(args, store.endpoint if endpoint == "default" else endpoint, store.scheme)
         started = time.monotonic()
+        identity = cli_env(env, credentials=credentials, identity=store.env())
         proc = subprocess.run(
             command,
-            env={**cli_env(env, credentials=credentials), "KUBEDGX_TERMINATION_LOG": str(termination)},
+            env={**identity, "KUBEDGX_TERMINATION_LOG": str(termination)},
             capture_output=True,
             text=True,
             timeout=timeout,
@@ -382,7 +425,7 @@ class Spawned:
 
 
 @pytest.fixture
-def spawn_cli(s3: MotoS3, tmp_path: Path) -> Iterator[Callable[..., Spawned]]:
+def spawn_cli(store: ObjectStore, tmp_path: Path) -> Iterator[Callable[..., Spawned]]:
     started: list[Spawned] = []
 
     def spawn(*args: str, env: Mapping[str, str] | None = None) -> Spawned:
@@ -391,8 +434,8 @@ def spawn_cli(s3: MotoS3, tmp_path: Path) -> Iterator[Callable[..., Spawned]]:
         stderr_path = tmp_path / f"spawn-stderr-{n}.log"
         with stderr_path.open("w") as err:
             proc = subprocess.Popen(
-                _command(args, s3.endpoint),
-                env={**cli_env(env), "KUBEDGX_TERMINATION_LOG": str(termination)},
+                _command(args, store.endpoint, store.scheme),
+                env={**cli_env(env, identity=store.env()), "KUBEDGX_TERMINATION_LOG": str(termination)},
                 stdout=subprocess.DEVNULL,
                 stderr=err,
                 text=True,
@@ -450,11 +493,11 @@ def main_in_process(args: list[str], termination: Path) -> CliResult:
 
 
 @pytest.fixture
-def run_main(s3: MotoS3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[..., CliResult]:
+def run_main(store: ObjectStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[..., CliResult]:
     for name in list(os.environ):
         if name.startswith(("AWS_", "GOOGLE_")):
             monkeypatch.delenv(name)
-    for name, value in cli_env().items():
+    for name, value in cli_env(identity=store.env()).items():
         if name.startswith(("AWS_", "GOOGLE_", "NO_GCE")):
             monkeypatch.setenv(name, value)
     counter = iter(range(1_000_000))
@@ -462,7 +505,7 @@ def run_main(s3: MotoS3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Cal
     def run(*args: str, endpoint: str | None = "default") -> CliResult:
         termination = tmp_path / f"main-termination-{next(counter)}.json"
         # The options right after the command: ARGS may end with "--" and positionals.
-        options = _command((), s3.endpoint if endpoint == "default" else endpoint)[3:]
+        options = _command((), store.endpoint if endpoint == "default" else endpoint, store.scheme)[3:]
         return main_in_process([*args[:1], *options, *args[1:]], termination)
 
     return run
