@@ -167,10 +167,10 @@ def classify(exc: BaseException, uri: str, bucket: str, *, endpoint: str | None 
             return bucket_not_found(uri, bucket)
         google = uri.startswith("gs://")
         if name in _BAD_CREDENTIALS and google:
-            said = item.args[0] if item.args and isinstance(item.args[0], str) else detail
+            refused = item.args[0] if item.args and isinstance(item.args[0], str) else detail
             return SyncError(
                 "CredentialsInvalid",
-                f"Google's token endpoint refused the service-account key for {uri} ({said[:200] or name}): the key "
+                f"Google's token endpoint refused the service-account key for {uri} ({refused[:200] or name}): the key "
                 "was deleted or disabled, or is not the account's; create a new key and put it into the "
                 "credentials Secret (spec.credentialsSecretRef, key service-account.json)",
             )
@@ -188,10 +188,10 @@ def classify(exc: BaseException, uri: str, bucket: str, *, endpoint: str | None 
         forbidden = type(item) is OSError and str(item).startswith("Forbidden:")
         if code in _ACCESS_DENIED or status == 403 or forbidden:
             if google:
-                said = str(item).partition("\n")[2].strip()
+                denied = str(item).partition("\n")[2].strip()
                 return SyncError(
                     "AccessDenied",
-                    f"access denied to {uri} ({said[:300] or 403}): grant the service account "
+                    f"access denied to {uri} ({denied[:300] or 403}): grant the service account "
                     f"roles/storage.objectViewer (inputs) or roles/storage.objectAdmin (outputs) on bucket '{bucket}'",
                 )
             return SyncError(
