@@ -47,6 +47,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 MODULE = "github.com/fsouza/fake-gcs-server"
 VERSION = "v1.56.1"
 #: The build never fetches another Go toolchain and leaves no VCS stamp to vary the binary.
@@ -186,6 +188,20 @@ class Hit:
         return self.key if self.bucket == bucket else None
 
 
+def _metadata_name(body: bytes) -> str | None:
+    """The object name in an upload's metadata: a JSON body (a resumable upload's start) or the
+    first part of a multipart/related body (a one-shot upload with metadata, as gcsfs sends)."""
+    start = body.find(b"{", 0, 4096) if body.startswith(b"--") else (0 if body[:1] == b"{" else -1)
+    if start < 0:
+        return None
+    try:
+        metadata, _ = json.JSONDecoder().raw_decode(body[start : start + 65536].decode("utf-8", "replace"))
+    except ValueError:
+        return None
+    name = metadata.get("name") if isinstance(metadata, dict) else None
+    return name if isinstance(name, str) else None
+
+
 def parse_request(method: str, raw_path: str, query: str, body: bytes) -> tuple[str, str | None, str | None]:
     """(op, bucket, key) of a GCS JSON API request (the paths gcsfs and the Google clients use)."""
     params = urllib.parse.parse_qs(query)
@@ -197,10 +213,7 @@ def parse_request(method: str, raw_path: str, query: str, body: bytes) -> tuple[
             bucket = urllib.parse.unquote(bucket)
             if tail in ("", "o", "o/"):
                 if head == "/upload/storage/v1/b/":
-                    name = (params.get("name") or [None])[0]
-                    if name is None and body[:1] == b"{":
-                        with contextlib.suppress(ValueError):
-                            name = json.loads(body).get("name")
+                    name = (params.get("name") or [None])[0] or _metadata_name(body)
                     kind = (params.get("uploadType") or [""])[0]
                     if method == "POST":
                         return ("part" if kind == "resumable" else "write"), bucket, name
@@ -754,6 +767,18 @@ class FakeGCS:
         finally:
             with self.state.lock:
                 self.state.faults.remove(fault)
+
+
+@pytest.fixture(scope="session")
+def gcs() -> Iterator[FakeGCS]:
+    """The session's fake-gcs-server (built on first use; skips, saying why, without Go)."""
+    if go() is None and not os.environ.get("KUBEDGX_FAKE_GCS_SERVER"):
+        pytest.skip("no Go toolchain: fake-gcs-server cannot be built (python -m tests.gcs); the gs:// tests skip")
+    server = FakeGCS(build().binary)
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 def main() -> int:

@@ -49,6 +49,7 @@ from typing import Any
 import pytest
 
 from tests.gcs import FakeGCS, Gate, Hit
+from tests.gcs import gcs as gcs
 from tests.s3 import ACCESS_KEY as ACCESS_KEY
 from tests.s3 import REGION as REGION
 from tests.s3 import S3
@@ -291,19 +292,6 @@ def s3() -> Iterator[MotoS3]:
 ObjectStore = MotoS3 | FakeGCS
 #: ``pytestmark = BOTH`` runs every test of a module once against each store.
 BOTH = pytest.mark.parametrize("store", ["s3", "gs"], indirect=True)
-
-
-@pytest.fixture(scope="session")
-def gcs() -> Iterator[FakeGCS]:
-    from tests import gcs as module
-
-    if module.go() is None and not os.environ.get("KUBEDGX_FAKE_GCS_SERVER"):
-        pytest.skip("no Go toolchain: fake-gcs-server cannot be built (python -m tests.gcs); the gs:// tests skip")
-    server = FakeGCS(module.build().binary)
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="session")

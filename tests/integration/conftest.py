@@ -226,4 +226,5 @@ async def run_operator(emulator: Emulator, kubeconfig: Path) -> AsyncIterator[Ru
         await run.stop()
 
 
+from tests.gcs import gcs  # noqa: E402,F401  (the session's fake-gcs-server, for the gs:// data-mount scenarios)
 from tests.s3 import s3  # noqa: E402,F401  (the session's moto S3 server, for the data-mount scenarios)

@@ -107,11 +107,6 @@ class DGXDataMountSpec(KubeModel):
 
     cel_rules = (
         cel(
-            "!has(self.endpoint) || self.source.startsWith('s3://')",
-            "endpoint is for S3-compatible stores: use it only with s3:// sources",
-            field_path=".endpoint",
-        ),
-        cel(
             "!has(self.region) || self.source.startsWith('s3://')",
             "region applies only to s3:// sources",
             field_path=".region",
@@ -146,7 +141,11 @@ class DGXDataMountSpec(KubeModel):
         default=None,
         pattern=ENDPOINT_PATTERN,
         max_length=2048,
-        description="URL of an S3-compatible store (MinIO, Ceph RGW, ...); AWS when unset.",
+        description=(
+            "URL of the store's API: for s3://, an S3-compatible store (MinIO, Ceph RGW, ...), AWS when unset; "
+            "for gs://, a Private Service Connect endpoint or another server of the GCS JSON API, "
+            "https://storage.googleapis.com when unset."
+        ),
     )
     region: str | None = Field(default=None, max_length=64, description="S3 region.")
     credentials_secret_ref: SecretRef | None = Field(
