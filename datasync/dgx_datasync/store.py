@@ -26,6 +26,7 @@ import json
 import math
 import mimetypes
 import os
+import random
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -49,6 +50,8 @@ MAX_PARTS: Final = 10_000
 LARGE_OBJECT: Final = 64 * 2**20
 RANGE_SIZE: Final = 32 * 2**20
 RANGES_PER_OBJECT: Final = 4
+#: Tries of each gs:// GET (botocore's total_max_attempts for s3 is the same).
+GS_ATTEMPTS: Final = 3
 _READ_CHUNK: Final = 2**20
 _HASH_CHUNK: Final = 2**22
 #: The longest object name S3 and GCS take, in bytes of UTF-8.
@@ -600,6 +603,21 @@ class Store:
         await asyncio.gather(*(one(start) for start in range(0, obj.size, RANGE_SIZE)))
 
     async def _gs_range(self, fd: int, loc: Location, params: dict[str, str], span: tuple[int, int] | None) -> None:
+        """One GET, tried up to three times where GCS or the network says to (5xx, 429, a dropped
+        connection), as gcsfs's own calls and botocore's (for s3) are; a range is simply written again."""
+        from gcsfs.retry import is_retriable
+
+        for attempt in range(GS_ATTEMPTS):
+            try:
+                await self._gs_get(fd, loc, params, span)
+                return
+            except Exception as exc:
+                short_read = isinstance(exc, SyncError) and exc.transient
+                if attempt == GS_ATTEMPTS - 1 or not (short_read or is_retriable(exc)):
+                    raise
+                await asyncio.sleep(min(0.2 * 2**attempt, 2.0) * (1 + random.random()))
+
+    async def _gs_get(self, fd: int, loc: Location, params: dict[str, str], span: tuple[int, int] | None) -> None:
         from gcsfs.retry import validate_response
 
         url = self.fs.url(loc.path)
