@@ -55,7 +55,9 @@ VERSION = "v1.56.1"
 GO_ENV = {"GOTOOLCHAIN": "local", "GOFLAGS": "-buildvcs=false", "CGO_ENABLED": "0", "GOWORK": "off"}
 PROJECT = "kubedgx-test"
 #: Roles a test service account can have: what the proxy lets it do.
-ROLES = ("admin", "reader", "none")
+#: admin: roles/storage.objectAdmin; reader: roles/storage.objectViewer; creator:
+#: roles/storage.objectCreator (uploads only: no listing, no reading, no deleting); none: no role.
+ROLES = ("admin", "reader", "creator", "none")
 _HOP = {
     "connection",
     "keep-alive",
@@ -383,7 +385,11 @@ class _Handler(BaseHTTPRequestHandler):
             account = state.accounts.get(email or "")
         if account is None:
             return 401, _error(401, "Invalid Credentials", "authError")
-        allowed = account.role == "admin" or (account.role == "reader" and hit.op in ("get", "head", "list", "bucket"))
+        allowed = (
+            account.role == "admin"
+            or (account.role == "reader" and hit.op in ("get", "head", "list", "bucket"))
+            or (account.role == "creator" and hit.op in ("write", "part"))
+        )
         if not allowed:
             permission = _permission(hit)
             message = (

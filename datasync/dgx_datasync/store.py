@@ -679,10 +679,17 @@ class Store:
         """The bucket exists, the credentials are accepted and may list and write under ``loc``:
         a one-key listing, then a small probe object under ``<prefix>/.kubedgx/`` that is removed
         again (best effort: some buckets allow writes but not deletes)."""
-        if self.scheme == "s3":
-            with self.errors(loc):
-                prefix = f"{loc.prefix}/" if loc.prefix else ""
+        prefix = f"{loc.prefix}/" if loc.prefix else ""
+        with self.errors(loc):
+            if self.scheme == "s3":
                 self.fs.call_s3("list_objects_v2", Bucket=loc.bucket, Prefix=prefix, MaxKeys=1)
+            else:
+                # An upload-only key (roles/storage.objectCreator) writes the probe but cannot list,
+                # and the checkpoint uploader lists what is there: ask for one object first.
+                try:
+                    self.fs.call("GET", "b/{}/o", loc.bucket, prefix=prefix, maxResults=1)
+                except FileNotFoundError:
+                    raise bucket_not_found(loc.uri, loc.bucket) from None
         probe = loc.child(STATE_DIR, "probe")
         try:
             self.put_bytes(probe, b"")

@@ -112,6 +112,7 @@ async def test_an_output_mount_is_checked_for_writing_and_left_clean(
     [
         ("missing-bucket", "BucketNotFound", "does not exist"),
         ("reader-output", "AccessDenied", "storage.objects.create"),
+        ("creator-output", "AccessDenied", "storage.objects.list"),
         ("no-role", "AccessDenied", "storage.objects.list"),
         ("forged-key", "CredentialsInvalid", "Invalid JWT Signature"),
         ("not-a-key", "CredentialsInvalid", "GOOGLE_APPLICATION_CREDENTIALS"),
@@ -131,6 +132,9 @@ async def test_a_mount_the_store_refuses_fails_with_the_reason(
     elif case == "reader-output":
         key = gcs.key_json("reader")
         changes["spec.direction"] = "Out"
+    elif case == "creator-output":
+        key = gcs.key_json("creator")
+        changes["spec.direction"] = "Out"
     elif case == "no-role":
         key = gcs.key_json("none")
     elif case == "forged-key":
@@ -146,6 +150,8 @@ async def test_a_mount_the_store_refuses_fails_with_the_reason(
     assert "\n" not in failed["message"]
     assert status["observedGeneration"] == 1
     await expect_mount_events(emulator, [("Warning", reason)])
+    if case.endswith("-output"):  # refused before the probe was written, or its write was refused
+        assert gcs.keys(bucket, "prefix/.kubedgx/") == []
 
 
 async def test_a_secret_without_the_key_file_waits_naming_the_key(
