@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import dataclasses
 import fcntl
 import hashlib
 import http.client
@@ -282,6 +283,7 @@ class Fault:
 @dataclass
 class _State:
     hits: list[Hit] = field(default_factory=list)
+    statuses: dict[int, int] = field(default_factory=dict)  # index in hits -> the status answered
     gates: list[Gate] = field(default_factory=list)
     faults: list[Fault] = field(default_factory=list)
     accounts: dict[str, Account] = field(default_factory=dict)
@@ -344,7 +346,16 @@ class _Handler(BaseHTTPRequestHandler):
         if self.command != "HEAD":
             self.wfile.write(body)
 
+    def send_response(self, code: int, message: str | None = None) -> None:
+        """Every answer goes through here: its status is recorded on the request's Hit."""
+        index = getattr(self, "hit_index", None)
+        if index is not None:
+            with self.server.state.lock:
+                self.server.state.statuses[index] = code
+        super().send_response(code, message)
+
     def _handle(self) -> None:
+        self.hit_index: int | None = None
         body = self._body()
         raw_path, _, query = self.path.partition("?")
         state = self.server.state
@@ -360,6 +371,7 @@ class _Handler(BaseHTTPRequestHandler):
             op = "write" if last else "part"
         hit = Hit(self.command, raw_path, query, op, bucket, key)
         with state.lock:
+            self.hit_index = len(state.hits)
             state.hits.append(hit)
             gates = list(state.gates)
             fault = next((f for f in state.faults if f.served < f.times and f.match(hit)), None)
@@ -729,8 +741,9 @@ class FakeGCS:
 
     @property
     def hits(self) -> list[Hit]:
+        """Every request so far, with the status it was answered (0 while it is in flight)."""
         with self.state.lock:
-            return list(self.state.hits)
+            return [dataclasses.replace(h, status=self.state.statuses.get(i, 0)) for i, h in enumerate(self.state.hits)]
 
     def mark(self) -> int:
         with self.state.lock:

@@ -30,6 +30,7 @@ Moto quirks these tests work around (see docs/datasync.md):
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 import logging
@@ -109,6 +110,7 @@ class CountingMiddleware:
     def __init__(self, app: Any) -> None:
         self.app = app
         self.hits: list[Hit] = []
+        self.statuses: dict[int, int] = {}  # index in hits -> the status answered
         self.gates: list[Gate] = []
         self.faults: list[Fault] = []
         self.lock = threading.Lock()
@@ -116,18 +118,25 @@ class CountingMiddleware:
     def __call__(self, environ: dict[str, Any], start_response: Any) -> Any:
         hit = s3_hit(environ["REQUEST_METHOD"], environ.get("PATH_INFO", ""), environ.get("QUERY_STRING", ""))
         with self.lock:
+            index = len(self.hits)
             self.hits.append(hit)
             gates = list(self.gates)
             fault = next((f for f in self.faults if f.served < f.times and f.match(hit)), None)
             if fault is not None:
                 fault.served += 1
+
+        def recorded(status: str, headers: Any, *exc_info: Any) -> Any:
+            with self.lock:
+                self.statuses[index] = int(status.split()[0])
+            return start_response(status, headers, *exc_info)
+
         if fault is not None:
             environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
-            start_response("503 Service Unavailable", [("Content-Type", "application/xml")])
+            recorded("503 Service Unavailable", [("Content-Type", "application/xml")])
             return [UNAVAILABLE]
         for gate in gates:
             gate.check(hit)
-        return self.app(environ, start_response)
+        return self.app(environ, recorded)
 
 
 class MotoS3(S3):
@@ -180,8 +189,10 @@ class MotoS3(S3):
 
     @property
     def hits(self) -> list[Hit]:
+        """Every request so far, with the status it was answered (0 while it is in flight)."""
         with self.middleware.lock:
-            return list(self.middleware.hits)
+            statuses = self.middleware.statuses
+            return [dataclasses.replace(h, status=statuses.get(i, 0)) for i, h in enumerate(self.middleware.hits)]
 
     def mark(self) -> int:
         with self.middleware.lock:
