@@ -1,8 +1,12 @@
-"""watch (the checkpoint uploader and archiver) and restore, against moto's S3 server, with a fake
-trainer output directory written by the tests (checkpoint dirs + the trainer's marker)."""
+"""watch (the checkpoint uploader and archiver) and restore, against each object store in turn (moto's
+S3 server, then fake-gcs-server's GCS JSON API), with a fake trainer output directory written by the
+tests (checkpoint dirs + the trainer's marker)."""
 
 from __future__ import annotations
 
+import asyncio
+import base64
+import hashlib
 import io
 import json
 import logging
@@ -11,26 +15,51 @@ import shutil
 import signal
 import tarfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
+from urllib.parse import parse_qs
 
 import pytest
 
 from dgx_api.checkpoints import complete, mark_complete
 from dgx_api.progress import COMPLETE_MARKER, write_atomic
-from dgx_datasync import StoreOptions, parse_uri
+from dgx_datasync import parse_uri
 from dgx_datasync.store import PART_SIZE
 from dgx_datasync.watch import Watcher
-from tests.datasync.conftest import ACCESS_KEY, REGION, SECRET_KEY, CliResult, Hit, MotoS3, Spawned, wait_until
+from tests.datasync.conftest import BOTH, CliResult, Hit, MotoS3, ObjectStore, Spawned, wait_until
+
+pytestmark = BOTH
 
 
-def options(s3: MotoS3) -> StoreOptions:
-    return StoreOptions(
-        endpoint_url=s3.endpoint,
-        region=REGION,
-        env={"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY},
-    )
+def upload_session(hit: Hit) -> str | None:
+    """The resumable upload a gs request belongs to (its ``upload_id``), else None."""
+    found = parse_qs(hit.query).get("upload_id")
+    return found[0] if found else None
+
+
+def object_writes(store: ObjectStore, bucket: str, mark: int) -> list[str]:
+    """``store.object_writes``, with the last request of each resumable upload counted as its write.
+
+    gcsfs sends every chunk of a resumable upload as a POST to the session URI; tests/gcs.py tells
+    "part" from "write" by Content-Range for PUT chunks only, so it logs all of gcsfs's chunks as
+    "part" and never the write. On s3 (no ``upload_id``) this is exactly ``store.object_writes``.
+    """
+    hits = store.since(mark)
+    completing = set({session: i for i, h in enumerate(hits) if (session := upload_session(h))}.values())
+    return [
+        h.key
+        for i, h in enumerate(hits)
+        if h.bucket == bucket
+        and h.key is not None
+        and (i in completing or (h.op == "write" and upload_session(h) is None))
+    ]
+
+
+def gs_md5(data: bytes) -> str:
+    """GCS's md5Hash of ``data``: the base64 of the digest."""
+    return base64.b64encode(hashlib.md5(data, usedforsecurity=False).digest()).decode("ascii")
 
 
 def checkpoint(root: Path, step: int, files: dict[str, bytes], *, marked: bool = True) -> Path:
@@ -66,8 +95,8 @@ def succeed(root: Path, merged: bool = False) -> dict[str, bytes]:
     return files
 
 
-def checkpoint_writes(s3: MotoS3, bucket: str, mark: int) -> list[str]:
-    return [k for k in s3.object_writes(bucket, mark) if "/checkpoint-" in k]
+def checkpoint_writes(store: ObjectStore, bucket: str, mark: int) -> list[str]:
+    return [k for k in object_writes(store, bucket, mark) if "/checkpoint-" in k]
 
 
 def assert_marker_last(writes: list[str], prefix: str, step: int) -> None:
@@ -77,31 +106,31 @@ def assert_marker_last(writes: list[str], prefix: str, step: int) -> None:
     assert mine.count(mine[-1]) == 1
 
 
-def test_only_complete_checkpoints_in_step_order(s3: MotoS3, tmp_path: Path) -> None:
-    bucket = s3.bucket("watch")
-    dest = parse_uri(f"s3://{bucket}/run/checkpoints")
+def test_only_complete_checkpoints_in_step_order(store: ObjectStore, tmp_path: Path) -> None:
+    bucket = store.bucket("watch")
+    dest = parse_uri(store.uri(bucket, "run/checkpoints"))
     out = tmp_path / "out"
     two = trainer_files(2)
     checkpoint(out, 2, two)
     checkpoint(out, 4, trainer_files(4), marked=False)  # still being written
 
-    mark = s3.mark()
-    first = Watcher(out, dest, options(s3), once=True).run()
+    mark = store.mark()
+    first = Watcher(out, dest, store.options(), once=True).run()
     assert first == {"checkpoints": [2]}
-    assert s3.keys(bucket, "run/checkpoints/checkpoint-") == sorted(
+    assert store.keys(bucket, "run/checkpoints/checkpoint-") == sorted(
         [f"run/checkpoints/checkpoint-2/{k}" for k in two] + [f"run/checkpoints/checkpoint-2/{COMPLETE_MARKER}"]
     )
     for name, data in two.items():
-        assert s3.get(bucket, f"run/checkpoints/checkpoint-2/{name}") == data
-    assert_marker_last(checkpoint_writes(s3, bucket, mark), "run/checkpoints", 2)
+        assert store.get(bucket, f"run/checkpoints/checkpoint-2/{name}") == data
+    assert_marker_last(checkpoint_writes(store, bucket, mark), "run/checkpoints", 2)
 
     # The trainer finishes checkpoint-4 and writes checkpoint-6; 2 is not sent again.
     mark_complete(out / "checkpoint-4", 4)
     checkpoint(out, 6, trainer_files(6))
-    mark = s3.mark()
-    second = Watcher(out, dest, options(s3), once=True, workers=3).run()
+    mark = store.mark()
+    second = Watcher(out, dest, store.options(), once=True, workers=3).run()
     assert second == {"checkpoints": [2, 4, 6]}
-    writes = checkpoint_writes(s3, bucket, mark)
+    writes = checkpoint_writes(store, bucket, mark)
     assert not [w for w in writes if "/checkpoint-2/" in w]
     assert_marker_last(writes, "run/checkpoints", 4)
     assert_marker_last(writes, "run/checkpoints", 6)
@@ -111,40 +140,62 @@ def test_only_complete_checkpoints_in_step_order(s3: MotoS3, tmp_path: Path) -> 
 
     # A restarted sidecar that lost its record finds the remote markers and uploads nothing.
     (out / ".kubedgx" / "uploaded.json").unlink()
-    mark = s3.mark()
-    third = Watcher(out, dest, options(s3), once=True).run()
+    mark = store.mark()
+    third = Watcher(out, dest, store.options(), once=True).run()
     assert third == {"checkpoints": [2, 4, 6]}
-    assert checkpoint_writes(s3, bucket, mark) == []
+    assert checkpoint_writes(store, bucket, mark) == []
 
 
-def test_transient_errors_are_retried(s3: MotoS3, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    """Three 503s on a checkpoint file use up botocore's three attempts, so the watcher's own
-    backoff retries the checkpoint, which then completes."""
+def test_transient_errors_are_retried(
+    store: ObjectStore, tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """503s on a checkpoint file that use up the client library's own attempts (botocore's three on
+    s3, gcsfs's six on gs), so the watcher's own backoff retries the checkpoint, which then completes."""
     caplog.set_level(logging.INFO, logger="dgx_datasync")
-    bucket = s3.bucket("flaky")
+    attempts = 3
+    if store.scheme == "gs":
+        import gcsfs.retry
+
+        # gcsfs waits 1, 2, 4, 8 and 16 s (plus up to 1 s each) between its six attempts: the same
+        # six attempts here, each wait a hundredth as long.
+        attempts = 6
+        sleep = asyncio.sleep
+
+        def shorter(seconds: float) -> Coroutine[Any, Any, None]:
+            return sleep(seconds / 100)
+
+        monkeypatch.setattr(gcsfs.retry, "asyncio", SimpleNamespace(sleep=shorter))
+    bucket = store.bucket("flaky")
     out = tmp_path / "out"
     files = trainer_files(2)
     checkpoint(out, 2, files)
-    target = f"/{bucket}/ckpt/checkpoint-2/optimizer.pt"
-    watcher = Watcher(out, parse_uri(f"s3://{bucket}/ckpt"), options(s3), once=True, retry_base=0.05)
-    with s3.fail(lambda h: h.method == "PUT" and h.path == target, times=3) as fault:
+    target = "ckpt/checkpoint-2/optimizer.pt"
+
+    def optimizer_write(hit: Hit) -> bool:
+        return hit.op == "write" and hit.bucket == bucket and hit.key == target
+
+    watcher = Watcher(out, parse_uri(store.uri(bucket, "ckpt")), store.options(), once=True, retry_base=0.05)
+    with store.fail(optimizer_write, times=attempts) as fault:
         result = watcher.run()
-    assert fault.served == 3
+    assert fault.served == attempts
     assert result == {"checkpoints": [2]}
-    assert s3.get(bucket, "ckpt/checkpoint-2/optimizer.pt") == files["optimizer.pt"]
+    assert store.get(bucket, target) == files["optimizer.pt"]
     assert "upload checkpoint-2 failed, retrying" in caplog.text
-    assert "ServiceUnavailable" in caplog.text
+    assert "injected by the test" in caplog.text  # the store's own words
+    assert ("ServiceUnavailable" if store.scheme == "s3" else "503") in caplog.text
 
 
-def test_checkpoint_deleted_while_uploading(s3: MotoS3, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_checkpoint_deleted_while_uploading(
+    store: ObjectStore, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """save_total_limit removed the checkpoint before it was uploaded: skipped with a log line, no
     marker remotely, what was sent of it removed again."""
     caplog.set_level(logging.INFO, logger="dgx_datasync")
-    bucket = s3.bucket("watch")
-    dest = parse_uri(f"s3://{bucket}/ckpt")
+    bucket = store.bucket("watch")
+    dest = parse_uri(store.uri(bucket, "ckpt"))
     out = tmp_path / "out"
     doomed = checkpoint(out, 8, {"a.bin": b"a" * 100, "b.bin": b"b" * 100, "c.bin": b"c" * 100})
-    watcher = Watcher(out, dest, options(s3), once=True, workers=1)
+    watcher = Watcher(out, dest, store.options(), once=True, workers=1)
     results: list[dict[str, Any]] = []
     errors: list[BaseException] = []
 
@@ -154,148 +205,177 @@ def test_checkpoint_deleted_while_uploading(s3: MotoS3, tmp_path: Path, caplog: 
         except BaseException as exc:
             errors.append(exc)
 
-    first_put = f"/{bucket}/ckpt/checkpoint-8/a.bin"
-    with s3.gate(lambda h: h.method == "PUT" and h.path == first_put) as gate:
+    def first_write(hit: Hit) -> bool:
+        return hit.op == "write" and hit.bucket == bucket and hit.key == "ckpt/checkpoint-8/a.bin"
+
+    with store.gate(first_write) as gate:
         thread = threading.Thread(target=run)
         thread.start()
         wait_until(gate.held.is_set, 30, "the first file's upload")
         shutil.rmtree(doomed)
     thread.join(timeout=60)
+    assert not thread.is_alive()
     assert not errors
     assert results == [{"checkpoints": []}]
-    assert s3.keys(bucket, "ckpt/checkpoint-8") == []
+    assert store.keys(bucket, "ckpt/checkpoint-8") == []
     assert "checkpoint-8 was deleted before it was uploaded" in caplog.text
 
 
+def watcher_state(store: ObjectStore, bucket: str, mark: int, proc: Spawned) -> str:
+    """For a failure message: the watcher's exit code, its requests to ``bucket``, its log."""
+    sent = [(h.method, h.op, h.key) for h in store.since(mark) if h.bucket == bucket]
+    return f"watcher exit code {proc.proc.poll()}, requests {sent}, stderr:\n{proc.stderr}"
+
+
 def test_sigterm_finishes_the_upload_in_flight_then_archives(
-    s3: MotoS3, spawn_cli: Callable[..., Spawned], tmp_path: Path
+    store: ObjectStore, spawn_cli: Callable[..., Spawned], tmp_path: Path
 ) -> None:
-    """SIGTERM while a 40 MiB file of checkpoint-10 is being sent: that checkpoint is completed
+    """SIGTERM while a 40 MiB file of checkpoint-10 is being sent (s3: a multipart upload of five
+    parts, held at the first; gs: a resumable upload, held at its chunk): that checkpoint is completed
     (marker and all), checkpoint-12 is not started, the due archive is done, exit 0."""
-    bucket = s3.bucket("sigterm")
+    bucket = store.bucket("sigterm")
     out = tmp_path / "out"
     big = os.urandom(5 * PART_SIZE)
     checkpoint(out, 10, {"big.bin": big, "state.json": b"{}"})
     checkpoint(out, 12, {"state.json": b"{}"})
-    big_key = f"/{bucket}/ckpt/checkpoint-10/big.bin"
+    big_key = "ckpt/checkpoint-10/big.bin"
 
     def big_part(hit: Hit) -> bool:
-        return hit.method == "PUT" and hit.path == big_key and "partNumber=1&" in hit.query + "&"
+        if hit.bucket != bucket or hit.key != big_key:
+            return False
+        if store.scheme == "s3":
+            return hit.op == "part" and hit.method == "PUT" and "partNumber=1&" in hit.query + "&"
+        return upload_session(hit) is not None
 
-    with s3.gate(big_part) as gate:
+    mark = store.mark()
+    with store.gate(big_part) as gate:
         proc = spawn_cli(
-            "watch", str(out), f"s3://{bucket}/ckpt", "--interval", "0.2",
-            "--archive", f"s3://{bucket}/final", "--workers", "2",
+            "watch", str(out), store.uri(bucket, "ckpt"), "--interval", "0.2",
+            "--archive", store.uri(bucket, "final"), "--workers", "2",
         )  # fmt: skip
-        wait_until(gate.held.is_set, 60, "checkpoint-10's big file in flight")
+        try:
+            wait_until(lambda: gate.held.is_set() or proc.proc.poll() is not None, 60, "checkpoint-10's big file")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}: {watcher_state(store, bucket, mark, proc)}") from None
+        assert gate.held.is_set(), watcher_state(store, bucket, mark, proc)
         archived = succeed(out)  # the trainer finishes meanwhile
         proc.signal(signal.SIGTERM)
         wait_until(lambda: "SIGTERM" in proc.stderr, 30, "the sidecar to take the SIGTERM")
     assert proc.wait(60) == 0, proc.stderr
-    assert s3.get(bucket, "ckpt/checkpoint-10/big.bin") == big
-    assert s3.etag(bucket, "ckpt/checkpoint-10/big.bin").endswith("-5")
-    assert COMPLETE_MARKER in [k.rsplit("/", 1)[-1] for k in s3.keys(bucket, "ckpt/checkpoint-10/")]
-    assert s3.keys(bucket, "ckpt/checkpoint-12") == []
+    assert store.get(bucket, big_key) == big
+    if isinstance(store, MotoS3):
+        assert store.etag(bucket, big_key).endswith("-5")
+    else:
+        assert store.info(bucket, big_key)["md5Hash"] == gs_md5(big)
+        big_hits = [h for h in store.since(mark) if h.bucket == bucket and h.key == big_key]
+        assert [(h.op, upload_session(h) is None) for h in big_hits[:1]] == [("part", True)]  # the session's start
+        assert len({upload_session(h) for h in big_hits[1:]} - {None}) == 1  # ... and one session's chunks
+    assert object_writes(store, bucket, mark).count(big_key) == 1
+    assert COMPLETE_MARKER in [k.rsplit("/", 1)[-1] for k in store.keys(bucket, "ckpt/checkpoint-10/")]
+    assert store.keys(bucket, "ckpt/checkpoint-12") == []
     for name, data in archived.items():
-        assert s3.get(bucket, f"final/{name}") == data
+        assert store.get(bucket, f"final/{name}") == data
     assert proc.termination == {
         "checkpoints": [10],
         "artifacts": [
-            {"name": "adapter", "uri": f"s3://{bucket}/final/adapter/"},
-            {"name": "summary", "uri": f"s3://{bucket}/final/summary.json"},
+            {"name": "adapter", "uri": store.uri(bucket, "final/adapter/")},
+            {"name": "summary", "uri": store.uri(bucket, "final/summary.json")},
         ],
     }
 
 
-def test_archive_files_once(s3: MotoS3, run_cli: Callable[..., CliResult], tmp_path: Path) -> None:
-    bucket = s3.bucket("archive")
+def test_archive_files_once(store: ObjectStore, run_cli: Callable[..., CliResult], tmp_path: Path) -> None:
+    bucket = store.bucket("archive")
     out = tmp_path / "out"
     checkpoint(out, 3, trainer_files(3))
     files = succeed(out, merged=True)
-    mark = s3.mark()
-    args = ["watch", str(out), f"s3://{bucket}/ckpt", "--archive", f"s3://{bucket}/final/job-1", "--interval", "60"]
+    mark = store.mark()
+    args = [
+        "watch", str(out), store.uri(bucket, "ckpt"),
+        "--archive", store.uri(bucket, "final/job-1"), "--interval", "60",
+    ]  # fmt: skip
     first = run_cli(*args)  # not --once: a succeeded run with its archive done exits by itself
     assert first.rc == 0, first
     expected = {
         "checkpoints": [3],
         "artifacts": [
-            {"name": "adapter", "uri": f"s3://{bucket}/final/job-1/adapter/"},
-            {"name": "merged", "uri": f"s3://{bucket}/final/job-1/merged/"},
-            {"name": "summary", "uri": f"s3://{bucket}/final/job-1/summary.json"},
+            {"name": "adapter", "uri": store.uri(bucket, "final/job-1/adapter/")},
+            {"name": "merged", "uri": store.uri(bucket, "final/job-1/merged/")},
+            {"name": "summary", "uri": store.uri(bucket, "final/job-1/summary.json")},
         ],
     }
     assert first.termination == expected
-    assert s3.keys(bucket, "final/") == sorted(f"final/job-1/{k}" for k in files)
+    assert store.keys(bucket, "final/") == sorted(f"final/job-1/{k}" for k in files)
     for name, data in files.items():
-        assert s3.get(bucket, f"final/job-1/{name}") == data
-    archive_writes = [k for k in s3.object_writes(bucket, mark) if k.startswith("final/")]
+        assert store.get(bucket, f"final/job-1/{name}") == data
+    archive_writes = [k for k in object_writes(store, bucket, mark) if k.startswith("final/")]
     assert archive_writes[-1] == "final/job-1/summary.json"  # summary last: the archive's marker
 
-    mark = s3.mark()
+    mark = store.mark()
     again = run_cli(*args)
     assert again.rc == 0, again
     assert again.termination == expected
-    assert s3.object_writes(bucket, mark) == ["ckpt/.kubedgx/probe", "final/job-1/.kubedgx/probe"]
+    assert object_writes(store, bucket, mark) == ["ckpt/.kubedgx/probe", "final/job-1/.kubedgx/probe"]
 
 
-def test_archive_tarball(s3: MotoS3, tmp_path: Path) -> None:
-    bucket = s3.bucket("archive")
+def test_archive_tarball(store: ObjectStore, tmp_path: Path) -> None:
+    bucket = store.bucket("archive")
     out = tmp_path / "out"
     files = succeed(out, merged=True)
     result = Watcher(
         out,
-        parse_uri(f"s3://{bucket}/ckpt"),
-        options(s3),
-        archive=parse_uri(f"s3://{bucket}/final"),
+        parse_uri(store.uri(bucket, "ckpt")),
+        store.options(),
+        archive=parse_uri(store.uri(bucket, "final")),
         archive_format="tar.gz",
         once=True,
     ).run()
     assert result == {
         "checkpoints": [],
         "artifacts": [
-            {"name": "model.tar.gz", "uri": f"s3://{bucket}/final/model.tar.gz"},
-            {"name": "summary", "uri": f"s3://{bucket}/final/summary.json"},
+            {"name": "model.tar.gz", "uri": store.uri(bucket, "final/model.tar.gz")},
+            {"name": "summary", "uri": store.uri(bucket, "final/summary.json")},
         ],
     }
-    assert s3.keys(bucket, "final/") == ["final/model.tar.gz", "final/summary.json"]
-    with tarfile.open(fileobj=io.BytesIO(s3.get(bucket, "final/model.tar.gz")), mode="r:gz") as tar:
+    assert store.keys(bucket, "final/") == ["final/model.tar.gz", "final/summary.json"]
+    with tarfile.open(fileobj=io.BytesIO(store.get(bucket, "final/model.tar.gz")), mode="r:gz") as tar:
         members = {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}  # type: ignore[union-attr]
     assert members == files
     assert not (out / ".kubedgx" / "model.tar.gz").exists()  # the local tarball is not kept
 
 
-def test_archive_only(s3: MotoS3, tmp_path: Path) -> None:
+def test_archive_only(store: ObjectStore, tmp_path: Path) -> None:
     """--no-checkpoints (syncCheckpoints: false): complete checkpoints stay local, the model goes up."""
-    bucket = s3.bucket("archive")
+    bucket = store.bucket("archive")
     out = tmp_path / "out"
     checkpoint(out, 5, trainer_files(5))
     succeed(out)
     result = Watcher(
         out,
-        parse_uri(f"s3://{bucket}/ckpt"),
-        options(s3),
-        archive=parse_uri(f"s3://{bucket}/final"),
+        parse_uri(store.uri(bucket, "ckpt")),
+        store.options(),
+        archive=parse_uri(store.uri(bucket, "final")),
         checkpoints=False,
         once=True,
     ).run()
     assert result["checkpoints"] == []
     assert [a["name"] for a in result["artifacts"]] == ["adapter", "summary"]
-    assert s3.keys(bucket, "ckpt/") == []
+    assert store.keys(bucket, "ckpt/") == []
+    assert store.keys(bucket, "final/")
 
 
-def test_restore_newest_complete(s3: MotoS3, run_cli: Callable[..., CliResult], tmp_path: Path) -> None:
-    bucket = s3.bucket("restore")
+def test_restore_newest_complete(store: ObjectStore, run_cli: Callable[..., CliResult], tmp_path: Path) -> None:
+    bucket = store.bucket("restore")
     four = trainer_files(4)
-    for name, data in four.items():
-        s3.client.put_object(Bucket=bucket, Key=f"ckpt/checkpoint-4/{name}", Body=data)
+    store.put_many(bucket, {f"ckpt/checkpoint-4/{name}": data for name, data in four.items()})
     marker = json.dumps({"step": 4, "completedAt": "2026-11-29T00:00:00Z"}).encode()
-    s3.client.put_object(Bucket=bucket, Key=f"ckpt/checkpoint-4/{COMPLETE_MARKER}", Body=marker)
-    for name, data in trainer_files(8).items():  # newer, but its upload never finished
-        s3.client.put_object(Bucket=bucket, Key=f"ckpt/checkpoint-8/{name}", Body=data)
+    store.put(bucket, f"ckpt/checkpoint-4/{COMPLETE_MARKER}", marker)
+    # newer, but its upload never finished
+    store.put_many(bucket, {f"ckpt/checkpoint-8/{name}": data for name, data in trainer_files(8).items()})
     out = tmp_path / "out"
 
-    mark = s3.mark()
-    result = run_cli("restore", f"s3://{bucket}/ckpt", str(out))
+    mark = store.mark()
+    result = run_cli("restore", store.uri(bucket, "ckpt"), str(out))
     assert result.rc == 0, result
     assert result.result == {"restored": 4}
     assert result.termination == {"restored": 4}
@@ -304,30 +384,30 @@ def test_restore_newest_complete(s3: MotoS3, run_cli: Callable[..., CliResult], 
         assert (out / "checkpoint-4" / name).read_bytes() == data
     assert (out / "checkpoint-4" / COMPLETE_MARKER).read_bytes() == marker
     assert not (out / "checkpoint-8").exists()
-    gets = [h.key_in(bucket) for h in s3.since(mark) if h.method == "GET" and h.key_in(bucket)]
+    gets = [h.key for h in store.since(mark) if h.op == "get" and h.key_in(bucket)]
     assert gets[-1] == f"ckpt/checkpoint-4/{COMPLETE_MARKER}"  # marker last
     assert len(gets) == len(four) + 1
 
     # The uploader knows checkpoint-4 is remote already.
-    mark = s3.mark()
-    watched = Watcher(out, parse_uri(f"s3://{bucket}/ckpt"), options(s3), once=True).run()
+    mark = store.mark()
+    watched = Watcher(out, parse_uri(store.uri(bucket, "ckpt")), store.options(), once=True).run()
     assert watched == {"checkpoints": [4]}
-    assert checkpoint_writes(s3, bucket, mark) == []
+    assert checkpoint_writes(store, bucket, mark) == []
 
-    again = run_cli("restore", f"s3://{bucket}/ckpt", str(out))
+    again = run_cli("restore", store.uri(bucket, "ckpt"), str(out))
     assert again.rc == 0, again
     assert again.result == {"restored": None}
 
-    empty = run_cli("restore", f"s3://{bucket}/nothing-yet", str(tmp_path / "fresh"))
+    empty = run_cli("restore", store.uri(bucket, "nothing-yet"), str(tmp_path / "fresh"))
     assert empty.rc == 0, empty
     assert empty.result == {"restored": None}
 
 
-def test_a_checkpoint_another_node_uploads_is_left_alone(s3: MotoS3, tmp_path: Path) -> None:
+def test_a_checkpoint_another_node_uploads_is_left_alone(store: ObjectStore, tmp_path: Path) -> None:
     """Every node of a multi-node job keeps a whole, marked copy to resume from; only the copy of
     the node global rank 0 ran on says upload, so the store gets each step once."""
-    bucket = s3.bucket("watch-nodes")
-    dest = parse_uri(f"s3://{bucket}/run/checkpoints")
+    bucket = store.bucket("watch-nodes")
+    dest = parse_uri(store.uri(bucket, "run/checkpoints"))
     out = tmp_path / "out"
     checkpoint(out, 2, trainer_files(2), marked=False)
     mark_complete(out / "checkpoint-2", 2, upload=False)  # another node's to send
@@ -335,8 +415,8 @@ def test_a_checkpoint_another_node_uploads_is_left_alone(s3: MotoS3, tmp_path: P
     legacy = checkpoint(out, 6, trainer_files(6), marked=False)
     write_atomic(legacy / COMPLETE_MARKER, json.dumps({"step": 6}))  # a marker from before the flag
 
-    assert Watcher(out, dest, options(s3), once=True).run() == {"checkpoints": [4, 6]}
+    assert Watcher(out, dest, store.options(), once=True).run() == {"checkpoints": [4, 6]}
     assert [step for step, _ in complete(out)] == [2, 4, 6]  # still complete here, for resuming
-    assert not s3.keys(bucket, "run/checkpoints/checkpoint-2/")
-    assert s3.keys(bucket, f"run/checkpoints/checkpoint-4/{COMPLETE_MARKER}")
-    assert s3.keys(bucket, f"run/checkpoints/checkpoint-6/{COMPLETE_MARKER}")
+    assert not store.keys(bucket, "run/checkpoints/checkpoint-2/")
+    assert store.keys(bucket, f"run/checkpoints/checkpoint-4/{COMPLETE_MARKER}")
+    assert store.keys(bucket, f"run/checkpoints/checkpoint-6/{COMPLETE_MARKER}")
