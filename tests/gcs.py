@@ -218,6 +218,8 @@ def parse_request(method: str, raw_path: str, query: str, body: bytes) -> tuple[
                 if head == "/upload/storage/v1/b/":
                     name = (params.get("name") or [None])[0] or _metadata_name(body)
                     kind = (params.get("uploadType") or [""])[0]
+                    if params.get("upload_id"):  # a chunk into a resumable session (gcsfs POSTs them)
+                        return "chunk", bucket, name
                     if method == "POST":
                         return ("part" if kind == "resumable" else "write"), bucket, name
                     if method == "PUT":

@@ -50,6 +50,10 @@ MAX_PARTS: Final = 10_000
 LARGE_OBJECT: Final = 64 * 2**20
 RANGE_SIZE: Final = 32 * 2**20
 RANGES_PER_OBJECT: Final = 4
+#: Chunk of a gs:// resumable upload (gcsfs uses one above 5 MiB). gcsfs holds a chunk in memory per
+#: file in flight; its default of 50 MiB would be 200 MiB for 4 uploads in a sync container. A
+#: multiple of 256 KiB, as GCS requires.
+GS_CHUNK: Final = 16 * 2**20
 #: Tries of each gs:// GET (botocore's total_max_attempts for s3 is the same).
 GS_ATTEMPTS: Final = 3
 _READ_CHUNK: Final = 2**20
@@ -654,7 +658,7 @@ class Store:
             if content_type:
                 out["ContentType"] = content_type
             return out
-        return {"content_type": content_type or "application/octet-stream"}
+        return {"content_type": content_type or "application/octet-stream", "chunksize": GS_CHUNK}
 
     def delete(self, locs: Sequence[Location]) -> None:
         if locs:

@@ -3,7 +3,6 @@ s3: multipart above two parts; gs: gcsfs's resumable upload above 5 MiB, in chun
 
 from __future__ import annotations
 
-import inspect
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -12,7 +11,7 @@ import pytest
 
 from dgx_datasync.store import PART_SIZE, s3_etag
 from tests.datasync.conftest import BOTH, CliResult, Hit, MotoS3, ObjectStore
-from tests.datasync.test_watch import gs_md5, object_writes, upload_session
+from tests.datasync.test_watch import gs_md5, upload_session
 from tests.gcs import FakeGCS
 
 #: What only gs has (the chunks of a resumable upload); s3's multipart is in test_push_multipart_and_skip.
@@ -20,14 +19,13 @@ GS_ONLY = pytest.mark.parametrize("store", ["gs"], indirect=True)
 
 
 def resumable_chunk() -> int:
-    """gcsfs's put_file: one request below 5 MiB, above it a resumable upload in chunks of this size
-    (the store passes no chunksize of its own)."""
-    from gcsfs.core import GCSFileSystem
+    """gcsfs's put_file: one request below 5 MiB, above it a resumable upload in chunks of the
+    store's GS_CHUNK (smaller than gcsfs's 50 MiB default, which it holds in memory per file)."""
+    from dgx_datasync.store import GS_CHUNK
 
-    size = inspect.signature(GCSFileSystem._put_file).parameters["chunksize"].default
-    assert isinstance(size, int)
-    assert size >= 5 * 2**20, size
-    return size
+    assert GS_CHUNK >= 5 * 2**20, GS_CHUNK
+    assert GS_CHUNK % (256 * 2**10) == 0, GS_CHUNK
+    return GS_CHUNK
 
 
 def resumable(store: ObjectStore, bucket: str, key: str, mark: int) -> tuple[Hit, list[Hit]]:
@@ -65,7 +63,7 @@ def test_push_multipart_and_skip(store: ObjectStore, run_cli: Callable[..., CliR
     assert store.keys(bucket) == sorted(f"out/{k}" for k in files)
     for key, data in files.items():
         assert store.get(bucket, f"out/{key}") == data
-    assert sorted(object_writes(store, bucket, mark)) == sorted(f"out/{k}" for k in files)  # each once
+    assert sorted(store.object_writes(bucket, mark)) == sorted(f"out/{k}" for k in files)  # each once
     if isinstance(store, MotoS3):
         big_etag = store.etag(bucket, "out/weights/model.bin")
         assert big_etag.endswith("-3")  # multipart happened, with our part size
@@ -76,7 +74,8 @@ def test_push_multipart_and_skip(store: ObjectStore, run_cli: Callable[..., CliR
         # What the skip below compares: GCS's md5 of the whole object, whatever the upload's shape.
         assert store.info(bucket, "out/weights/model.bin")["md5Hash"] == gs_md5(files["weights/model.bin"])
         _, chunks = resumable(store, bucket, "out/weights/model.bin", mark)
-        assert len(chunks) == 1  # above 5 MiB, below one chunk
+        size = len(files["weights/model.bin"])
+        assert len(chunks) == -(-size // resumable_chunk())  # above 5 MiB: resumable, in our chunks
         small = [h for h in store.since(mark) if h.key and h.key.startswith("out/small/") and h.op == "write"]
         assert len(small) == 20
         assert not [h for h in small if upload_session(h)]  # one request each
@@ -85,7 +84,7 @@ def test_push_multipart_and_skip(store: ObjectStore, run_cli: Callable[..., CliR
     again = run_cli("push", str(src), dest)
     assert again.rc == 0, again
     assert again.result == {"objects": 21, "totalBytes": total, "transferred": 0, "skipped": 21}
-    assert object_writes(store, bucket, mark) == []
+    assert store.object_writes(bucket, mark) == []
     assert [h for h in store.since(mark) if h.op == "part"] == []
 
     (src / "small" / "03.txt").write_bytes(b"changed")
@@ -94,7 +93,7 @@ def test_push_multipart_and_skip(store: ObjectStore, run_cli: Callable[..., CliR
     assert changed.rc == 0, changed
     assert changed.result["transferred"] == 1
     assert changed.result["objects"] == 20
-    assert object_writes(store, bucket, mark) == ["out/small/03.txt"]
+    assert store.object_writes(bucket, mark) == ["out/small/03.txt"]
     assert store.get(bucket, "out/small/03.txt") == b"changed"
 
 
@@ -132,7 +131,7 @@ def test_push_large_file_as_resumable_chunks(
     _, chunks = resumable(store, bucket, key, mark)
     assert len(chunks) == 3
     assert [h.op for h in chunks[:-1]] == ["part", "part"]  # not visible before the last chunk
-    assert object_writes(store, bucket, mark) == [key]
+    assert store.object_writes(bucket, mark) == [key]
     assert store.get(bucket, key) == big
     info = store.info(bucket, key)
     assert int(info["size"]) == len(big)
@@ -177,6 +176,6 @@ def test_push_resends_a_chunk_that_failed(
     _, chunks = resumable(store, bucket, key, mark)
     assert len(chunks) == 4  # the three, and the middle one again
     assert chunks[1].query == chunks[2].query  # resent to the same session
-    assert object_writes(store, bucket, mark) == [key]
+    assert store.object_writes(bucket, mark) == [key]
     assert store.get(bucket, key) == big
     assert store.info(bucket, key)["md5Hash"] == gs_md5(big)

@@ -39,24 +39,6 @@ def upload_session(hit: Hit) -> str | None:
     return found[0] if found else None
 
 
-def object_writes(store: ObjectStore, bucket: str, mark: int) -> list[str]:
-    """``store.object_writes``, with the last request of each resumable upload counted as its write.
-
-    gcsfs sends every chunk of a resumable upload as a POST to the session URI; tests/gcs.py tells
-    "part" from "write" by Content-Range for PUT chunks only, so it logs all of gcsfs's chunks as
-    "part" and never the write. On s3 (no ``upload_id``) this is exactly ``store.object_writes``.
-    """
-    hits = store.since(mark)
-    completing = set({session: i for i, h in enumerate(hits) if (session := upload_session(h))}.values())
-    return [
-        h.key
-        for i, h in enumerate(hits)
-        if h.bucket == bucket
-        and h.key is not None
-        and (i in completing or (h.op == "write" and upload_session(h) is None))
-    ]
-
-
 def gs_md5(data: bytes) -> str:
     """GCS's md5Hash of ``data``: the base64 of the digest."""
     return base64.b64encode(hashlib.md5(data, usedforsecurity=False).digest()).decode("ascii")
@@ -96,7 +78,7 @@ def succeed(root: Path, merged: bool = False) -> dict[str, bytes]:
 
 
 def checkpoint_writes(store: ObjectStore, bucket: str, mark: int) -> list[str]:
-    return [k for k in object_writes(store, bucket, mark) if "/checkpoint-" in k]
+    return [k for k in store.object_writes(bucket, mark) if "/checkpoint-" in k]
 
 
 def assert_marker_last(writes: list[str], prefix: str, step: int) -> None:
@@ -270,7 +252,7 @@ def test_sigterm_finishes_the_upload_in_flight_then_archives(
         big_hits = [h for h in store.since(mark) if h.bucket == bucket and h.key == big_key]
         assert [(h.op, upload_session(h) is None) for h in big_hits[:1]] == [("part", True)]  # the session's start
         assert len({upload_session(h) for h in big_hits[1:]} - {None}) == 1  # ... and one session's chunks
-    assert object_writes(store, bucket, mark).count(big_key) == 1
+    assert store.object_writes(bucket, mark).count(big_key) == 1
     assert COMPLETE_MARKER in [k.rsplit("/", 1)[-1] for k in store.keys(bucket, "ckpt/checkpoint-10/")]
     assert store.keys(bucket, "ckpt/checkpoint-12") == []
     for name, data in archived.items():
@@ -308,14 +290,14 @@ def test_archive_files_once(store: ObjectStore, run_cli: Callable[..., CliResult
     assert store.keys(bucket, "final/") == sorted(f"final/job-1/{k}" for k in files)
     for name, data in files.items():
         assert store.get(bucket, f"final/job-1/{name}") == data
-    archive_writes = [k for k in object_writes(store, bucket, mark) if k.startswith("final/")]
+    archive_writes = [k for k in store.object_writes(bucket, mark) if k.startswith("final/")]
     assert archive_writes[-1] == "final/job-1/summary.json"  # summary last: the archive's marker
 
     mark = store.mark()
     again = run_cli(*args)
     assert again.rc == 0, again
     assert again.termination == expected
-    assert object_writes(store, bucket, mark) == ["ckpt/.kubedgx/probe", "final/job-1/.kubedgx/probe"]
+    assert store.object_writes(bucket, mark) == ["ckpt/.kubedgx/probe", "final/job-1/.kubedgx/probe"]
 
 
 def test_archive_tarball(store: ObjectStore, tmp_path: Path) -> None:
