@@ -258,6 +258,42 @@ def test_classify_gcs_http_errors() -> None:
         assert error.reason == reason, code
 
 
+def test_classify_what_gcsfs_and_google_auth_raise_besides_http_errors() -> None:
+    """gcsfs's validate_response raises a bare OSError for a 403 and FileExistsError for a 412; a
+    refused key surfaces as google-auth's RefreshError under gcsfs's NonRetryableError."""
+    from gcsfs.retry import NonRetryableError
+    from google.auth.exceptions import RefreshError
+
+    said = "sa@p.iam.gserviceaccount.com does not have storage.objects.create access to the bucket."
+    forbidden = classify(OSError(f"Forbidden: http://h/upload/storage/v1/b/b/o\n{said}"), "gs://b/p", "b")
+    assert forbidden is not None
+    assert forbidden.reason == "AccessDenied"
+    assert said in forbidden.message
+    assert "roles/storage.objectAdmin" in forbidden.message
+    changed = classify(FileExistsError("http://h/b/o"), "gs://b/p", "b")
+    assert changed is not None
+    assert changed.reason == "SourceChanged"
+    # A local file that exists is not the store's precondition.
+    assert classify(FileExistsError(17, "File exists", "/data/x"), "gs://b/p", "b") is None
+    try:
+        try:
+            raise RefreshError("invalid_grant: Invalid JWT Signature.", {"error": "invalid_grant"}, retryable=False)
+        except RefreshError as cause:
+            raise NonRetryableError(str(cause)) from cause
+    except NonRetryableError as exc:
+        refused = classify(exc, "gs://b/p", "b")
+    assert refused is not None
+    assert refused.reason == "CredentialsInvalid"
+    assert "invalid_grant: Invalid JWT Signature." in refused.message
+    assert "service-account.json" in refused.message
+    # On s3 a 401 still names the access key, not a service-account key.
+    from gcsfs.retry import HttpError
+
+    s3_refused = classify(HttpError({"code": 401, "message": "no"}), "s3://b/p", "b")
+    assert s3_refused is not None
+    assert "access key" in s3_refused.message
+
+
 def test_unknown_errors_pass_through() -> None:
     assert classify(ValueError("boom"), "s3://b/p", "b") is None
     assert classify(FileNotFoundError("b/p/key"), "s3://b/p", "b") is None
