@@ -1,9 +1,20 @@
 """Fixtures for the data sync tests: moto's S3 server on loopback, in this process, behind a WSGI
 middleware that records every request, so tests can count GETs per key, see the order of PUTs, and
-hold chosen requests (a :class:`Gate`) to catch a transfer "in flight" without sleeping.
+hold chosen requests (a :class:`Gate`) to catch a transfer "in flight" without sleeping; and
+fake-gcs-server behind tests/gcs.py's proxy, which does the same for gs://.
 
 Fixtures
 --------
+``store`` (session)
+    The store a test runs against: moto's S3, or each of moto's S3 and fake-gcs-server in turn
+    when the module says ``pytestmark = BOTH``. Either has ``scheme``, ``endpoint``, ``bucket()``,
+    ``put``/``put_many``/``get``/``keys``/``version`` (setup), ``env()``/``options()``/``cli_args()``
+    (credentials and endpoint as the data plane takes them), ``uri()``, and the request log: each
+    request a :class:`tests.gcs.Hit` with its ``op`` (get, head, list, write, part, delete, ...),
+    ``bucket``, ``key`` and answered ``status``; ``mark()``/``since()``, ``object_gets``,
+    ``object_writes``, ``gate(...)``, ``fail(...)``.
+``gcs`` (session)
+    tests/gcs.py's :class:`FakeGCS` (built from its Go module on first use; skips without Go).
 ``s3`` (session)
     A :class:`MotoS3`: ``endpoint``, ``client`` (boto3), ``bucket()`` (a new uniquely named bucket:
     tests never reset the server, they never share a bucket), ``hits``/``mark()``/``since(mark)``
@@ -11,7 +22,7 @@ Fixtures
     instead of moto's answer), ``auth()`` (IAM authentication
     switched on for the duration, with a good user and one without permissions).
 ``run_cli``
-    Runs ``python -m dgx_datasync ARGS`` as a subprocess against the server with the test
+    Runs ``python -m dgx_datasync ARGS`` as a subprocess against ``store`` with the test
     credentials and a termination-log file of its own; returns a :class:`CliResult`.
 ``spawn_cli``
     The same as a ``Popen`` (for SIGKILL / SIGTERM tests), plus the termination-log path.
