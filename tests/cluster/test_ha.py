@@ -377,14 +377,37 @@ def stamp(text: str) -> datetime:
     return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
+def webhook_endpoints(ha: Ha) -> set[str]:
+    """The ready addresses of the webhook Service's EndpointSlices: where the apiserver sends reviews."""
+    slices = ha.ops.select("endpointslices", {"kubernetes.io/service-name": f"{FULLNAME}-webhook"})
+    return {
+        address
+        for piece in slices
+        for endpoint in piece.get("endpoints") or []
+        if dig(endpoint, "conditions", "ready", default=False)
+        for address in endpoint.get("addresses") or []
+    }
+
+
 def test_killing_the_leader_hands_over_within_the_lease_duration(ha: Ha) -> None:
     """SIGKILL: no release, so the others wait for the Lease to expire by their own clocks, then one of
     them (or the killed container, restarted with a new identity) takes it and reconciles. Timed by the
     Lease itself (the operator's wall clock, this machine's): not before it expired, and soon after."""
     before = lease(ha)
     leader = ha.leader_pod()
+    ip = dig(ha.ops.get("pod", leader), "status", "podIP")
     killed = datetime.now(UTC)
     ha.runner.kill(leader)  # SIGKILL: no release; the Lease must expire
+    # Until the kubelet reports the pod not ready and the EndpointSlice controller drops it, the
+    # webhook Service still lists the dead replica, and a write the apiserver sends there is refused
+    # (failurePolicy: Fail): a crash's window, which no operator can close. Writes go on after it.
+    wait_for(
+        "the killed replica out of the webhook Service's ready endpoints",
+        lambda: None if ip in webhook_endpoints(ha) else True,
+        timeout=30,
+        interval=0.1,
+        diagnose=ha.diagnose,
+    )
     ha.jobs.apply(command_job("after-kill"))
     wait_for(
         "a worker of the job created after the kill",
