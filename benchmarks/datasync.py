@@ -126,32 +126,25 @@ def serve_gcs(binary: str, latency_ms: float) -> None:
     (the proxy's and the emulator's URLs, the admin's key file), then serves until stdin closes or
     SIGTERM arrives, and removes the emulator and its key files.
 
-    The proxy's connections to its clients get TCP_NODELAY (socketserver's
-    ``disable_nagle_algorithm``), which tests/gcs.py does not set: http.server writes a response's
-    headers and its body in two sends, and with Nagle's algorithm the body waits for the client's
-    delayed ACK of the headers, about 40 ms on Linux, on every object read. That wait is no part of
-    GCS and would act as a hidden ``--latency-ms 40`` that the parallel pull hides and the loop pays."""
+    The proxy answers with Nagle's algorithm off (tests/gcs.py): with it on, every response body
+    waited ~40 ms for a delayed ACK, a hidden ``--latency-ms 40`` that the parallel pull hides and
+    the loop pays."""
     sys.path.insert(0, str(ROOT))
     from tests.gcs import FakeGCS
 
     server = FakeGCS(Path(binary))
     try:
-        base: Any = server.proxy.RequestHandlerClass
-        attributes: dict[str, Any] = {"disable_nagle_algorithm": True}
         if latency_ms > 0:
+            base: Any = server.proxy.RequestHandlerClass
 
-            def delayed(method: str) -> Callable[[Any], None]:
-                def handle(self: Any) -> None:
-                    if not self.path.startswith("/token"):
-                        time.sleep(latency_ms / 1000)
-                    getattr(base, method)(self)
-
-                return handle
+            def delayed(self: Any) -> None:
+                if not self.path.startswith("/token"):
+                    time.sleep(latency_ms / 1000)
+                base._handle(self)
 
             methods = ("do_GET", "do_HEAD", "do_POST", "do_PUT", "do_PATCH", "do_DELETE")
-            attributes.update({m: delayed(m) for m in methods})
-        # socketserver reads it for each new connection; nothing has connected to the proxy yet.
-        server.proxy.RequestHandlerClass = type("BenchmarkHandler", (base,), attributes)
+            # socketserver reads it for each new connection; nothing has connected to the proxy yet.
+            server.proxy.RequestHandlerClass = type("BenchmarkHandler", (base,), dict.fromkeys(methods, delayed))
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
         ready = {"endpoint": server.endpoint, "upstream": server.upstream, "key": str(server.key_files["admin"])}
         print(json.dumps(ready), flush=True)

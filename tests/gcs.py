@@ -282,12 +282,121 @@ class Fault:
     served: int = 0
 
 
+class RequestLog:
+    """Every request a test store was sent, the status it was answered, and the gates and faults in
+    force: the part both stores share (moto's WSGI middleware in tests/datasync and the proxy here
+    each :meth:`record` a request as it arrives and :meth:`answer` it)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self._hits: list[Hit] = []
+        self._statuses: dict[int, int] = {}  # index in hits -> the status answered
+        self._gates: list[Gate] = []
+        self._faults: list[Fault] = []
+
+    def record(self, hit: Hit) -> tuple[int, list[Gate], Fault | None]:
+        """Log ``hit``: its index (for :meth:`answer`), the gates to pass, the fault to answer with."""
+        with self.lock:
+            self._hits.append(hit)
+            fault = next((f for f in self._faults if f.served < f.times and f.match(hit)), None)
+            if fault is not None:
+                fault.served += 1
+            return len(self._hits) - 1, list(self._gates), fault
+
+    def answer(self, index: int, status: int) -> None:
+        with self.lock:
+            self._statuses[index] = status
+
+    # -- what tests read and set -------------------------------------------------------------------
+
+    @property
+    def hits(self) -> list[Hit]:
+        """Every request so far, with the status it was answered (0 while it is in flight)."""
+        with self.lock:
+            return [dataclasses.replace(h, status=self._statuses.get(i, 0)) for i, h in enumerate(self._hits)]
+
+    def mark(self) -> int:
+        with self.lock:
+            return len(self._hits)
+
+    def since(self, mark: int) -> list[Hit]:
+        return self.hits[mark:]
+
+    def object_gets(self, bucket: str, mark: int = 0) -> Counter[str]:
+        """GET requests for object bodies in ``bucket`` since ``mark``, per key (listings excluded)."""
+        found: Counter[str] = Counter()
+        for hit in self.since(mark):
+            if hit.op == "get" and hit.bucket == bucket and hit.key is not None:
+                found[hit.key] += 1
+        return found
+
+    def object_writes(self, bucket: str, mark: int = 0) -> list[str]:
+        """Keys written since ``mark``, in the order the objects became visible (a one-shot upload,
+        or the request that completes a multipart or resumable one; their parts are not listed)."""
+        return [h.key for h in self.since(mark) if h.op == "write" and h.bucket == bucket and h.key is not None]
+
+    @contextlib.contextmanager
+    def gate(
+        self, match: Callable[[Hit], bool], allow: int = 0, action: Callable[[], None] | None = None
+    ) -> Iterator[Gate]:
+        g = Gate(match, allow, action)
+        with self.lock:
+            self._gates.append(g)
+        try:
+            yield g
+        finally:
+            g.open()
+            with self.lock:
+                self._gates.remove(g)
+
+    @contextlib.contextmanager
+    def fail(self, match: Callable[[Hit], bool], times: int, status: int = 503) -> Iterator[Fault]:
+        """Answer ``times`` matching requests with ``status`` (an injected error) instead of the store."""
+        fault = Fault(match, times, status)
+        with self.lock:
+            self._faults.append(fault)
+        try:
+            yield fault
+        finally:
+            with self.lock:
+                self._faults.remove(fault)
+
+
+class LoggedStore:
+    """The request-log API of a test store, read from its :class:`RequestLog` (``self.requests``)."""
+
+    requests: RequestLog
+
+    @property
+    def hits(self) -> list[Hit]:
+        return self.requests.hits
+
+    def mark(self) -> int:
+        return self.requests.mark()
+
+    def since(self, mark: int) -> list[Hit]:
+        return self.requests.since(mark)
+
+    def object_gets(self, bucket: str, mark: int = 0) -> Counter[str]:
+        return self.requests.object_gets(bucket, mark)
+
+    def object_writes(self, bucket: str, mark: int = 0) -> list[str]:
+        return self.requests.object_writes(bucket, mark)
+
+    def gate(
+        self, match: Callable[[Hit], bool], allow: int = 0, action: Callable[[], None] | None = None
+    ) -> contextlib.AbstractContextManager[Gate]:
+        return self.requests.gate(match, allow, action)
+
+    def fail(
+        self, match: Callable[[Hit], bool], times: int, status: int = 503
+    ) -> contextlib.AbstractContextManager[Fault]:
+        return self.requests.fail(match, times, status)
+
+
 @dataclass
 class _State:
-    hits: list[Hit] = field(default_factory=list)
-    statuses: dict[int, int] = field(default_factory=dict)  # index in hits -> the status answered
-    gates: list[Gate] = field(default_factory=list)
-    faults: list[Fault] = field(default_factory=list)
+    requests: RequestLog = field(default_factory=RequestLog)
     accounts: dict[str, Account] = field(default_factory=dict)
     tokens: dict[str, str] = field(default_factory=dict)  # access token -> account email
     token_requests: Counter[str] = field(default_factory=Counter)
@@ -355,8 +464,7 @@ class _Handler(BaseHTTPRequestHandler):
         """Every answer goes through here: its status is recorded on the request's Hit."""
         index = getattr(self, "hit_index", None)
         if index is not None:
-            with self.server.state.lock:
-                self.server.state.statuses[index] = code
+            self.server.state.requests.answer(index, code)
         super().send_response(code, message)
 
     def _handle(self) -> None:
@@ -375,13 +483,7 @@ class _Handler(BaseHTTPRequestHandler):
             last = total != "*" and (end == "" or not end.isdigit() or int(end) + 1 == int(total))
             op = "write" if last else "part"
         hit = Hit(self.command, raw_path, query, op, bucket, key)
-        with state.lock:
-            self.hit_index = len(state.hits)
-            state.hits.append(hit)
-            gates = list(state.gates)
-            fault = next((f for f in state.faults if f.served < f.times and f.match(hit)), None)
-            if fault is not None:
-                fault.served += 1
+        self.hit_index, gates, fault = state.requests.record(hit)
         denied = self._authorize(hit)
         if denied is not None:
             self._reply(*denied)
@@ -493,23 +595,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.end_headers()
             self.wfile.write(data)
 
-    def do_GET(self) -> None:
-        self._handle()
-
-    def do_HEAD(self) -> None:
-        self._handle()
-
-    def do_POST(self) -> None:
-        self._handle()
-
-    def do_PUT(self) -> None:
-        self._handle()
-
-    def do_PATCH(self) -> None:
-        self._handle()
-
-    def do_DELETE(self) -> None:
-        self._handle()
+    do_GET = do_HEAD = do_POST = do_PUT = do_PATCH = do_DELETE = _handle  # noqa: N815 - http.server's names
 
 
 class _ProxyServer(ThreadingHTTPServer):
@@ -545,7 +631,7 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-class FakeGCS:
+class FakeGCS(LoggedStore):
     """fake-gcs-server on a free loopback port behind the authenticating, logging proxy.
 
     ``endpoint`` is the proxy's URL (what the data plane is given as ``--endpoint-url``);
@@ -556,6 +642,7 @@ class FakeGCS:
 
     def __init__(self, binary: Path, *, ready_timeout: float = 60) -> None:
         self.state = _State()
+        self.requests = self.state.requests
         port = _free_port()
         self.proxy = _ProxyServer(port, self.state)
         self.endpoint = f"http://127.0.0.1:{self.proxy.server_port}"
@@ -741,56 +828,6 @@ class FakeGCS:
             token = page.get("nextPageToken") or ""
             if not token:
                 return sorted(out)
-
-    # -- request log -------------------------------------------------------------------------------
-
-    @property
-    def hits(self) -> list[Hit]:
-        """Every request so far, with the status it was answered (0 while it is in flight)."""
-        with self.state.lock:
-            return [dataclasses.replace(h, status=self.state.statuses.get(i, 0)) for i, h in enumerate(self.state.hits)]
-
-    def mark(self) -> int:
-        with self.state.lock:
-            return len(self.state.hits)
-
-    def since(self, mark: int) -> list[Hit]:
-        return self.hits[mark:]
-
-    def object_gets(self, bucket: str, mark: int = 0) -> Counter[str]:
-        found: Counter[str] = Counter()
-        for hit in self.since(mark):
-            if hit.op == "get" and hit.bucket == bucket and hit.key is not None:
-                found[hit.key] += 1
-        return found
-
-    def object_writes(self, bucket: str, mark: int = 0) -> list[str]:
-        return [h.key for h in self.since(mark) if h.op == "write" and h.bucket == bucket and h.key is not None]
-
-    @contextlib.contextmanager
-    def gate(
-        self, match: Callable[[Hit], bool], allow: int = 0, action: Callable[[], None] | None = None
-    ) -> Iterator[Gate]:
-        g = Gate(match, allow, action)
-        with self.state.lock:
-            self.state.gates.append(g)
-        try:
-            yield g
-        finally:
-            g.open()
-            with self.state.lock:
-                self.state.gates.remove(g)
-
-    @contextlib.contextmanager
-    def fail(self, match: Callable[[Hit], bool], times: int, status: int = 503) -> Iterator[Fault]:
-        fault = Fault(match, times, status)
-        with self.state.lock:
-            self.state.faults.append(fault)
-        try:
-            yield fault
-        finally:
-            with self.state.lock:
-                self.state.faults.remove(fault)
 
 
 @pytest.fixture(scope="session")

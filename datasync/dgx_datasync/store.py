@@ -28,7 +28,7 @@ import mimetypes
 import os
 import random
 import re
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -436,6 +436,19 @@ def make_filesystem(loc: Location, options: StoreOptions) -> Any:
         raise error from exc
 
 
+async def _write_body(
+    fd: int, read: Callable[[int], Awaitable[bytes]], loc: Location, span: tuple[int, int] | None
+) -> None:
+    """A response body into ``fd`` at the span's offset; a range that ends short is a dropped
+    connection (transient: the GET is made again)."""
+    offset = span[0] if span else 0
+    while chunk := await read(_READ_CHUNK):
+        os.pwrite(fd, chunk, offset)
+        offset += len(chunk)
+    if span is not None and offset != span[1] + 1:
+        raise SyncError("Unreachable", f"short read of {loc.uri}: the connection dropped", transient=True)
+
+
 def _fail_fast_on_refused_keys(fs: Any) -> None:
     """gcsfs turns every failed token refresh into a retriable "401 Invalid Credentials" and retries
     it six times with backoff (half a minute) even when Google's token endpoint said the key itself
@@ -546,10 +559,7 @@ class Store:
         """Write the object at ``loc`` into the empty file ``fd``. The caller renames it into place."""
         try:
             with self.errors(loc):
-                if self.scheme == "s3":
-                    self._run(self._s3_download, loc, obj, fd)
-                else:
-                    self._run(self._gs_download, loc, obj, fd)
+                self._run(self._download, loc, obj, fd)
         except FileNotFoundError as exc:
             if exc.filename is not None:  # a local path: our directory went away
                 raise
@@ -560,84 +570,57 @@ class Store:
                 "SourceChanged", f"{loc.uri} has {got} bytes, the listing said {obj.size}: run the sync again"
             )
 
-    async def _s3_download(self, loc: Location, obj: RemoteObject, fd: int) -> None:
-        condition = {"IfMatch": f'"{obj.etag}"'} if obj.etag else {}
+    async def _download(self, loc: Location, obj: RemoteObject, fd: int) -> None:
+        """The object in one GET, or above LARGE_OBJECT in parallel ranged GETs, each pinned to the
+        version the listing saw: S3's If-Match on the ETag; for GCS the read names the generation, so
+        an object replaced since answers 404 (that generation is gone) instead of the new bytes."""
+        read = self._s3_range if self.scheme == "s3" else self._gs_range
         if obj.size <= LARGE_OBJECT:
-            await self._s3_range(fd, loc, condition, None)
-        else:
-            os.ftruncate(fd, obj.size)
-            limit = asyncio.Semaphore(RANGES_PER_OBJECT)
-
-            async def one(start: int) -> None:
-                async with limit:
-                    await self._s3_range(fd, loc, condition, (start, min(start + RANGE_SIZE, obj.size) - 1))
-
-            await asyncio.gather(*(one(start) for start in range(0, obj.size, RANGE_SIZE)))
-
-    async def _s3_range(self, fd: int, loc: Location, condition: dict[str, str], span: tuple[int, int] | None) -> None:
-        extra = dict(condition)
-        if span is not None:
-            extra["Range"] = f"bytes={span[0]}-{span[1]}"
-        response = await self.fs._call_s3("get_object", Bucket=loc.bucket, Key=loc.prefix, **extra)
-        body = response["Body"]
-        offset = span[0] if span else 0
-        try:
-            while chunk := await body.read(_READ_CHUNK):
-                os.pwrite(fd, chunk, offset)
-                offset += len(chunk)
-        finally:
-            body.close()
-        if span is not None and offset != span[1] + 1:
-            raise SyncError("Unreachable", f"short read of {loc.uri}: the connection dropped", transient=True)
-
-    async def _gs_download(self, loc: Location, obj: RemoteObject, fd: int) -> None:
-        """GCS's counterpart of If-Match: the read names the generation the listing saw, so an object
-        replaced since answers 404 (that generation is gone) instead of the new bytes."""
-        params = {"generation": obj.etag} if obj.etag else {}
-        if obj.size <= LARGE_OBJECT:
-            await self._gs_range(fd, loc, params, None)
+            await read(fd, loc, obj, None)
             return
         os.ftruncate(fd, obj.size)
         limit = asyncio.Semaphore(RANGES_PER_OBJECT)
 
         async def one(start: int) -> None:
             async with limit:
-                await self._gs_range(fd, loc, params, (start, min(start + RANGE_SIZE, obj.size) - 1))
+                await read(fd, loc, obj, (start, min(start + RANGE_SIZE, obj.size) - 1))
 
         await asyncio.gather(*(one(start) for start in range(0, obj.size, RANGE_SIZE)))
 
-    async def _gs_range(self, fd: int, loc: Location, params: dict[str, str], span: tuple[int, int] | None) -> None:
+    async def _s3_range(self, fd: int, loc: Location, obj: RemoteObject, span: tuple[int, int] | None) -> None:
+        extra = {"IfMatch": f'"{obj.etag}"'} if obj.etag else {}
+        if span is not None:
+            extra["Range"] = f"bytes={span[0]}-{span[1]}"
+        response = await self.fs._call_s3("get_object", Bucket=loc.bucket, Key=loc.prefix, **extra)
+        body = response["Body"]
+        try:
+            await _write_body(fd, body.read, loc, span)
+        finally:
+            body.close()
+
+    async def _gs_range(self, fd: int, loc: Location, obj: RemoteObject, span: tuple[int, int] | None) -> None:
         """One GET, tried up to three times where GCS or the network says to (5xx, 429, a dropped
         connection), as gcsfs's own calls and botocore's (for s3) are; a range is simply written again."""
-        from gcsfs.retry import is_retriable
+        from gcsfs.retry import is_retriable, validate_response
 
+        url = self.fs.url(loc.path)
+        params = {"generation": obj.etag} if obj.etag else {}
+        headers = {"Range": f"bytes={span[0]}-{span[1]}"} if span is not None else {}
         for attempt in range(GS_ATTEMPTS):
             try:
-                await self._gs_get(fd, loc, params, span)
+                await self.fs._set_session()
+                async with self.fs.session.get(
+                    url, params=params, headers=self.fs._get_headers(headers), timeout=self.fs.requests_timeout
+                ) as response:
+                    if response.status >= 400:
+                        validate_response(response.status, await response.read(), url)
+                    await _write_body(fd, response.content.read, loc, span)
                 return
             except Exception as exc:
                 short_read = isinstance(exc, SyncError) and exc.transient
                 if attempt == GS_ATTEMPTS - 1 or not (short_read or is_retriable(exc)):
                     raise
                 await asyncio.sleep(min(0.2 * 2**attempt, 2.0) * (1 + random.random()))
-
-    async def _gs_get(self, fd: int, loc: Location, params: dict[str, str], span: tuple[int, int] | None) -> None:
-        from gcsfs.retry import validate_response
-
-        url = self.fs.url(loc.path)
-        headers = {"Range": f"bytes={span[0]}-{span[1]}"} if span is not None else {}
-        await self.fs._set_session()
-        async with self.fs.session.get(
-            url, params=params, headers=self.fs._get_headers(headers), timeout=self.fs.requests_timeout
-        ) as response:
-            if response.status >= 400:
-                validate_response(response.status, await response.read(), url)
-            offset = span[0] if span else 0
-            while chunk := await response.content.read(_READ_CHUNK):
-                os.pwrite(fd, chunk, offset)
-                offset += len(chunk)
-        if span is not None and offset != span[1] + 1:
-            raise SyncError("Unreachable", f"short read of {loc.uri}: the connection dropped", transient=True)
 
     # -- writing -----------------------------------------------------------------------------------
 

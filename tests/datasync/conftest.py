@@ -1,6 +1,6 @@
 """Fixtures for the data sync tests: moto's S3 server on loopback, in this process, behind a WSGI
 middleware that records every request, so tests can count GETs per key, see the order of PUTs, and
-hold chosen requests (a :class:`Gate`) to catch a transfer "in flight" without sleeping; and
+hold chosen requests (a :class:`tests.gcs.Gate`) to catch a transfer "in flight" without sleeping; and
 fake-gcs-server behind tests/gcs.py's proxy, which does the same for gs://.
 
 Fixtures
@@ -41,7 +41,6 @@ Moto quirks these tests work around (see docs/datasync.md):
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import io
 import json
 import logging
@@ -49,18 +48,17 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 import uuid
-from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.gcs import FakeGCS, Gate, Hit
+from tests.gcs import FakeGCS, Hit, LoggedStore, RequestLog
 from tests.gcs import gcs as gcs
 from tests.s3 import ACCESS_KEY as ACCESS_KEY
 from tests.s3 import REGION as REGION
@@ -100,15 +98,6 @@ def s3_hit(method: str, path: str, query: str) -> Hit:
     return Hit(method, path, query, op, bucket or None, key or None)
 
 
-@dataclass
-class Fault:
-    """Answers ``times`` matching requests with a 503 ServiceUnavailable instead of moto."""
-
-    match: Callable[[Hit], bool]
-    times: int
-    served: int = 0
-
-
 UNAVAILABLE = (
     b'<?xml version="1.0" encoding="UTF-8"?>'
     b"<Error><Code>ServiceUnavailable</Code><Message>injected by the test</Message></Error>"
@@ -116,46 +105,37 @@ UNAVAILABLE = (
 
 
 class CountingMiddleware:
-    """Records (method, path, query) of every request, and applies the gates and faults in force."""
+    """Records every request in a :class:`tests.gcs.RequestLog` with the status moto (or an injected
+    fault) answered, and applies the gates and faults in force."""
 
     def __init__(self, app: Any) -> None:
         self.app = app
-        self.hits: list[Hit] = []
-        self.statuses: dict[int, int] = {}  # index in hits -> the status answered
-        self.gates: list[Gate] = []
-        self.faults: list[Fault] = []
-        self.lock = threading.Lock()
+        self.requests = RequestLog()
 
     def __call__(self, environ: dict[str, Any], start_response: Any) -> Any:
         hit = s3_hit(environ["REQUEST_METHOD"], environ.get("PATH_INFO", ""), environ.get("QUERY_STRING", ""))
-        with self.lock:
-            index = len(self.hits)
-            self.hits.append(hit)
-            gates = list(self.gates)
-            fault = next((f for f in self.faults if f.served < f.times and f.match(hit)), None)
-            if fault is not None:
-                fault.served += 1
+        index, gates, fault = self.requests.record(hit)
 
         def recorded(status: str, headers: Any, *exc_info: Any) -> Any:
-            with self.lock:
-                self.statuses[index] = int(status.split()[0])
+            self.requests.answer(index, int(status.split()[0]))
             return start_response(status, headers, *exc_info)
 
         if fault is not None:
             environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
-            recorded("503 Service Unavailable", [("Content-Type", "application/xml")])
+            recorded(f"{fault.status} {HTTPStatus(fault.status).phrase}", [("Content-Type", "application/xml")])
             return [UNAVAILABLE]
         for gate in gates:
             gate.check(hit)
         return self.app(environ, recorded)
 
 
-class MotoS3(S3):
+class MotoS3(LoggedStore, S3):
     """tests/s3.py's server with the counting and gating middleware in front of moto."""
 
     def __init__(self) -> None:
         super().__init__(wrap=CountingMiddleware)
         self.middleware: CountingMiddleware = self.app
+        self.requests = self.middleware.requests
         self._users: dict[str, dict[str, str]] | None = None
 
     def get(self, bucket: str, key: str) -> bytes:
@@ -195,60 +175,6 @@ class MotoS3(S3):
 
     def uri(self, bucket: str, prefix: str = "") -> str:
         return f"s3://{bucket}/{prefix}" if prefix else f"s3://{bucket}"
-
-    # -- request log -------------------------------------------------------------------------------
-
-    @property
-    def hits(self) -> list[Hit]:
-        """Every request so far, with the status it was answered (0 while it is in flight)."""
-        with self.middleware.lock:
-            statuses = self.middleware.statuses
-            return [dataclasses.replace(h, status=statuses.get(i, 0)) for i, h in enumerate(self.middleware.hits)]
-
-    def mark(self) -> int:
-        with self.middleware.lock:
-            return len(self.middleware.hits)
-
-    def since(self, mark: int) -> list[Hit]:
-        return self.hits[mark:]
-
-    def object_gets(self, bucket: str, mark: int = 0) -> Counter[str]:
-        """GET requests for object bodies in ``bucket`` since ``mark``, per key (listings excluded)."""
-        found: Counter[str] = Counter()
-        for hit in self.since(mark):
-            if hit.op == "get" and hit.bucket == bucket and hit.key is not None:
-                found[hit.key] += 1
-        return found
-
-    def object_writes(self, bucket: str, mark: int = 0) -> list[str]:
-        """Keys written since ``mark``, in the order the object became visible: a single PUT, or the
-        POST that completes a multipart upload (its part PUTs are not listed)."""
-        return [h.key for h in self.since(mark) if h.op == "write" and h.bucket == bucket and h.key is not None]
-
-    @contextlib.contextmanager
-    def gate(
-        self, match: Callable[[Hit], bool], allow: int = 0, action: Callable[[], None] | None = None
-    ) -> Iterator[Gate]:
-        g = Gate(match, allow, action)
-        with self.middleware.lock:
-            self.middleware.gates.append(g)
-        try:
-            yield g
-        finally:
-            g.open()
-            with self.middleware.lock:
-                self.middleware.gates.remove(g)
-
-    @contextlib.contextmanager
-    def fail(self, match: Callable[[Hit], bool], times: int) -> Iterator[Fault]:
-        fault = Fault(match, times)
-        with self.middleware.lock:
-            self.middleware.faults.append(fault)
-        try:
-            yield fault
-        finally:
-            with self.middleware.lock:
-                self.middleware.faults.remove(fault)
 
     # -- authentication ----------------------------------------------------------------------------
 

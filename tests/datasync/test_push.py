@@ -108,6 +108,15 @@ def test_push_of_a_missing_directory(run_cli: Callable[..., CliResult], store: O
     assert store.since(mark) == []  # refused before any request
 
 
+def two_chunks_and_a_bit(tmp_path: Path) -> tuple[Path, bytes]:
+    """A source directory with one file of two resumable chunks and 1 MiB: three chunks to send."""
+    src = tmp_path / "src"
+    src.mkdir()
+    big = os.urandom(2 * resumable_chunk() + 2**20)
+    (src / "model.bin").write_bytes(big)
+    return src, big
+
+
 @GS_ONLY
 def test_push_large_file_as_resumable_chunks(
     store: ObjectStore, run_cli: Callable[..., CliResult], tmp_path: Path
@@ -115,11 +124,7 @@ def test_push_large_file_as_resumable_chunks(
     """A file of two gcsfs chunks and a bit goes as one resumable upload in three chunks: the
     object appears once, with the file's bytes and md5; a second push sends nothing."""
     assert isinstance(store, FakeGCS)
-    chunk = resumable_chunk()
-    src = tmp_path / "src"
-    src.mkdir()
-    big = os.urandom(2 * chunk + 2**20)
-    (src / "model.bin").write_bytes(big)
+    src, big = two_chunks_and_a_bit(tmp_path)
     bucket = store.bucket("push-large")
     dest = store.uri(bucket, "out")
     key = "out/model.bin"
@@ -152,11 +157,7 @@ def test_push_resends_a_chunk_that_failed(
     """A 503 on the middle chunk of a resumable upload: gcsfs sends that chunk again (after its
     backoff of 1-2 s) into the same session, and the push succeeds with the right bytes."""
     assert isinstance(store, FakeGCS)
-    chunk = resumable_chunk()
-    src = tmp_path / "src"
-    src.mkdir()
-    big = os.urandom(2 * chunk + 2**20)
-    (src / "model.bin").write_bytes(big)
+    src, big = two_chunks_and_a_bit(tmp_path)
     bucket = store.bucket("push-retry")
     key = "out/model.bin"
     seen: list[Hit] = []
