@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 from collections.abc import Callable
@@ -93,5 +94,13 @@ def load_yaml_docs(path: Path) -> list[Any]:
     return [d for d in manifests.load_documents(path.read_bytes()) if d is not None]
 
 
-# The session's control plane (tests/cluster), for the cluster suite and the e2e suite alike.
-from tests.cluster.fixtures import admin_kubectl, control_plane, pytest_collection_finish  # noqa: E402, F401
+# The session's control plane (tests/cluster), for the cluster suite and the e2e suite alike; under
+# pytest-xdist one per worker that runs a test needing it.
+from tests.cluster.fixtures import admin_kubectl, control_plane, pytest_runtest_protocol  # noqa: E402, F401
+
+# The time per test folder at the end of a run (tests/support/report.py) and the order tests are
+# handed to pytest-xdist's workers in (tests/support/schedule.py).
+from tests.support.report import pytest_addoption, pytest_terminal_summary  # noqa: E402, F401
+
+with contextlib.suppress(ImportError):  # no pytest-xdist: tests run in one process, in collection order
+    from tests.support.schedule import pytest_xdist_make_scheduler  # noqa: F401

@@ -21,7 +21,7 @@ from tests.e2e.kubectl import Kubectl
 #: Keep the control plane's directory (certificates, logs, etcd) after the session.
 KEEP_ENV = "KUBEDGX_CLUSTER_KEEP"
 
-#: The build's outcome when it ran at the end of collection (see pytest_collection_finish).
+#: The build's outcome once the first test that needs it came up (see pytest_runtest_protocol).
 _built: Binaries | UnavailableError | StartError | None = None
 
 
@@ -36,15 +36,21 @@ def _needs_cluster(item: pytest.Item) -> bool:
     return False
 
 
-def pytest_collection_finish(session: pytest.Session) -> None:
-    """Build (or reuse) the binaries before any test runs when a collected test needs them: a cold
-    build takes minutes, more than one test's timeout, and belongs to no test."""
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[object]:
+    """Build (or reuse) the binaries right before the first test that needs them, outside that
+    test's timeout (this wrapper runs before pytest-timeout's): a cold build takes minutes and
+    belongs to no test. Not at collection: under pytest-xdist every worker would then wait for the
+    build before running anything, while most tests need no Go binary at all. A build that .ci/run
+    started in the background holds the cache's lock; this waits on it and then reuses what it
+    built."""
     global _built
-    if _built is None and any(_needs_cluster(item) for item in session.items):
+    if _built is None and _needs_cluster(item):
         try:
             _built = build(out=sys.stderr)
         except (UnavailableError, StartError) as exc:
             _built = exc
+    return (yield)
 
 
 @pytest.fixture(scope="session")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Generator, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -20,6 +21,17 @@ from tests.e2e.cluster import (
 )
 from tests.e2e.jobs import describe
 from tests.e2e.kubectl import Kubectl
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test here that needs a cluster is marked ``e2e`` and ``cluster``: ``-m "not cluster"``
+    (the inner loop, docs/testing.md) leaves the e2e scenarios out with the cluster suite, and keeps
+    the few of test_manifests.py that need none."""
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(str(item.fspath)).parents and "cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.e2e)
+            item.add_marker(pytest.mark.cluster)
 
 
 @pytest.fixture(scope="session")
