@@ -15,6 +15,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 # flytekit installs a rich traceback hook at import unless told not to: keep pytest's plain tracebacks.
 os.environ.setdefault("FLYTE_SDK_RICH_TRACEBACKS", "0")
+# An operator a test starts from the environment serves no metrics or health endpoint unless the test
+# names a port: the defaults (8080 and 8081 on every address) would collide between pytest-xdist
+# workers, and with whatever else on the machine listens there.
+os.environ.setdefault("KUBEDGX_METRICS_PORT", "0")
+os.environ.setdefault("KUBEDGX_HEALTH_PORT", "0")
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"

@@ -31,7 +31,6 @@ import json
 import os
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -49,6 +48,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.support.ports import free_port
+from tests.support.wait import wait_until
 
 MODULE = "github.com/fsouza/fake-gcs-server"
 VERSION = "v1.56.1"
@@ -625,12 +627,6 @@ class _ProxyServer(ThreadingHTTPServer):
 # -- the server --------------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 class FakeGCS(LoggedStore):
     """fake-gcs-server on a free loopback port behind the authenticating, logging proxy.
 
@@ -643,7 +639,7 @@ class FakeGCS(LoggedStore):
     def __init__(self, binary: Path, *, ready_timeout: float = 60) -> None:
         self.state = _State()
         self.requests = self.state.requests
-        port = _free_port()
+        port = free_port()
         self.proxy = _ProxyServer(port, self.state)
         self.endpoint = f"http://127.0.0.1:{self.proxy.server_port}"
         self.upstream = f"http://127.0.0.1:{port}"
@@ -702,19 +698,20 @@ class FakeGCS(LoggedStore):
         return f"gs://{bucket}/{prefix}" if prefix else f"gs://{bucket}"
 
     def _wait_ready(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while True:
+        def healthy() -> bool:
             if self.process.poll() is not None:
                 raise RuntimeError(f"fake-gcs-server exited with {self.process.returncode}: {self.log()}")
-            try:
-                with urllib.request.urlopen(f"{self.upstream}/_internal/healthcheck", timeout=2) as response:
-                    if response.status == 200:
-                        return
-            except (OSError, urllib.error.URLError):
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"fake-gcs-server did not answer within {timeout}s: {self.log()}")
-            time.sleep(0.05)
+            with urllib.request.urlopen(f"{self.upstream}/_internal/healthcheck", timeout=2) as response:
+                return bool(response.status == 200)
+
+        wait_until(
+            healthy,
+            timeout=timeout,
+            what="fake-gcs-server to answer its healthcheck",
+            retry_on=(OSError, urllib.error.URLError),
+            diagnose=self.log,
+            error=RuntimeError,
+        )
 
     def log(self) -> str:
         return self.log_path.read_text(encoding="utf-8", errors="replace")[-4000:]

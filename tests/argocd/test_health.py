@@ -16,7 +16,7 @@ import pytest
 from tests.argocd.health import Health, health
 from tests.integration.conftest import RunOperator
 from tests.integration.emulator import Emulator, parse_route
-from tests.integration.test_datamounts import (
+from tests.integration.mount_scenarios import (
     FILES,
     SECRET,
     job_using,
@@ -25,7 +25,7 @@ from tests.integration.test_datamounts import (
     succeed_with_a_failed_archive,
     wait_mount,
 )
-from tests.integration.test_operator import (
+from tests.integration.scenarios import (
     FINALIZER,
     JOB,
     JOBS,

@@ -32,11 +32,11 @@ import yaml
 from dgx_operator.settings import OperatorConfig
 from tests.chart.conftest import CHART, NAMESPACE, OPERATOR_SA, SCENARIOS, Rendered, one, render, render_raw
 from tests.conftest import BASE_JOB, with_changes
+from tests.integration.admission_helpers import JOB_PATH, MOUNT_PATH, operator_registry, review_request, stored
 from tests.integration.conftest import RunOperator
 from tests.integration.emulator import Call, Emulator
-from tests.integration.test_admission import JOB_PATH, MOUNT_PATH, free_port, operator_registry, review_request, stored
-from tests.integration.test_datamounts import FILES, SECRET, job_using, mount_events, mount_of, wait_mount
-from tests.integration.test_operator import (
+from tests.integration.mount_scenarios import FILES, SECRET, job_using, mount_events, mount_of, wait_mount
+from tests.integration.scenarios import (
     JOB,
     JOBS,
     MOUNTS,
@@ -50,6 +50,7 @@ from tests.integration.test_operator import (
     worker,
 )
 from tests.s3 import S3, secret
+from tests.support.ports import free_port
 
 ROLE_KINDS = ("ClusterRole", "Role")
 VWC = "validatingwebhookconfigurations"

@@ -35,7 +35,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import time
@@ -54,6 +53,8 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from dgx_operator.catalog import Catalog, Instance
 from tests.e2e.fakegpu import GPU_RESOURCE, node_labels, node_taints
+from tests.support.ports import free_port
+from tests.support.wait import wait_until as support_wait_until
 
 T = TypeVar("T")
 
@@ -277,12 +278,6 @@ class Pki:
 # --------------------------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def stop_process_group(process: subprocess.Popen[bytes], timeout: float) -> None:
     """SIGTERM to the process's group (it was started in a session of its own), SIGKILL after
     ``timeout``: whatever it started goes with it."""
@@ -334,25 +329,17 @@ class Component:
         return "\n".join(text.splitlines()[-lines:])
 
 
+#: What a probe of a component still starting may raise: "not yet" (its port not listening yet, an
+#: answer cut short).
+NOT_YET: tuple[type[BaseException], ...] = (OSError, urllib.error.URLError, json.JSONDecodeError)
+
+
 def wait_until(what: str, probe: Callable[[], T | None], *, timeout: float, interval: float = 0.25,
                diagnose: Callable[[], str] | None = None) -> T:  # fmt: skip
-    """Poll ``probe`` until it returns a value other than None/False; the wait ends on the
-    condition or the timeout, ``interval`` only paces it."""
-    deadline = time.monotonic() + timeout
-    last: object = None
-    while True:
-        try:
-            value = probe()
-        except (OSError, urllib.error.URLError, json.JSONDecodeError) as exc:
-            value, last = None, exc
-        else:
-            last = value
-        if value is not None and value is not False:
-            return value
-        if time.monotonic() >= deadline:
-            detail = f"\n{diagnose()}" if diagnose else ""
-            raise StartError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r}){detail}")
-        time.sleep(interval)
+    """tests.support.wait.wait_until for the control plane: ``what`` first, NOT_YET errors mean
+    "look again", and a timeout raises StartError."""
+    return support_wait_until(probe, timeout=timeout, what=what, interval=interval, retry_on=NOT_YET,
+                              diagnose=diagnose, error=StartError)  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------

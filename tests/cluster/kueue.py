@@ -64,9 +64,10 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from tests.cluster.controlplane import CONTEXT, ControlPlane, StartError, free_port, stop_process_group, wait_until
+from tests.cluster.controlplane import CONTEXT, ControlPlane, StartError, stop_process_group, wait_until
 from tests.cluster.operator import token_kubeconfig
 from tests.e2e.kubectl import Kubectl
+from tests.support.ports import free_port
 
 GROUP = "kueue.x-k8s.io"
 #: The namespace Kueue runs in (``namespace`` in its configuration) and its defaults for the names

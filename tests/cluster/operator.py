@@ -32,8 +32,9 @@ from cryptography.x509.oid import ExtendedKeyUsageOID
 from dgx_operator.admission import WEBHOOKS, webhook_configuration
 from dgx_operator.settings import WebhookConfig
 from tests.chart.conftest import NAMESPACE, RELEASE, Rendered, find, one, render
-from tests.cluster.controlplane import ControlPlane, _cert, _key, _name, _write_key, free_port, stop_process_group
+from tests.cluster.controlplane import ControlPlane, _cert, _key, _name, _write_key, stop_process_group
 from tests.e2e.kubectl import JOBS, MOUNTS, Kubectl, dig, wait_for
+from tests.support.ports import free_port
 
 #: The field manager of everything the tests apply for the chart.
 MANAGER = "kubedgx-cluster-tests"

@@ -30,13 +30,9 @@ ts() { awk -v a="$T0" -v b="$(now)" 'BEGIN { printf "%6.1fs", b - a }'; }
 say() { echo "smoke [$(ts)]: $*"; }
 fail() { echo "smoke: FAIL: $*" >&2; for f in "$D"/*.log; do echo "--- tail $f" >&2; tail -n 20 "$f" >&2; done; exit 1; }
 
-read -r P_ETCD P_PEER P_API P_KCM P_SCHED P_KWOK < <(python3 - <<'EOF'
-import socket
-ss = [socket.socket() for _ in range(6)]
-for s in ss: s.bind(("127.0.0.1", 0))
-print(*[s.getsockname()[1] for s in ss])
-EOF
-)
+# Six distinct free ports, below the ephemeral range (tests/support/ports.py).
+read -r P_ETCD P_PEER P_API P_KCM P_SCHED P_KWOK < <(cd "$HERE/../.." && python3 -c \
+  'from tests.support.ports import free_port; print(*(free_port() for _ in range(6)))')
 say "dir $D; ports etcd=$P_ETCD peer=$P_PEER apiserver=$P_API kcm=$P_KCM scheduler=$P_SCHED kwok=$P_KWOK"
 
 mkdir -p "$D/pki" "$D/etcd"

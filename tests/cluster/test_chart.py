@@ -37,9 +37,11 @@ import helm_python as helm
 import pytest
 import yaml
 
-from tests.chart.conftest import CHART, CI, chart_values, is_hook
+from tests.chart.conftest import CHART, CI, chart_values
+from tests.cluster.chart_helpers import documents, render, stub_crd
 from tests.cluster.controlplane import CONTEXT, ControlPlane
-from tests.e2e.kubectl import JOBS, MOUNTS, Kubectl, KubectlError, WaitTimeoutError, condition, dig, wait_for
+from tests.e2e.kubectl import JOBS, MOUNTS, Kubectl, KubectlError, condition, dig, wait_for
+from tests.support.wait import WaitTimeoutError
 
 T = TypeVar("T")
 
@@ -96,18 +98,6 @@ def key(obj: Mapping[str, Any], namespace: str) -> Key:
     return kind, "" if kind in CLUSTER_KINDS else str(meta.get("namespace") or namespace), str(meta["name"])
 
 
-def documents(text: str) -> list[dict[str, Any]]:
-    return [doc for doc in yaml.safe_load_all(text) if doc]
-
-
-def render(chart: Path, values: dict[str, Any] | None, *, name: str, namespace: str) -> list[dict[str, Any]]:
-    """The chart rendered offline as ``helm install`` applies it (NOTES and ``helm test`` hooks left out)."""
-    with helm.Chart.load(str(chart)) as loaded:
-        out = loaded.render(values or {}, name=name, namespace=namespace, is_install=True)
-    docs = [doc for path, text in sorted(out.items()) if not path.endswith("NOTES.txt") for doc in documents(text)]
-    return [doc for doc in docs if not is_hook(doc)]
-
-
 def keys(objects: list[dict[str, Any]], namespace: str) -> set[Key]:
     return {key(o, namespace) for o in objects}
 
@@ -159,29 +149,6 @@ def serving_lists(k: Kubectl, *crds: str) -> None:
     cluster = k.in_namespace(None)
     wait_for(f"the storage of {', '.join(crds)} to serve lists", lambda: all(cluster.run("get", crd, "--all-namespaces",
              check=False).returncode == 0 for crd in crds), timeout=TIMEOUT, interval=POLL)  # fmt: skip
-
-
-def stub_crd(group: str, kind: str, plural: str) -> dict[str, Any]:
-    """A stand-in for another project's CRD (cert-manager, prometheus-operator): the kind is served,
-    any content is kept, no controller acts on it."""
-    return {
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{plural}.{group}", "labels": {"test.kubedgx.io/stub": "true"}},
-        "spec": {
-            "group": group,
-            "scope": "Namespaced",
-            "names": {"kind": kind, "listKind": f"{kind}List", "plural": plural, "singular": kind.lower()},
-            "versions": [
-                {
-                    "name": "v1",
-                    "served": True,
-                    "storage": True,
-                    "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
-                }
-            ],
-        },
-    }
 
 
 #: Kinds a ci/ scenario renders that this cluster does not serve, by scenario.

@@ -27,9 +27,9 @@ import helm_python as helm
 import pytest
 
 from tests.chart.conftest import CHART, Rendered, is_hook
+from tests.cluster.chart_helpers import render, stub_crd
 from tests.cluster.controlplane import CONTEXT, ControlPlane
 from tests.cluster.podrunner import PodRunner, can_add_addresses, operator_executables
-from tests.cluster.test_chart import render, stub_crd
 from tests.e2e.kubectl import Kubectl, dig, wait_for
 from tests.private_ca import PrivateCA
 

@@ -39,7 +39,7 @@ import pytest
 from tests.cluster.controlplane import ControlPlane
 from tests.conftest import BASE_JOB, BASE_MOUNT, CRDS, load_yaml_docs
 from tests.e2e.kubectl import Kubectl, KubectlError, condition, dig, wait_for
-from tests.unit.test_bad_input import APISERVER_ROWS, CATALOG_ROWS, CRD_ROWS, ROWS, WEBHOOK_ROWS, Row, manifest
+from tests.unit.bad_input_rows import APISERVER_ROWS, CATALOG_ROWS, CRD_ROWS, ROWS, WEBHOOK_ROWS, Row, manifest
 
 #: What the apiserver itself refuses: the CRD's schema and rules, and its own ObjectMeta checks.
 REFUSED_ROWS = CRD_ROWS + APISERVER_ROWS

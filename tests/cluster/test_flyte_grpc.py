@@ -45,10 +45,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc  # noqa: E402
 from flytekitplugins.dgx import DGXConfig, DGXConfigError  # noqa: E402
 from flytekitplugins.dgx.manifest import build  # noqa: E402
 from tests.chart.conftest import Rendered  # noqa: E402
-from tests.cluster.controlplane import CONTEXT, ControlPlane, free_port, stop_process_group  # noqa: E402
+from tests.cluster.controlplane import CONTEXT, ControlPlane, stop_process_group  # noqa: E402
 from tests.cluster.operator import install  # noqa: E402
 from tests.conftest import EXAMPLES  # noqa: E402
 from tests.e2e.kubectl import JOBS, Kubectl, dig, wait_for  # noqa: E402
+from tests.support.ports import free_port  # noqa: E402
 
 #: The examples' workflows module, importable by its name as `pyflyte run examples/flyte/workflows.py` has it.
 if str(EXAMPLES / "flyte") not in sys.path:

@@ -22,10 +22,11 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from tests.cluster.controlplane import CONTEXT, EXIT_CODE_LABEL, MESSAGE_ANNOTATION, ControlPlane, free_port
+from tests.cluster.controlplane import CONTEXT, EXIT_CODE_LABEL, MESSAGE_ANNOTATION, ControlPlane
 from tests.cluster.operator import Operator
 from tests.conftest import ROOT
 from tests.e2e.kubectl import Kubectl, dig
+from tests.support.ports import free_port
 
 WORKFLOWS = ROOT / "examples" / "flyte" / "workflows.py"
 RUN_TIMEOUT = 300

@@ -644,7 +644,7 @@ def test_cert_manager_mode_serves_what_cert_manager_issues(ha: Ha) -> None:
     ``cert-manager.io/inject-ca-from``): the replicas mount and serve that Secret, the release's
     configuration reaches them through the Service, and they write neither."""
     from dgx_operator.webhookcert import self_signed  # a CA and a certificate, as cert-manager's would be
-    from tests.cluster.test_chart import stub_crd
+    from tests.cluster.chart_helpers import stub_crd
 
     namespace, release = "kubedgx-cm", "cm"
     fullname = f"{release}-kubedgx"

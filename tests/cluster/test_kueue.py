@@ -20,6 +20,17 @@ import pytest
 
 from dgx_operator.catalog import Catalog
 from tests.cluster.controlplane import EXIT_CODE_LABEL
+from tests.cluster.kueue_helpers import (
+    CAPACITY,
+    PRIORITY,
+    QUEUE,
+    WORKLOADS,
+    assignment,
+    condition_true_of,
+    h100_norm_nodes,
+    node_of,
+    workloads_of,
+)
 from tests.cluster.operator import Operator
 from tests.e2e.jobs import command_job, live_workers, phase_is, running_with, wait_job
 from tests.e2e.kubectl import JOBS, Kubectl, condition, dig, wait_for
@@ -29,11 +40,7 @@ pytestmark = pytest.mark.timeout(600)
 TIMEOUT = 90
 INSTANCE = "dgxh100.80g.8.norm"
 GPUS = Catalog.load().get(INSTANCE).gpus  # 8: one worker is one node's worth
-WORKLOADS = "workloads.kueue.x-k8s.io"
 KUEUE_V1BETA2 = "kueue.x-k8s.io/v1beta2"
-CAPACITY = "kubedgx.io/capacity"
-QUEUE = "kueue.x-k8s.io/queue-name"
-PRIORITY = "kueue.x-k8s.io/priority-class"
 SUFFIX = secrets.token_hex(3)
 NORM = f"dgx-h100-norm-{SUFFIX}"
 SPOT = f"dgx-h100-spot-{SUFFIX}"
@@ -47,14 +54,6 @@ SPOT_TOLERATION = {"key": CAPACITY, "operator": "Equal", "value": "spot", "effec
 def operator(kueue: Any, operator: Operator) -> Operator:
     """conftest's operator, started once Kueue's API is served (it discovers the Workload version)."""
     return operator
-
-
-def h100_norm_nodes(kubectl: Kubectl) -> list[dict[str, Any]]:
-    return [
-        n
-        for n in kubectl.select("nodes")
-        if n["metadata"]["name"].startswith("dgxh100-80g-8-norm-") and "lossy" not in n["metadata"]["name"]
-    ]
 
 
 @pytest.fixture(scope="module")
@@ -179,11 +178,6 @@ class ClusterQueues:
         return 0, 0
 
 
-def condition_true_of(obj: Mapping[str, Any] | None, type_: str) -> bool:
-    cond = condition(obj or {}, type_)
-    return cond is not None and cond.get("status") == "True"
-
-
 def queued_job(name: str, queue: str, *, min_nodes: int, max_nodes: int, priority: str | None = None) -> dict[str, Any]:
     job = command_job(name, min_nodes=min_nodes, max_nodes=max_nodes)
     job["spec"]["instance"] = INSTANCE
@@ -193,24 +187,9 @@ def queued_job(name: str, queue: str, *, min_nodes: int, max_nodes: int, priorit
     return job
 
 
-def workloads_of(k: Kubectl, job: str) -> list[dict[str, Any]]:
-    body = k.get("dgxtrainingjob", job)
-    uid = dig(body, "metadata", "uid")
-    return [
-        w
-        for w in k.select(WORKLOADS)
-        if any(o.get("uid") == uid and o.get("controller") for o in w["metadata"].get("ownerReferences") or [])
-    ]
-
-
 def admitted(k: Kubectl, job: str) -> dict[str, Any] | None:
     found = [w for w in workloads_of(k, job) if condition_true_of(w, "Admitted")]
     return found[0] if found else None
-
-
-def assignment(workload: Mapping[str, Any]) -> dict[str, Any]:
-    (podset,) = dig(workload, "status", "admission", "podSetAssignments")
-    return dict(podset)
 
 
 def suspended_by_kueue(job: Mapping[str, Any]) -> bool:
@@ -235,12 +214,6 @@ def held_in_kueues_words(k: Kubectl, job: str) -> tuple[dict[str, Any], dict[str
         return body, held, reserved
 
     return wait_for(f"{job} held with Kueue's reason and message", probe, timeout=TIMEOUT, interval=0.5)
-
-
-def node_of(k: Kubectl, pod: Mapping[str, Any]) -> dict[str, Any]:
-    node = k.get("node", str(dig(pod, "spec", "nodeName")))
-    assert node is not None
-    return node
 
 
 def succeed(k: Kubectl, job: str) -> None:

@@ -30,8 +30,7 @@ import yaml
 
 from tests.cluster.controlplane import ControlPlane
 from tests.cluster.kueue import DGX_FRAMEWORK, MUTATING, NAMESPACE, SERVICE_ACCOUNT, VALIDATING, Kueue, serving
-from tests.cluster.operator import Operator
-from tests.cluster.test_kueue import (
+from tests.cluster.kueue_helpers import (
     CAPACITY,
     PRIORITY,
     QUEUE,
@@ -42,6 +41,7 @@ from tests.cluster.test_kueue import (
     node_of,
     workloads_of,
 )
+from tests.cluster.operator import Operator
 from tests.e2e.jobs import EXAMPLES, command_job, live_workers, running_with, wait_job
 from tests.e2e.kubectl import JOBS, Kubectl, dig, wait_for
 

@@ -29,10 +29,11 @@ import pytest
 import yaml
 
 from tests.chart.conftest import Rendered
-from tests.cluster.controlplane import ControlPlane, free_port
+from tests.cluster.controlplane import ControlPlane
 from tests.cluster.operator import install, run_operator, service_account, token_kubeconfig
 from tests.e2e.jobs import command_job, running_with, wait_gone, wait_job, worker_pods
 from tests.e2e.kubectl import JOBS, Kubectl, dig, wait_for
+from tests.support.ports import free_port
 
 JOB_LABEL = "kubedgx.io/job-name"  # docs/operator.md's name, spelled out
 CHILDREN = ("pods", "services", "configmaps")

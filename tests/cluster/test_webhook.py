@@ -31,7 +31,7 @@ from dgx_operator.api import DGXTrainingJob
 from dgx_operator.catalog import Catalog
 from dgx_operator.render import BuildContext, Defaults
 from tests.chart.conftest import Rendered
-from tests.cluster.controlplane import ControlPlane, free_port
+from tests.cluster.controlplane import ControlPlane
 from tests.cluster.operator import (
     Operator,
     chart_operator,
@@ -43,7 +43,8 @@ from tests.cluster.operator import (
 from tests.conftest import BASE_JOB, with_changes
 from tests.e2e.jobs import command_job, unknown_instance_job
 from tests.e2e.kubectl import JOBS, Kubectl, KubectlError, dig, wait_for
-from tests.unit.test_bad_input import ACCEPTED_NEAR_WEBHOOK_ROWS, WEBHOOK_ROWS, manifest
+from tests.support.ports import free_port
+from tests.unit.bad_input_rows import ACCEPTED_NEAR_WEBHOOK_ROWS, WEBHOOK_ROWS, manifest
 
 SUFFIX = f"w{secrets.token_hex(3)}"  # a label value: never all digits or 839e12
 SCOPE_LABEL = "test.kubedgx.io/webhook"

@@ -445,24 +445,3 @@ def run_main(store: ObjectStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
         return main_in_process([*args[:1], *options, *args[1:]], termination)
 
     return run
-
-
-def wait_until(condition: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
-    """Poll ``condition`` until it is truthy (returns it) or fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.01)
-
-
-def free_port() -> int:
-    """A loopback port nothing listens on (bound, then released)."""
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from dgx_datasync import StoreOptions, SyncError, check_writable, list_source, parse_uri
-from tests.datasync.conftest import REGION, CliResult, MotoS3, free_port
+from tests.datasync.conftest import REGION, CliResult, MotoS3
+from tests.support.ports import free_port
 
 
 def assert_one_line(result: CliResult, rc: int, reason: str, *fragments: str) -> None:

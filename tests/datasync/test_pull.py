@@ -26,10 +26,10 @@ from tests.datasync.conftest import (
     MotoS3,
     ObjectStore,
     Spawned,
-    free_port,
-    wait_until,
 )
 from tests.gcs import FakeGCS, Hit
+from tests.support.ports import free_port
+from tests.support.wait import wait_until
 
 pytestmark = BOTH
 
@@ -269,8 +269,8 @@ def test_pull_resumes_after_sigkill(
 
     with store.gate(small_get, allow=300) as gate:
         proc = spawn_cli("pull", dataset.uri, str(dest), "--include", "small/*", "--workers", "8")
-        wait_until(gate.held.is_set, 60, "the pull to reach the held requests")
-        wait_until(lambda: len(_journal_keys(journal)) >= 300, 60, "300 journalled files")
+        wait_until(gate.held.is_set, timeout=60, what="the pull to reach the held requests")
+        wait_until(lambda: len(_journal_keys(journal)) >= 300, timeout=60, what="300 journalled files")
         proc.signal(signal.SIGKILL)
         assert proc.wait(30) == -signal.SIGKILL
     done = _journal_keys(journal)
@@ -358,9 +358,9 @@ def test_concurrent_pulls_into_one_directory(
 
     with store.gate(get, allow=50) as gate:
         first = spawn_cli("pull", store.uri(bucket, "d"), str(dest))
-        wait_until(gate.held.is_set, 60, "the first pull to be under way")
+        wait_until(gate.held.is_set, timeout=60, what="the first pull to be under way")
         second = spawn_cli("pull", store.uri(bucket, "d"), str(dest))
-        wait_until(lambda: "is running; waiting for it" in second.stderr, 60, "the second pull to wait")
+        wait_until(lambda: "is running; waiting for it" in second.stderr, timeout=60, what="the second pull to wait")
     assert first.wait(60) == 0, first.stderr
     assert second.wait(60) == 0, second.stderr
     assert first.termination["transferred"] == 200

@@ -11,7 +11,7 @@ import pytest
 
 from dgx_datasync.store import PART_SIZE, s3_etag
 from tests.datasync.conftest import BOTH, CliResult, Hit, MotoS3, ObjectStore
-from tests.datasync.test_watch import gs_md5, upload_session
+from tests.datasync.gcs_helpers import gs_md5, upload_session
 from tests.gcs import FakeGCS
 
 #: What only gs has (the chunks of a resumable upload); s3's multipart is in test_push_multipart_and_skip.

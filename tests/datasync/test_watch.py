@@ -5,8 +5,6 @@ tests (checkpoint dirs + the trainer's marker)."""
 from __future__ import annotations
 
 import asyncio
-import base64
-import hashlib
 import io
 import json
 import logging
@@ -19,7 +17,6 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
-from urllib.parse import parse_qs
 
 import pytest
 
@@ -28,20 +25,11 @@ from dgx_api.progress import COMPLETE_MARKER, write_atomic
 from dgx_datasync import parse_uri
 from dgx_datasync.store import PART_SIZE
 from dgx_datasync.watch import Watcher
-from tests.datasync.conftest import BOTH, CliResult, Hit, MotoS3, ObjectStore, Spawned, wait_until
+from tests.datasync.conftest import BOTH, CliResult, Hit, MotoS3, ObjectStore, Spawned
+from tests.datasync.gcs_helpers import gs_md5, upload_session
+from tests.support.wait import wait_until
 
 pytestmark = BOTH
-
-
-def upload_session(hit: Hit) -> str | None:
-    """The resumable upload a gs request belongs to (its ``upload_id``), else None."""
-    found = parse_qs(hit.query).get("upload_id")
-    return found[0] if found else None
-
-
-def gs_md5(data: bytes) -> str:
-    """GCS's md5Hash of ``data``: the base64 of the digest."""
-    return base64.b64encode(hashlib.md5(data, usedforsecurity=False).digest()).decode("ascii")
 
 
 def checkpoint(root: Path, step: int, files: dict[str, bytes], *, marked: bool = True) -> Path:
@@ -193,7 +181,7 @@ def test_checkpoint_deleted_while_uploading(
     with store.gate(first_write) as gate:
         thread = threading.Thread(target=run)
         thread.start()
-        wait_until(gate.held.is_set, 30, "the first file's upload")
+        wait_until(gate.held.is_set, timeout=30, what="the first file's upload")
         shutil.rmtree(doomed)
     thread.join(timeout=60)
     assert not thread.is_alive()
@@ -236,13 +224,15 @@ def test_sigterm_finishes_the_upload_in_flight_then_archives(
             "--archive", store.uri(bucket, "final"), "--workers", "2",
         )  # fmt: skip
         try:
-            wait_until(lambda: gate.held.is_set() or proc.proc.poll() is not None, 60, "checkpoint-10's big file")
+            wait_until(
+                lambda: gate.held.is_set() or proc.proc.poll() is not None, timeout=60, what="checkpoint-10's big file"
+            )
         except AssertionError as exc:
             raise AssertionError(f"{exc}: {watcher_state(store, bucket, mark, proc)}") from None
         assert gate.held.is_set(), watcher_state(store, bucket, mark, proc)
         archived = succeed(out)  # the trainer finishes meanwhile
         proc.signal(signal.SIGTERM)
-        wait_until(lambda: "SIGTERM" in proc.stderr, 30, "the sidecar to take the SIGTERM")
+        wait_until(lambda: "SIGTERM" in proc.stderr, timeout=30, what="the sidecar to take the SIGTERM")
     assert proc.wait(60) == 0, proc.stderr
     assert store.get(bucket, big_key) == big
     if isinstance(store, MotoS3):

@@ -37,7 +37,8 @@ from typing import Any
 from dgx_operator.catalog import Instance
 from tests.e2e.fakegpu import GPU_RESOURCE, instance
 from tests.e2e.jobs import INSTANCE, NAMESPACE_TIMEOUT, describe
-from tests.e2e.kubectl import JOBS, MOUNTS, Kubectl, KubectlError, WaitTimeoutError, dig, kubectl_binary, wait_for
+from tests.e2e.kubectl import JOBS, MOUNTS, Kubectl, KubectlError, dig, kubectl_binary, wait_for
+from tests.support.wait import WaitTimeoutError
 
 E2E_ENV = "KUBEDGX_E2E"
 #: KUBEDGX_E2E_CONTEXT's value for this machine's own control plane.

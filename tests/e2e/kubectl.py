@@ -10,10 +10,11 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
+
+from tests.support.wait import wait_until
 
 T = TypeVar("T")
 
@@ -122,8 +123,8 @@ class Kubectl:
         return proc.stdout if proc.returncode == 0 else proc.stderr
 
 
-class WaitTimeoutError(AssertionError):
-    """A wait ran out of time; the message says what was awaited and what the cluster looked like."""
+#: What a probe may raise that means "look again": an API hiccup.
+NOT_YET: tuple[type[BaseException], ...] = (KubectlError, subprocess.TimeoutExpired)
 
 
 def wait_for(
@@ -134,27 +135,15 @@ def wait_for(
     interval: float = 2.0,
     diagnose: Callable[[], str] | None = None,
 ) -> T:
-    """Poll ``probe`` until it returns something other than None/False; that is the result.
+    """tests.support.wait.wait_until with ``what`` first, kubectl's errors (NOT_YET) as "look
+    again", and a slower default pace (each look runs kubectl). The result is the probe's first
+    true value (None, False, 0, "", [] and {} all mean "not yet").
 
     ``interval`` is only the pace of the polling: the wait ends on the condition or the timeout,
-    never on a fixed sleep. On timeout the error names ``what``, the last value seen and, when
-    given, ``diagnose()``'s account of the cluster. A probe may raise AssertionError to fail early
-    (a job that went Failed while we wait for Succeeded)."""
-    deadline = time.monotonic() + timeout
-    last: object = None
-    while True:
-        try:
-            value = probe()
-        except (KubectlError, subprocess.TimeoutExpired) as exc:  # an API hiccup: look again
-            last = exc
-        else:
-            if value is not None and value is not False:
-                return value
-            last = value
-        if time.monotonic() >= deadline:
-            detail = f"\n\n{diagnose()}" if diagnose is not None else ""
-            raise WaitTimeoutError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r}){detail}")
-        time.sleep(interval)
+    never on a fixed sleep. On timeout the WaitTimeoutError names ``what``, the last value seen and,
+    when given, ``diagnose()``'s account of the cluster. A probe may raise AssertionError to fail
+    early (a job that went Failed while we wait for Succeeded)."""
+    return wait_until(probe, timeout=timeout, what=what, interval=interval, retry_on=NOT_YET, diagnose=diagnose)
 
 
 def dig(obj: Mapping[str, Any] | None, *path: str | int, default: Any = None) -> Any:

@@ -15,8 +15,8 @@ from flytekit.core.type_engine import TypeEngine
 from flytekit.core.utils import load_proto_from_file, write_proto_to_file
 from flytekit.models.literals import LiteralMap as LiteralMapModel
 
-from tests.cluster.controlplane import free_port
 from tests.flyte.flyte import WORKFLOWS, template, workflows
+from tests.support.ports import free_port
 
 BIN = str(Path(sys.executable).parent)
 

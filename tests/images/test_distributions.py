@@ -30,7 +30,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from tests.conftest import ROOT
-from tests.images.test_dockerfiles import OPERATOR, TRAINER, stages
+from tests.images.dockerfiles import OPERATOR, TRAINER, stages
 
 
 @dataclass(frozen=True)

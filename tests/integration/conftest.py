@@ -22,6 +22,9 @@ Fixture API
     ``wait_for`` names resources whose watch streams must be open before it returns (without it, it returns
     at once; kopf lists what exists when its watches start anyway). Returns an
     :class:`OperatorRun` (``await run.stop()`` stops it early and re-raises an operator crash).
+``webhook``
+    The operator with its validating webhook served over plain HTTP on a free loopback port, once the server
+    listens: an :class:`~tests.integration.admission_helpers.Webhook` (``post``, ``allowed``, ``refused``).
 
 The operator module logs in through a ``@kopf.on.login()`` handler reading the kubeconfig, e.g.::
 
@@ -57,6 +60,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import signal
+import types
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,8 +75,12 @@ import pytest_asyncio
 import yaml
 from kubernetes_asyncio import client, config
 
+from dgx_operator import admission
+from dgx_operator.settings import OperatorConfig, WebhookConfig
 from tests.conftest import CRDS
+from tests.integration.admission_helpers import READY_TIMEOUT_S, Webhook, operator_registry
 from tests.integration.emulator import Emulator
+from tests.support.ports import free_port
 
 TEST_TIMEOUT_S = 60
 _KOPF_DIR = str(Path(kopf.__file__).parent)
@@ -224,6 +232,46 @@ async def run_operator(emulator: Emulator, kubeconfig: Path) -> AsyncIterator[Ru
     yield start
     for run in reversed(runs):
         await run.stop()
+
+
+@pytest_asyncio.fixture
+async def webhook(
+    emulator: Emulator, run_operator: RunOperator, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[Webhook]:
+    """The operator (dgx_operator.handlers and its validating webhook, a registry of their own) with a
+    plain-HTTP webhook server on a free loopback port, once that server listens (an event, not a poll:
+    kopf's server yields its client config right after its socket listens)."""
+    port = free_port()
+    listening: asyncio.Future[kopf.WebhookClientConfig] = asyncio.get_running_loop().create_future()
+
+    class ObservedWebhookServer(admission.WebhookServer):
+        """kopf's server, telling the test the client config it yields once its socket listens."""
+
+        async def __call__(self, fn: kopf.WebhookFn) -> AsyncIterator[kopf.WebhookClientConfig]:
+            async for client_config in super().__call__(fn):
+                if not listening.done():
+                    listening.set_result(client_config)
+                yield client_config
+
+    monkeypatch.setattr(admission, "WebhookServer", ObservedWebhookServer)  # admission.setup builds it at startup
+    config = OperatorConfig(
+        webhook=WebhookConfig(host="127.0.0.1", port=port, insecure=True),
+        error_backoffs=(0.1, 0.2, 0.5, 1.0),
+        retry_base=0.1,
+    )
+    operator = types.ModuleType("kubedgx_operator_with_webhook")
+    operator.registry = operator_registry()  # type: ignore[attr-defined]
+    run = await run_operator(operator, memo=kopf.Memo(config=config))
+    # The server listens or the operator died at startup, whichever comes first.
+    either: set[asyncio.Future[Any]] = {listening, run.task}
+    done, _ = await asyncio.wait(either, timeout=READY_TIMEOUT_S, return_when=asyncio.FIRST_COMPLETED)
+    if run.task in done:
+        await run.task  # raise why it stopped
+        raise RuntimeError("the operator exited before its webhook server listened")
+    assert listening in done, f"the webhook server did not listen within {READY_TIMEOUT_S}s"
+    client_config = listening.result()
+    async with aiohttp.ClientSession() as http:
+        yield Webhook(client_config=dict(client_config), port=port, http=http)
 
 
 from tests.gcs import gcs  # noqa: E402,F401  (the session's fake-gcs-server, for the gs:// data-mount scenarios)

@@ -7,194 +7,36 @@ validating handler at ``/<handler id>``: ``/validate-dgxtrainingjob`` and ``/val
 (kopf/_kits/webhooks.py routes ``POST {path}/{id}``; kopf/_core/engines/admission.py runs only the handlers
 whose id is that ``id``, and appends it to the server's URL in the webhook configurations it manages).
 
-Readiness is an event, not a poll: the test's ``admission.WebhookServer`` subclass resolves a future with the
-client config kopf's server yields, which it does right after its socket is listening.
+Readiness is an event, not a poll: the ``webhook`` fixture's (conftest.py) ``admission.WebhookServer``
+subclass resolves a future with the client config kopf's server yields, which it does right after its
+socket is listening.
 
-The operator gets a registry of its own: ``dgx_operator.handlers`` and ``dgx_operator.webhooks`` are
-(re)imported while kopf's default registry points at a fresh one. Importing ``dgx_operator.webhooks`` into
-kopf's default registry instead would make every later test of this session that runs
-``dgx_operator.handlers`` without a webhook server crash at startup ("Admission handlers exist, but no
+The operator gets a registry of its own (admission_helpers.py): ``dgx_operator.handlers`` and
+``dgx_operator.webhooks`` are (re)imported while kopf's default registry points at a fresh one. Importing
+``dgx_operator.webhooks`` into kopf's default registry instead would make every later test of this session
+that runs ``dgx_operator.handlers`` without a webhook server crash at startup ("Admission handlers exist, but no
 admission server/tunnel is configured").
 """
 
 from __future__ import annotations
 
-import asyncio
-import functools
-import importlib
 import json
-import socket
-import sys
-import types
-import uuid
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
-import kopf
 import pytest
-import pytest_asyncio
 
-import dgx_operator.handlers
 from dgx_operator import admission
-from dgx_operator.settings import OperatorConfig, WebhookConfig
 from tests.conftest import BASE_JOB, BASE_MOUNT, DELETE, with_changes
-from tests.integration.conftest import RunOperator
+from tests.integration.admission_helpers import JOB_PATH, MIB, MOUNT_PATH, Body, Webhook, padded, review_request, stored
 from tests.integration.emulator import ApiError, Emulator
 
 pytestmark = pytest.mark.asyncio
 
-Body = dict[str, Any]
-
-JOB_PATH = "/validate-dgxtrainingjob"
-MOUNT_PATH = "/validate-dgxdatamount"
-PLURALS = {"DGXTrainingJob": "dgxtrainingjobs", "DGXDataMount": "dgxdatamounts"}
 STARTED = "2024-05-01T12:00:00Z"
-READY_TIMEOUT_S = 10.0
-
-
-@functools.cache
-def operator_registry() -> kopf.OperatorRegistry:
-    """The operator's handlers and its validating webhook, registered in a registry of their own."""
-    saved = kopf.get_default_registry()
-    registry = kopf.OperatorRegistry()
-    kopf.set_default_registry(registry)
-    try:
-        importlib.reload(dgx_operator.handlers)
-        # The validating handlers: on first import, or again now that the default registry is this one.
-        if "dgx_operator.webhooks" in sys.modules:
-            importlib.reload(sys.modules["dgx_operator.webhooks"])
-        else:
-            importlib.import_module("dgx_operator.webhooks")
-    finally:
-        kopf.set_default_registry(saved)
-    return registry
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def stored(body: Body, **meta: Any) -> Body:
-    """``body`` as the API server hands it to a validating webhook: with a uid and a creation time."""
-    return with_changes(
-        body,
-        {"metadata.uid": str(uuid.uuid4()), "metadata.creationTimestamp": "2024-05-01T11:59:00Z"}
-        | {f"metadata.{key}": value for key, value in meta.items()},
-    )
 
 
 def running(body: Body) -> Body:
     return with_changes(body, {"status": {"phase": "Running", "startTime": STARTED}})
-
-
-def review_request(operation: str, obj: Body | None, old: Body | None = None) -> Body:
-    """An AdmissionReview v1 request as kube-apiserver sends it."""
-    subject = obj if obj is not None else old
-    assert subject is not None
-    group, version = subject["apiVersion"].split("/")
-    kind = {"group": group, "version": version, "kind": subject["kind"]}
-    resource = {"group": group, "version": version, "resource": PLURALS[subject["kind"]]}
-    options_kind = {"CREATE": "CreateOptions", "UPDATE": "UpdateOptions", "DELETE": "DeleteOptions"}[operation]
-    return {
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": str(uuid.uuid4()),
-            "kind": kind,
-            "resource": resource,
-            "requestKind": kind,
-            "requestResource": resource,
-            "name": subject["metadata"]["name"],
-            "namespace": subject["metadata"]["namespace"],
-            "operation": operation,
-            "userInfo": {"username": "kubernetes-admin", "groups": ["system:masters", "system:authenticated"]},
-            "object": obj,
-            "oldObject": old,
-            "dryRun": False,
-            "options": {"apiVersion": "meta.k8s.io/v1", "kind": options_kind},
-        },
-    }
-
-
-@dataclass
-class Webhook:
-    """The operator's webhook server, as the API server reaches it."""
-
-    client_config: dict[str, Any]  # what kopf's server yielded: its URL (no path), and a CA bundle with TLS
-    port: int  # the one the operator was configured with
-    http: aiohttp.ClientSession
-
-    @property
-    def url(self) -> str:
-        url: str = self.client_config["url"]
-        return url
-
-    async def post(self, path: str, request: Body) -> Body:
-        """POST an AdmissionReview; the review kopf answers with (the HTTP status must be 200)."""
-        async with self.http.post(self.url + path, json=request) as response:
-            assert response.status == 200, await response.text()
-            answer: Body = await response.json()
-        assert answer["apiVersion"] == "admission.k8s.io/v1"
-        assert answer["kind"] == "AdmissionReview"
-        assert answer["response"]["uid"] == request["request"]["uid"]
-        assert "patch" not in answer["response"]  # validating only: never a mutation
-        return answer
-
-    async def allowed(self, path: str, operation: str, obj: Body | None, old: Body | None = None) -> None:
-        answer = await self.post(path, review_request(operation, obj, old))
-        assert answer["response"] == {"uid": answer["response"]["uid"], "allowed": True}
-
-    async def refused(
-        self, path: str, operation: str, obj: Body | None, old: Body | None = None, code: int = 422
-    ) -> list[str]:
-        """The lines of a refusal's message (422 unless told)."""
-        answer = await self.post(path, review_request(operation, obj, old))
-        response = answer["response"]
-        assert response["allowed"] is False, response
-        assert response["status"]["code"] == code, response
-        message: str = response["status"]["message"]
-        return message.splitlines()
-
-
-@pytest_asyncio.fixture
-async def webhook(
-    emulator: Emulator, run_operator: RunOperator, monkeypatch: pytest.MonkeyPatch
-) -> AsyncIterator[Webhook]:
-    port = free_port()
-    listening: asyncio.Future[kopf.WebhookClientConfig] = asyncio.get_running_loop().create_future()
-
-    class ObservedWebhookServer(admission.WebhookServer):
-        """kopf's server, telling the test the client config it yields once its socket listens."""
-
-        async def __call__(self, fn: kopf.WebhookFn) -> AsyncIterator[kopf.WebhookClientConfig]:
-            async for client_config in super().__call__(fn):
-                if not listening.done():
-                    listening.set_result(client_config)
-                yield client_config
-
-    monkeypatch.setattr(admission, "WebhookServer", ObservedWebhookServer)  # admission.setup builds it at startup
-    config = OperatorConfig(
-        webhook=WebhookConfig(host="127.0.0.1", port=port, insecure=True),
-        error_backoffs=(0.1, 0.2, 0.5, 1.0),
-        retry_base=0.1,
-    )
-    operator = types.ModuleType("kubedgx_operator_with_webhook")
-    operator.registry = operator_registry()  # type: ignore[attr-defined]
-    run = await run_operator(operator, memo=kopf.Memo(config=config))
-    # The server listens or the operator died at startup, whichever comes first.
-    either: set[asyncio.Future[Any]] = {listening, run.task}
-    done, _ = await asyncio.wait(either, timeout=READY_TIMEOUT_S, return_when=asyncio.FIRST_COMPLETED)
-    if run.task in done:
-        await run.task  # raise why it stopped
-        raise RuntimeError("the operator exited before its webhook server listened")
-    assert listening in done, f"the webhook server did not listen within {READY_TIMEOUT_S}s"
-    client_config = listening.result()
-    async with aiohttp.ClientSession() as http:
-        yield Webhook(client_config=dict(client_config), port=port, http=http)
 
 
 def data_job(output_dir: str) -> Body:
@@ -323,16 +165,6 @@ async def test_a_mount_update_is_checked_too(webhook: Webhook) -> None:
 
 
 # -- what the apiserver may send -------------------------------------------------------------------------------
-
-ENV_VALUE_MAX = 131072  # spec.env[].value's maxLength: the largest free-form field a valid spec has
-MIB = 2**20
-
-
-def padded(body: Body, size: int) -> Body:
-    """``body`` with about ``size`` more bytes of spec, in spec.env values (valid: 128 KiB each at most)."""
-    count, rest = divmod(size, ENV_VALUE_MAX)
-    values = [ENV_VALUE_MAX] * count + ([rest] if rest else [])
-    return with_changes(body, {"spec.env": [{"name": f"PAD_{i}", "value": "x" * n} for i, n in enumerate(values)]})
 
 
 def encoded(request: Body, size: int | None = None) -> bytes:

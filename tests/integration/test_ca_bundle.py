@@ -18,8 +18,8 @@ from dgx_operator.settings import OperatorConfig
 from tests.conftest import BASE_MOUNT, with_changes
 from tests.integration.conftest import OperatorRun, RunOperator
 from tests.integration.emulator import Emulator
-from tests.integration.test_datamounts import FILES, SECRET, init_containers, job_using, wait_mount
-from tests.integration.test_operator import JOBS, MOUNTS, NS, Body, condition, expect_pods, worker
+from tests.integration.mount_scenarios import FILES, SECRET, init_containers, job_using, wait_mount
+from tests.integration.scenarios import JOBS, MOUNTS, NS, Body, condition, expect_pods, worker
 from tests.s3 import PrivateS3, s3_private_ca, secret  # noqa: F401
 
 pytestmark = pytest.mark.asyncio

@@ -7,8 +7,6 @@ import asyncio
 import copy
 import json
 import os
-import signal
-import socket
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -19,38 +17,10 @@ import pytest_asyncio
 
 from tests.conftest import BASE_JOB
 from tests.integration.emulator import Emulator
+from tests.integration.operator_process import STARTUP_TIMEOUT, OperatorProcess
+from tests.support.ports import free_port
 
 pytestmark = pytest.mark.asyncio
-
-STARTUP_TIMEOUT = 30.0
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-class OperatorProcess:
-    """The CLI in a subprocess; its stderr (kopf's log) is collected line by line."""
-
-    def __init__(self, proc: asyncio.subprocess.Process) -> None:
-        self.proc = proc
-        self.lines: list[str] = []
-        self.reader = asyncio.create_task(self._read())
-
-    async def _read(self) -> None:
-        assert self.proc.stderr is not None
-        async for raw in self.proc.stderr:
-            self.lines.append(raw.decode("utf-8", "replace").rstrip("\n"))
-
-    async def stop(self) -> int:
-        if self.proc.returncode is None:
-            self.proc.send_signal(signal.SIGTERM)
-        code = await asyncio.wait_for(self.proc.wait(), timeout=30)
-        await self.reader
-        return code
 
 
 @pytest_asyncio.fixture

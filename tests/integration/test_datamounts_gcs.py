@@ -16,8 +16,8 @@ from tests.conftest import BASE_MOUNT, with_changes
 from tests.gcs import FakeGCS
 from tests.integration.conftest import RunOperator
 from tests.integration.emulator import Emulator
-from tests.integration.test_datamounts import FILES, expect_mount_events, init_containers, job_using, wait_mount
-from tests.integration.test_operator import JOBS, MOUNTS, NS, Body, condition, expect_pods, start_operator, worker
+from tests.integration.mount_scenarios import FILES, expect_mount_events, init_containers, job_using, wait_mount
+from tests.integration.scenarios import JOBS, MOUNTS, NS, Body, condition, expect_pods, start_operator, worker
 
 pytestmark = pytest.mark.asyncio
 

@@ -19,7 +19,7 @@ import pytest
 
 from tests.integration.conftest import RunOperator
 from tests.integration.emulator import Emulator
-from tests.integration.test_operator import (
+from tests.integration.scenarios import (
     JOBS,
     NS,
     Body,

@@ -3,7 +3,7 @@ reconcile counts and phases of jobs and data mounts, restarts the planner decide
 settings as the chart passes them (KUBEDGX_* variables only) reaching `kubedgx operator`: watched namespaces,
 the metrics port and the health port.
 
-The in-process scenarios run ``dgx_operator.handlers`` through test_operator's ``start_operator``, with the
+The in-process scenarios run ``dgx_operator.handlers`` through scenarios.py's ``start_operator``, with the
 metrics server on a free port; the last one runs the CLI in a subprocess, as the chart's Deployment does.
 """
 
@@ -22,16 +22,16 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import dgx_operator.handlers
-import tests.integration.test_operator as scenarios
+import tests.integration.scenarios as scenarios
 from dgx_operator.metrics import Metrics, serve
 from dgx_operator.settings import OperatorConfig
 from tests.conftest import BASE_JOB, BASE_MOUNT, with_changes
+from tests.integration.admission_helpers import JOB_PATH, MOUNT_PATH, Webhook, operator_registry, stored
 from tests.integration.conftest import RunOperator
 from tests.integration.emulator import Emulator
-from tests.integration.test_admission import JOB_PATH, MOUNT_PATH, Webhook, operator_registry, stored, webhook
-from tests.integration.test_cli_operator import STARTUP_TIMEOUT, OperatorProcess, free_port
-from tests.integration.test_datamounts import SECRET, mount_of, wait_mount
-from tests.integration.test_operator import (
+from tests.integration.mount_scenarios import SECRET, mount_of, wait_mount
+from tests.integration.operator_process import STARTUP_TIMEOUT, OperatorProcess
+from tests.integration.scenarios import (
     JOBS,
     MOUNTS,
     NS,
@@ -45,9 +45,9 @@ from tests.integration.test_operator import (
     worker,
 )
 from tests.s3 import S3, secret
+from tests.support.ports import free_port
 
 pytestmark = pytest.mark.asyncio
-__all__ = ["webhook"]  # the fixture, shared with test_admission
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 JOB_KIND = "DGXTrainingJob"

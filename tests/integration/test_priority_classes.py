@@ -16,7 +16,7 @@ from dgx_operator import priorities
 from tests.conftest import BASE_JOB, with_changes
 from tests.integration.conftest import RunOperator
 from tests.integration.emulator import Emulator
-from tests.integration.test_operator import JOBS, NS, get_job, start_operator, worker
+from tests.integration.scenarios import JOBS, NS, get_job, start_operator, worker
 
 pytestmark = pytest.mark.asyncio
 

@@ -12,7 +12,7 @@ import pytest
 
 from tests.integration.conftest import RunOperator
 from tests.integration.emulator import ApiError, Body, Emulator, Kind
-from tests.integration.test_operator import (
+from tests.integration.scenarios import (
     JOBS,
     NS,
     condition,

@@ -38,9 +38,7 @@ from dgx_operator.metrics import Metrics
 from dgx_operator.settings import OperatorConfig, WebhookConfig
 from dgx_operator.webhookcert import CertificateKeeper, PublishError, SelfSigned, self_signed, unusable
 from tests.conftest import BASE_JOB, with_changes
-from tests.integration.conftest import OperatorRun, RunOperator
-from tests.integration.emulator import Emulator, Kind
-from tests.integration.test_admission import (
+from tests.integration.admission_helpers import (
     JOB_PATH,
     MIB,
     MOUNT_PATH,
@@ -49,7 +47,9 @@ from tests.integration.test_admission import (
     review_request,
     stored,
 )
-from tests.integration.test_cli_operator import free_port
+from tests.integration.conftest import OperatorRun, RunOperator
+from tests.integration.emulator import Emulator, Kind
+from tests.support.ports import free_port
 
 pytestmark = pytest.mark.asyncio
 
@@ -75,7 +75,10 @@ def self_signed_env(port: int, **extra: str) -> dict[str, str]:
 
 
 def quick(config: OperatorConfig) -> OperatorConfig:
-    return dataclasses.replace(config, error_backoffs=(0.1, 0.2, 0.5, 1.0), retry_base=0.05)
+    """Fast retries, and no metrics server: the environments above leave KUBEDGX_METRICS_PORT to its
+    default, 8080 on every address, which another operator of the test run (another pytest-xdist
+    worker's) may hold."""
+    return dataclasses.replace(config, error_backoffs=(0.1, 0.2, 0.5, 1.0), retry_base=0.05, metrics_port=0)
 
 
 async def start(run_operator: RunOperator, config: OperatorConfig, memo: kopf.Memo | None = None) -> OperatorRun:

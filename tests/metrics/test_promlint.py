@@ -21,7 +21,7 @@ import aiohttp
 import pytest
 
 from dgx_operator.metrics import serve
-from tests.unit.test_metrics import populated
+from tests.unit.metrics_helpers import populated
 
 MODULE = Path(__file__).resolve().parent / "promlint"
 #: The first build compiles client_golang and its dependencies (about two minutes on two cores).

@@ -7,7 +7,6 @@ import io
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -21,34 +20,7 @@ from dgx_operator.api import DGXTrainingJob
 from dgx_operator.catalog import Catalog
 from tests.conftest import DELETE, with_changes
 from tests.trainer.conftest import EXAMPLES, OFFLINE, QUICKSTART
-
-
-def console_script() -> str:
-    beside = Path(sys.executable).with_name("kubedgx")
-    found = str(beside) if beside.is_file() else shutil.which("kubedgx")
-    assert found, "the kubedgx console script is not installed (pip install -e .)"
-    return found
-
-
-def run_local(manifest: Path, cwd: Path, cache: Path, out: Path) -> subprocess.CompletedProcess[str]:
-    """`kubedgx run MANIFEST --local --output OUT` through the console script, offline, on the
-    session's built-in model cache; fails the test (with both streams' tails) unless it exits 0."""
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("KUBEDGX_FAULT")},
-        **OFFLINE,
-        "KUBEDGX_CACHE": str(cache),
-    }
-    result = subprocess.run(
-        [console_script(), "run", str(manifest), "--local", "--output", str(out)],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
-    assert result.returncode == 0, f"stdout:\n{result.stdout[-3000:]}\nstderr:\n{result.stderr[-6000:]}"
-    return result
+from tests.trainer.local_run import console_script, run_local
 
 
 def quickstart_doc() -> dict[str, Any]:

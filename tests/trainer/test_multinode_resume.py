@@ -16,7 +16,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,6 +27,7 @@ import pytest
 
 from dgx_api import checkpoints
 from dgx_api.progress import parse_event
+from tests.support.ports import free_port
 from tests.trainer.conftest import _NOT_INHERITED, OFFLINE, RESUME_CHANGES, config_data, write_config
 
 MAX_STEPS = 12
@@ -57,16 +57,9 @@ class Node:
         return f"{self.output_dir.name}: exit {self.returncode}{hung}\n{self.stderr[-5000:]}"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def run_two_nodes(directory: Path, config: Path, *, env: dict[str, str] | None = None) -> list[Node]:
     """Start two agents with separate output directories, wait for both (at most TIMEOUT s)."""
-    port = _free_port()
+    port = free_port()
     full_env = {k: v for k, v in os.environ.items() if k not in _NOT_INHERITED}
     full_env.update(OFFLINE)
     full_env.update(

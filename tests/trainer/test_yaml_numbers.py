@@ -14,7 +14,7 @@ import yaml
 from dgx_api.trainer_config import load_config
 from dgx_operator.cli import main
 from tests.trainer.conftest import DATA
-from tests.trainer.test_local import run_local
+from tests.trainer.local_run import run_local
 
 #: Written by hand, not by yaml.safe_dump (which would quote nothing and write 0.0002).
 MANIFEST = f"""\

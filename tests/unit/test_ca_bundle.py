@@ -14,8 +14,7 @@ from dgx_operator.render import Defaults
 from dgx_operator.render.datasync import CA_BUNDLE_ENV
 from dgx_operator.settings import ConfigError, OperatorConfig
 from tests.private_ca import PrivateCA
-from tests.unit.test_render import pods_of
-from tests.unit.test_render_datasync import OUT, children, inits, refs
+from tests.unit.render_helpers import OUT, children, inits, pods_of, refs
 
 CA = PrivateCA()
 OTHER = PrivateCA("another private CA")

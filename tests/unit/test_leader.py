@@ -15,6 +15,7 @@ import pytest
 from dgx_operator.leader import ElectionConfig, LeaderElector, Record, decide, default_identity, lease_spec
 from dgx_operator.loop import ReconcileLoop
 from dgx_operator.settings import ConfigError, OperatorConfig
+from tests.support.wait import wait_until_async
 
 NOW = datetime(2026, 12, 2, 12, 0, 0, tzinfo=UTC)
 
@@ -200,9 +201,7 @@ def elector(store: Leases, clock: Clock, identity: str, events: list[str]) -> Le
 
 async def until(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
     """Let the electors' tasks run until ``predicate`` holds (the test's clock does not move time)."""
-    async with asyncio.timeout(timeout):
-        while not predicate():
-            await asyncio.sleep(0.005)
+    await wait_until_async(predicate, timeout=timeout, what="the electors' tasks to get there", interval=0.005)
 
 
 @pytest.mark.asyncio

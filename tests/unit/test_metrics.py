@@ -50,7 +50,8 @@ from dgx_operator.reconcile.pods import PERMANENT_WAITING, PodView
 from dgx_operator.render.names import INDEX_LABEL, JOB_LABEL
 from dgx_operator.render.resolved import Defaults
 from tests.conftest import BASE_JOB, ROOT, with_changes
-from tests.unit.test_planner import T0, UID, pod_status
+from tests.unit.metrics_helpers import CREATED, populated, stamp, status_with
+from tests.unit.planner_sim import T0, UID, pod_status
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
@@ -88,10 +89,6 @@ def finished(metrics: Metrics) -> dict[tuple[str, str], float]:
 def histogram(metrics: Metrics, name: str, **labels: str) -> tuple[float, float]:
     """(count, sum) of one histogram series."""
     return value(metrics, f"{name}_count", **labels), value(metrics, f"{name}_sum", **labels)
-
-
-def stamp(moment: datetime) -> str:
-    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 # -- an in-memory cluster for the real Controller -------------------------------------------------
@@ -209,9 +206,6 @@ def apply_patch(doc: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
         else:
             out[key] = new
     return out
-
-
-CREATED = T0  # the job's creationTimestamp
 
 
 def cluster_of(changes: Mapping[str, Any] | None = None) -> Cluster:
@@ -452,18 +446,6 @@ def test_lost_workers_are_counted_by_the_planners_number() -> None:
 # -- never_ran: what the stored status says about earlier runs ------------------------------------
 
 
-def status_with(*conditions: tuple[str, str, float], phase: str = "Pending") -> DGXTrainingJobStatus:
-    return DGXTrainingJobStatus.model_validate(
-        {
-            "phase": phase,
-            "conditions": [
-                {"type": t, "status": s, "reason": "R", "lastTransitionTime": stamp(T0 + timedelta(seconds=at))}
-                for t, s, at in conditions
-            ],
-        }
-    )
-
-
 @pytest.mark.parametrize(
     ("status", "first"),
     [
@@ -553,26 +535,6 @@ def test_build_info_and_process_metrics_are_exposed() -> None:
 
 
 # -- no *_created series, in either format ---------------------------------------------------------
-
-
-def populated() -> Metrics:
-    """A registry with every metric of ours observed at least once."""
-    m = Metrics()
-    m.reconciled(JOB_KIND, "ok", 0.01)
-    m.reconciled(MOUNT_KIND, "error", 2.0)
-    m.phase(JOB_KIND, ("ml", "a"), "Running")
-    m.phase(MOUNT_KIND, ("ml", "d"), "Ready")
-    m.api_error("patch", 409)
-    m.restarted("WorkerLost", 2)
-    running = status_with(("Running", "True", 10), ("Finished", "False", 0), phase="Running")
-    done = status_with(("Running", "False", 20), ("Succeeded", "True", 20), ("Finished", "True", 20), phase="Succeeded")
-    done.start_time, done.completion_time = T0, T0 + timedelta(minutes=20)
-    done.conditions[1].reason = "Completed"
-    m.job_status_written(CREATED, status_with(("Running", "False", 0), ("Finished", "False", 0)), running)
-    m.job_status_written(CREATED, running, done)
-    m.admission(JOB_KIND, "CREATE", "denied", 0.003)
-    m.leading(True)
-    return m
 
 
 def test_no_created_series_in_the_text_format() -> None:

@@ -4,19 +4,18 @@ sidecars reported; jobs without such a mount are unaffected."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pytest
 
 from dgx_operator.api.trainingjob import Artifact, DGXTrainingJobStatus
 from dgx_operator.catalog import Catalog
-from dgx_operator.reconcile.planner import MountState, Plan
+from dgx_operator.reconcile.planner import Plan
 from dgx_operator.render import BuildContext
-from tests.unit.test_planner import Sim, at, cond, event_reasons, make_job, start_running
-from tests.unit.test_render import mount_specs
+from tests.unit.planner_sim import at, cond, event_reasons, reporting, sim_with, start_running, uploaded
+from tests.unit.render_helpers import mount_specs
 
-RUN = "job-8a1f3c52"  # test_planner's job name and UID
+RUN = "job-8a1f3c52"  # planner_sim's job name and UID
 OUT_FINAL = f"s3://bucket/out/final/{RUN}"
 TAR_FINAL = f"gs://models/out/runs/{RUN}"
 MOUNTS: dict[str, dict[str, Any]] = {
@@ -32,41 +31,6 @@ NO_REPORT = "no uploader reported an archive (see the checkpoints-* logs)"
 @pytest.fixture
 def ctx(catalog: Catalog) -> BuildContext:
     return BuildContext(catalog, data_mounts=mount_specs(MOUNTS))
-
-
-def sim_with(ctx: BuildContext, *mounts: tuple[str, str], **changes: Any) -> Sim:
-    """A job using ``mounts`` ((name, mountPath), in spec order), every one of them Ready."""
-    refs = [{"name": name, "mountPath": path} for name, path in mounts]
-    sim = Sim(make_job({"spec.dataMounts": refs, **{k.replace("__", "."): v for k, v in changes.items()}}), ctx)
-    sim.mounts = {name: MountState("Ready") for name, _ in mounts}
-    return sim
-
-
-def uploaded(base: str, *names: str) -> dict[str, Any]:
-    """A sidecar's report of an archive: its artifacts under ``base``."""
-    uris = {"adapter": f"{base}/adapter/", "merged": f"{base}/merged/", "summary": f"{base}/summary.json"}
-    uris["model.tar.gz"] = f"{base}/model.tar.gz"
-    return {"checkpoints": [100, 200], "artifacts": [{"name": n, "uri": uris[n]} for n in names]}
-
-
-def reporting(pod: dict[str, Any], *sidecars: tuple[str, int, Any]) -> dict[str, Any]:
-    """``pod`` whose sidecars ended with (container, exit code, termination message)."""
-    pod["status"]["initContainerStatuses"] = [
-        {
-            "name": name,
-            "ready": False,
-            "restartCount": 0,
-            "state": {
-                "terminated": {
-                    "exitCode": code,
-                    "reason": "Completed" if code == 0 else "Error",
-                    "message": report if isinstance(report, str) else json.dumps(report),
-                }
-            },
-        }
-        for name, code, report in sidecars
-    ]
-    return pod
 
 
 def archived(status: DGXTrainingJobStatus) -> tuple[str, str, str] | None:

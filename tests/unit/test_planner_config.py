@@ -13,9 +13,7 @@ from typing import Any
 from dgx_operator.reconcile.planner import plan
 from dgx_operator.render import JobIdentity, trainer_config
 from dgx_operator.render.names import CONFIG_LABEL
-from tests.unit.test_planner import OLD_UID, Sim, created_pods, ctx, make_job, observe, respec, sim_of, start_running
-
-__all__ = ["ctx"]  # the fixture, shared with test_planner
+from tests.unit.planner_sim import OLD_UID, Sim, created_pods, make_job, observe, respec, sim_of, start_running
 
 
 def config_name(sim: Sim) -> str:

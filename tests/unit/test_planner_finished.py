@@ -24,34 +24,30 @@ from dgx_operator.catalog import Catalog
 from dgx_operator.crdgen import kind_by_name
 from dgx_operator.reconcile.planner import MountState, Refused, plan
 from dgx_operator.render import BuildContext
-from tests.unit.test_planner import (
+from tests.unit.planner_sim import (
     DATA_REF,
-    EVENTS,
     READY,
     SYNCING,
     T0,
-    TABLE_PARAMS,
-    Expect,
     Sim,
-    State,
     assert_stable,
     at,
     created,
-    ctx,
+    created_job,
     make_ctx,
     make_job,
     make_pod,
     observe,
+    reporting,
     sim_of,
+    sim_with,
     start_running,
-    states,
     step,
+    uploaded,
+    waiting,
 )
-from tests.unit.test_planner_artifacts import reporting, sim_with, uploaded
-from tests.unit.test_planner_pending import created_job, waiting
-from tests.unit.test_render import mount_specs
-
-__all__ = ["ctx", "states"]  # the fixtures, shared with test_planner
+from tests.unit.planner_table import EVENTS, TABLE_PARAMS, Expect, State
+from tests.unit.render_helpers import mount_specs
 
 TERMINAL = ("Succeeded", "Failed")
 

@@ -12,9 +12,7 @@ import pytest
 
 from dgx_operator.reconcile.planner import CASCADE_WINDOW
 from dgx_operator.render import BuildContext
-from tests.unit.test_planner import Sim, at, created, ctx, event_reasons, sim_of, start_running
-
-__all__ = ["ctx"]  # the fixture, shared with test_planner
+from tests.unit.planner_sim import Sim, at, created, event_reasons, sim_of, start_running
 
 
 def after_one_counted_restart(ctx: BuildContext, policy: str, backoff_limit: int = 5) -> tuple[Sim, float]:

@@ -15,21 +15,18 @@ from typing import Any
 from dgx_operator.reconcile.pods import STUCK_AFTER, PodView
 from dgx_operator.render import BuildContext
 from dgx_operator.render.names import JOB_LABEL
-from tests.unit.test_planner import (
+from tests.unit.planner_sim import (
     ATTEMPT,
     INDEX,
     T0,
     Sim,
     at,
     created_pods,
-    ctx,
     event_reasons,
     respec,
     sim_of,
     start_running,
 )
-
-__all__ = ["ctx"]  # the fixture, shared with test_planner
 
 TAINT_MANAGER = "DeletionByTaintManager"
 

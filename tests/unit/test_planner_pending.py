@@ -7,31 +7,10 @@ The Unschedulable case also runs on the real scheduler (tests/cluster/test_opera
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from dgx_operator.render import BuildContext
-from tests.unit.test_planner import Sim, created, ctx, phase_reason, sim_of
-
-__all__ = ["ctx"]  # the fixture, shared with test_planner
-
-
-def waiting(sim: Sim, index: int, container: str, reason: str, message: str) -> dict[str, Any]:
-    """Worker ``index`` scheduled, with ``container`` waiting for ``reason``."""
-    pod = sim.pod(index, "scheduled")
-    entry = {"name": container, "ready": False, "state": {"waiting": {"reason": reason, "message": message}}}
-    if container == "trainer":
-        pod["status"]["containerStatuses"] = [entry]
-    else:
-        pod["status"]["initContainerStatuses"] = [entry]
-    return pod
-
-
-def created_job(ctx: BuildContext, **changes: Any) -> Sim:
-    sim = sim_of(ctx, {"spec.elastic": {"minNodes": 2, "maxNodes": 2}, **changes})
-    assert created(sim.reconcile(at_s=0)) == [0, 1]
-    return sim
+from tests.unit.planner_sim import Sim, created_job, phase_reason, waiting
 
 
 def running_condition(sim: Sim) -> tuple[str, str]:

@@ -10,9 +10,7 @@ import dataclasses
 
 from dgx_operator.reconcile.planner import QUOTA_RETRY_SECONDS, Refused, plan
 from dgx_operator.render import BuildContext
-from tests.unit.test_planner import Sim, cond, created, ctx, event_reasons, observe, phase_reason, sim_of, step
-
-__all__ = ["ctx"]  # the fixture, shared with test_planner
+from tests.unit.planner_sim import Sim, cond, created, event_reasons, observe, phase_reason, sim_of, step
 
 POD_SECURITY = (
     'pods "job-worker-1" is forbidden: violates PodSecurity "restricted:latest": seccompProfile (pod or container '

@@ -13,9 +13,8 @@ import pytest
 
 from dgx_operator.reconcile.planner import MountState
 from dgx_operator.reconcile.pods import PodView, artifacts_of, slim
-from tests.unit.test_planner import cond, sim_of
-from tests.unit.test_planner import ctx as ctx  # the fixture the planner tests use
-from tests.unit.test_render import one_pod
+from tests.unit.planner_sim import cond, sim_of
+from tests.unit.render_helpers import one_pod
 
 #: In mount "data" at /data (index 0), Out mount "ckpt" holding the trainer's output (index 1).
 MOUNTS = {"data": {}, "ckpt": {"direction": "Out", "source": "s3://bucket/out"}}

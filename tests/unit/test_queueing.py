@@ -38,7 +38,7 @@ from dgx_operator.reconcile.queueing import (
 )
 from dgx_operator.render import BuildContext, JobIdentity, resolve, worker_pod
 from dgx_operator.render.resolved import Placement
-from tests.unit.test_planner import (
+from tests.unit.planner_sim import (
     OLD_UID,
     UID,
     at,
@@ -51,7 +51,6 @@ from tests.unit.test_planner import (
     observe,
     step,
 )
-from tests.unit.test_planner import ctx as ctx  # the fixture the planner tests use
 
 V1B2 = "kueue.x-k8s.io/v1beta2"
 V1B1 = "kueue.x-k8s.io/v1beta1"

@@ -11,7 +11,6 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-import kubernetes_validate
 import pytest
 import yaml
 
@@ -28,12 +27,22 @@ from dgx_operator.render import (
     resolve,
     worker_pod,
 )
-from tests.conftest import BASE_JOB, BASE_MOUNT, DELETE, with_changes
+from tests.conftest import BASE_JOB, DELETE
+from tests.unit.render_helpers import (
+    CATALOG,
+    COMMAND_MODE,
+    UID,
+    assert_valid,
+    build,
+    context,
+    job_obj,
+    one_pod,
+    pods_of,
+    the_container,
+    volume_at,
+)
 
-CATALOG = Catalog.load()
 INSTANCE_NAMES = sorted(CATALOG.instances)
-KUBE_VERSION = "1.34"
-UID = "5f0c2a4e-8d1b-4c3e-9a7f-1b2c3d4e5f60"
 
 JOB_LABEL = "kubedgx.io/job-name"
 GPU = "nvidia.com/gpu"
@@ -47,64 +56,10 @@ OWNER = {
     "controller": True,
     "blockOwnerDeletion": True,
 }
-COMMAND_MODE: dict[str, Any] = {
-    "spec.trainer": DELETE,
-    "spec.command": ["torchrun", "/app/train.py"],
-    "spec.args": ["--lr", "1e-4", "--name=a b"],
-}
 TRAINER_ARGV = ["python", "-m", "dgx_trainer", "launch", "--config", "/etc/kubedgx/trainer.yaml"]
 
 
 # --- helpers -------------------------------------------------------------------------------------
-
-
-def job_obj(changes: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    return with_changes(BASE_JOB, dict(changes or {}))
-
-
-def mount_specs(mounts: Mapping[str, Mapping[str, Any]] | None) -> dict[str, DGXDataMountSpec]:
-    """DGXDataMount specs by name, each BASE_MOUNT's spec plus the given changes."""
-    return {
-        name: DGXDataMountSpec.model_validate({**copy.deepcopy(BASE_MOUNT["spec"]), **changes})
-        for name, changes in (mounts or {}).items()
-    }
-
-
-def context(
-    mounts: Mapping[str, Mapping[str, Any]] | None = None,
-    defaults: Defaults | None = None,
-    catalog: Catalog = CATALOG,
-) -> BuildContext:
-    return BuildContext(catalog, defaults or Defaults(), data_mounts=mount_specs(mounts))
-
-
-def build(
-    changes: Mapping[str, Any] | None = None,
-    *,
-    mounts: Mapping[str, Mapping[str, Any]] | None = None,
-    defaults: Defaults | None = None,
-    catalog: Catalog = CATALOG,
-    uid: str | None = UID,
-    namespace: str | None = None,
-) -> list[dict[str, Any]]:
-    job = DGXTrainingJob.model_validate(job_obj(changes))
-    return build_children(job, context(mounts, defaults, catalog), namespace=namespace, uid=uid)
-
-
-def pods_of(children: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [c for c in children if c["kind"] == "Pod"]
-
-
-def one_pod(changes: Mapping[str, Any] | None = None, **kwargs: Any) -> dict[str, Any]:
-    pods = pods_of(build(changes, **kwargs))
-    assert pods, "no worker pods built"
-    return pods[0]
-
-
-def the_container(pod: dict[str, Any]) -> dict[str, Any]:
-    containers = pod["spec"]["containers"]
-    assert len(containers) == 1
-    return containers[0]
 
 
 def env_names(pod: dict[str, Any]) -> list[str]:
@@ -118,22 +73,8 @@ def env_of(pod: dict[str, Any]) -> dict[str, str]:
     return {e["name"]: e["value"] for e in the_container(pod)["env"] if "value" in e}
 
 
-def volume_at(pod: dict[str, Any], mount_path: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(volumeMount, volume) for the mount at ``mount_path``; fails unless exactly one."""
-    mounts = [m for m in the_container(pod)["volumeMounts"] if m["mountPath"] == mount_path]
-    assert len(mounts) == 1, f"{len(mounts)} mounts at {mount_path}"
-    volumes = [v for v in pod["spec"]["volumes"] if v["name"] == mounts[0]["name"]]
-    assert len(volumes) == 1
-    return mounts[0], volumes[0]
-
-
 def mount_paths(pod: dict[str, Any]) -> list[str]:
     return [m["mountPath"] for m in the_container(pod)["volumeMounts"]]
-
-
-def assert_valid(children: list[dict[str, Any]]) -> None:
-    for child in children:
-        assert kubernetes_validate.validate(child, KUBE_VERSION, strict=True) == KUBE_VERSION
 
 
 def per_gpu(inst: Instance) -> tuple[int, int, int]:

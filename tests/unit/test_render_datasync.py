@@ -10,7 +10,7 @@ import pytest
 
 from dgx_operator.api import DGXDataMountSpec, DGXTrainingJob
 from dgx_operator.api.trainingjob import DataMountRef
-from dgx_operator.render import BuildContext, Defaults, JobIdentity, build_children
+from dgx_operator.render import Defaults, JobIdentity
 from dgx_operator.render.datasync import (
     MountPlan,
     archive_uri,
@@ -25,15 +25,19 @@ from dgx_operator.render.datasync import (
     watched_dir,
 )
 from dgx_operator.render.resolved import DEFAULT_TRAINER_IMAGE
-from tests.unit.test_render import (
-    CATALOG,
+from tests.unit.render_helpers import (
     COMMAND_MODE,
+    OUT,
     UID,
     assert_valid,
+    children,
+    inits,
     job_obj,
     mount_specs,
     one_pod,
     pods_of,
+    refs,
+    sync_inits,
     the_container,
     volume_at,
 )
@@ -45,7 +49,6 @@ COMMON = ["--workers", "8", "--log-format", "json"]
 SYNC_RESOURCES = {"requests": {"cpu": "4", "memory": "4Gi"}, "limits": {"cpu": "4", "memory": "4Gi"}}
 SIDECAR_RESOURCES = {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"cpu": "1", "memory": "1Gi"}}
 UNBUFFERED = {"name": "PYTHONUNBUFFERED", "value": "1"}
-OUT = {"direction": "Out", "source": "s3://bucket/out"}
 #: Trainer output inside an Out mount at /out.
 OUT_RUN = {"spec.trainer.output": {"dir": "/out/run"}}
 S3_SECRET_ENV = [
@@ -64,39 +67,8 @@ S3_SECRET_ENV = [
 # --- helpers -------------------------------------------------------------------------------------
 
 
-def refs(*pairs: tuple[str, str]) -> dict[str, Any]:
-    """spec.dataMounts referencing (name, mountPath) pairs, in order."""
-    return {"spec.dataMounts": [{"name": name, "mountPath": path} for name, path in pairs]}
-
-
-def children(
-    changes: Mapping[str, Any] | None = None,
-    *,
-    mounts: Mapping[str, Mapping[str, Any]],
-    digests: Mapping[str, str] | None = None,
-    defaults: Defaults | None = None,
-    uid: str = UID,
-) -> list[dict[str, Any]]:
-    """test_render's build(), plus the mounts' manifest digests the operator passes to the builders."""
-    job = DGXTrainingJob.model_validate(job_obj(changes))
-    ctx = BuildContext(
-        CATALOG, defaults or Defaults(), data_mounts=mount_specs(mounts), data_digests=dict(digests or {})
-    )
-    return build_children(job, ctx, uid=uid)
-
-
 def pod_of(changes: Mapping[str, Any] | None = None, **kwargs: Any) -> dict[str, Any]:
     return pods_of(children(changes, **kwargs))[0]
-
-
-def inits(pod: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """The pod's data sync init containers by name, in their order (prepare-cache, which only
-    prepares the hostPath caches, has tests of its own in test_render.py)."""
-    return {c["name"]: c for c in sync_inits(pod)}
-
-
-def sync_inits(pod: dict[str, Any]) -> list[dict[str, Any]]:
-    return [c for c in pod["spec"].get("initContainers", []) if c["name"] != "prepare-cache"]
 
 
 def plan_for(mount_path: str, spec: Mapping[str, Any] | None = None, index: int = 0) -> MountPlan:
@@ -714,7 +686,7 @@ def test_valid_scenarios_cover_every_kind_of_mount() -> None:
 
 
 def test_one_pod_helper_agrees() -> None:
-    """test_render's one_pod() (no digests) builds the same pod as this module's helper."""
+    """render_helpers.one_pod() (no digests) builds the same pod as this module's pod_of()."""
     changes = {**refs(("data", "/data"), ("ckpt", "/out")), **OUT_RUN}
     mounts = {"data": {}, "ckpt": OUT}
     assert one_pod(changes, mounts=mounts) == pod_of(changes, mounts=mounts)
