@@ -50,6 +50,7 @@ from typing import Any
 import pytest
 
 from tests.support.ports import free_port
+from tests.support.timeouts import timeout_paused
 from tests.support.wait import wait_until
 
 MODULE = "github.com/fsouza/fake-gcs-server"
@@ -832,7 +833,9 @@ def gcs() -> Iterator[FakeGCS]:
     """The session's fake-gcs-server (built on first use; skips, saying why, without Go)."""
     if go() is None and not os.environ.get("KUBEDGX_FAKE_GCS_SERVER"):
         pytest.skip("no Go toolchain: fake-gcs-server cannot be built (python -m tests.gcs); the gs:// tests skip")
-    server = FakeGCS(build().binary)
+    with timeout_paused():  # a cold build (or waiting for .ci/run's) belongs to no test
+        binary = build().binary
+    server = FakeGCS(binary)
     try:
         yield server
     finally:

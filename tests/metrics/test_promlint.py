@@ -2,75 +2,35 @@
 (what `promtool check metrics` runs), built from the Go module in tests/metrics/promlint/ and fed the
 operator's /metrics as a scrape gets it, every metric of ours observed at least once.
 
-The binary is built once into a cache outside the work tree (``$KUBEDGX_PROMLINT_CACHE``, by default
-``~/.cache/kubedgx/promlint/<key>/promlint``), keyed by the module's go.mod, go.sum and main.go and the
-Go version, so a change to any of them builds afresh. Without a Go toolchain the tests skip, saying so;
-a build that fails is a failure.
+The binary is built once into a cache outside the work tree (tests/metrics/build_promlint.py, which
+.ci/run runs ahead in the background). Without a Go toolchain the tests skip, saying so; a build that
+fails is a failure.
 """
 
 from __future__ import annotations
 
-import hashlib
-import os
-import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 
 import aiohttp
 import pytest
 
 from dgx_operator.metrics import serve
+from tests.metrics import build_promlint
+from tests.support.timeouts import timeout_paused
 from tests.unit.metrics_helpers import populated
-
-MODULE = Path(__file__).resolve().parent / "promlint"
-#: The first build compiles client_golang and its dependencies (about two minutes on two cores).
-BUILD_TIMEOUT = 280
-
-
-def cache_root() -> Path:
-    configured = os.environ.get("KUBEDGX_PROMLINT_CACHE")
-    return Path(configured) if configured else Path.home() / ".cache" / "kubedgx" / "promlint"
-
-
-def go_env() -> dict[str, str]:
-    """Reproducible: the committed go.sum pins every module, nothing is edited, no other toolchain."""
-    return {
-        **os.environ,
-        "GOTOOLCHAIN": "local",
-        "GOWORK": "off",
-        "CGO_ENABLED": "0",
-        "GOFLAGS": "-buildvcs=false -mod=readonly",
-    }
 
 
 @pytest.fixture(scope="session")
 def promlint() -> Path:
-    go = shutil.which("go")
+    go = build_promlint.go()
     if go is None:
         pytest.skip("no Go toolchain on PATH: promlint (client_golang's metric linter) cannot be built")
-    version = subprocess.run([go, "env", "GOVERSION"], capture_output=True, text=True, check=True, env=go_env())
-    digest = hashlib.sha256(version.stdout.encode())
-    for name in ("go.mod", "go.sum", "main.go"):
-        digest.update((MODULE / name).read_bytes())
-    binary = cache_root() / digest.hexdigest()[:16] / "promlint"
-    if binary.exists():
-        return binary
-    binary.parent.mkdir(parents=True, exist_ok=True)
-    # Built beside its final name and renamed: a concurrent run never executes half a binary.
-    with tempfile.TemporaryDirectory(dir=binary.parent) as scratch:
-        built = Path(scratch) / "promlint"
-        result = subprocess.run(
-            [go, "build", "-o", str(built), "."],
-            cwd=MODULE,
-            env=go_env(),
-            capture_output=True,
-            text=True,
-            timeout=BUILD_TIMEOUT,
-        )
-        assert result.returncode == 0, f"go build of {MODULE} failed:\n{result.stdout}{result.stderr}"
-        built.replace(binary)
-    return binary
+    try:
+        with timeout_paused():  # a cold build (or waiting for .ci/run's) belongs to no test
+            return build_promlint.build(go)
+    except build_promlint.BuildError as exc:
+        pytest.fail(str(exc), pytrace=False)
 
 
 def lint(promlint: Path, exposition: bytes) -> tuple[int, list[str]]:
