@@ -53,8 +53,12 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     return (yield)
 
 
-@pytest.fixture(scope="session")
-def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+def started_control_plane(
+    tmp_path_factory: pytest.TempPathFactory, name: str = "control-plane"
+) -> Iterator[ControlPlane]:
+    """A control plane of the built binaries under a fresh directory, stopped after: the session's
+    (``control_plane``), or a module's own (tests/cluster/test_resilience.py). Skips without Go; fails
+    with the reason and the logs when the build or the start failed."""
     outcome: Binaries | UnavailableError | StartError
     if _built is not None:
         outcome = _built
@@ -68,7 +72,7 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlP
     if isinstance(outcome, StartError):
         pytest.fail(f"the control plane could not be built: {outcome}", pytrace=False)
     binaries = outcome
-    root = tmp_path_factory.mktemp("control-plane")
+    root = tmp_path_factory.mktemp(name)
     plane = ControlPlane(root, binaries)
     try:
         plane.start()
@@ -76,11 +80,18 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlP
         pytest.fail(f"the control plane did not start: {exc}", pytrace=False)
     print(f"\ncontrol plane up in {plane.started_in:.1f}s: Kubernetes {binaries.kubernetes_version}, {root}",
           file=sys.stderr)  # fmt: skip
-    yield plane
-    plane.slot.release()
-    plane.stop()
-    if os.environ.get(KEEP_ENV) == "1":
-        print(f"kubedgx cluster: kept {root} ({KEEP_ENV}=1)", file=sys.stderr)
+    try:
+        yield plane
+    finally:
+        plane.slot.release()
+        plane.stop()
+        if os.environ.get(KEEP_ENV) == "1":
+            print(f"kubedgx cluster: kept {root} ({KEEP_ENV}=1)", file=sys.stderr)
+
+
+@pytest.fixture(scope="session")
+def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    yield from started_control_plane(tmp_path_factory)
 
 
 @pytest.fixture(scope="session")

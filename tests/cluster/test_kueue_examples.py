@@ -300,7 +300,15 @@ def test_the_example_job_is_queued_once_admitted_on_norm_and_its_workers_are_lef
     podset = assignment(wl)
     assert podset["count"] == 2
     assert set(podset["flavors"].values()) == {NORM}, podset
-    assert reservation(kubectl, "team-a")[(NORM, "nvidia.com/gpu")] == "16"
+    # Kueue writes the ClusterQueue's status after the admission, on its own schedule (0 was seen
+    # under load right after the workers ran).
+    wait_for(
+        "team-a's ClusterQueue to reserve the job's 16 norm GPUs",
+        lambda: reservation(kubectl, "team-a").get((NORM, "nvidia.com/gpu")) == "16",
+        timeout=TIMEOUT,
+        interval=0.3,
+        diagnose=lambda: str(reservation(kubectl, "team-a")),
+    )
 
     # Kueue's pod integration did not queue the workers a second time.
     everything = team_a.select(WORKLOADS)

@@ -9,15 +9,25 @@ a recorded run (``durations.json`` beside this file; a run with ``--module-durat
 tests/support/durations.json`` rewrites it, tests/support/report.py). A module not recorded there
 counts as ``UNKNOWN_SECONDS``.
 
+Modules that keep the CPU busy (everything but the cluster layer: training on tiny models, torchrun,
+in-process servers) are handed out at most ``cpu_count()`` at a time; a worker that asks for work
+while that many run gets a module of the cluster layer, which mostly waits on controllers (their
+control plane's processes take about a sixth of a core each). Four CPU-bound modules on two cores at
+once ran each of them four times slower, close to their timeouts, and left the waiting modules
+queued behind them. Once no module of the cluster layer is left in the queue, any worker takes
+the next module.
+
 One exception, for a machine whose Go builds are still running (CI's cold start, where .ci/run builds
 in the background while the tests run): modules that need the control plane (tests/cluster,
 tests/e2e) go after all the others, so workers are not parked on the build's lock while other work
-waits. The decision is made once, here in the controller, when the run starts.
+waits, and the CPU-bound modules are not capped (the build keeps the cores busy anyway). The decision
+is made once, here in the controller, when the run starts.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -61,6 +71,10 @@ def control_plane_built() -> bool:
     return done.returncode == 0
 
 
+def cpu_bound(module: str) -> bool:
+    return not module.startswith(NEEDS_CONTROL_PLANE)
+
+
 def order(modules: Mapping[str, Any], weights: Mapping[str, float], *, defer_control_plane: bool) -> list[str]:
     """The modules longest first; with ``defer_control_plane``, those needing the control plane after
     the rest (each part longest first). Ties keep collection order."""
@@ -80,6 +94,25 @@ class ModuleScheduling(LoadScopeScheduling):
         super().__init__(config, log)
         self.weights = recorded()
         self.defer_control_plane = not control_plane_built()
+        self.cpu_slots = max(1, os.cpu_count() or 1)
+
+    def _cpu_bound_running(self) -> int:
+        return sum(
+            1
+            for work in self.assigned_work.values()
+            for scope, tests in work.items()
+            if cpu_bound(scope) and not all(tests.values())
+        )
+
+    def _assign_work_unit(self, node: Any) -> None:
+        """The first module in order, unless ``cpu_slots`` CPU-bound modules run already and a
+        module of the cluster layer is still queued: then the first of those (module docstring)."""
+        assert self.workqueue
+        if not self.defer_control_plane and self._cpu_bound_running() >= self.cpu_slots:
+            waiting = next((m for m in self.workqueue if not cpu_bound(m)), None)
+            if waiting is not None:
+                self.workqueue.move_to_end(waiting, last=False)
+        super()._assign_work_unit(node)
 
     def _split_scope(self, nodeid: str) -> str:
         return module_of(nodeid)
