@@ -2,10 +2,11 @@
 that resumes from a resourceVersion etcd has compacted away (410 Gone), and 429 Too Many Requests
 when the apiserver sheds load. Each time, jobs created and changed afterwards are reconciled.
 
-The apiserver is restarted three times, with other flags for two of them, so the module runs on a
-control plane of its own, stopped at its end: the session's cluster never sees those flags, and no
-test waits for its controllers to recover from a restart that only this module needed (restoring the
-session's apiserver and waiting for every controller to serve again took 140 s on a loaded machine).
+The apiserver is restarted four times, with other flags for two of them, so the module runs on a
+control plane of its own, stopped at its end: the session's cluster never sees those flags and is
+never restored (restoring the session's apiserver and waiting for every controller to serve again
+took 140 s on a loaded machine). After each restart a test waits only for what it needs: its jobs
+Running again (the scheduler, kwok and the operator back on their watches), not every controller.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def test_the_operator_carries_on_after_an_apiserver_restart(
 ) -> None:
     namespace.apply(command_job("before"))
     wait_job(namespace, "before", "Running", running_with(1), timeout=TIMEOUT)
-    control_plane.restart("kube-apiserver")
+    control_plane.restart("kube-apiserver", wait_whole=False)  # the waits below need the scheduler and kwok
     assert operator.running
     # Its watches came back: a new job is picked up, and a change to the old one too.
     namespace.apply(command_job("after"))
@@ -68,7 +69,7 @@ def test_a_watch_resumed_after_etcd_compaction_gets_410_and_the_operator_relists
     compacted its history, a watch resumed from an older resourceVersion is answered 410 Gone.
     kopf resumes its watches from the last resourceVersion it saw (its log shows the requests), so
     after the restart below its job watch meets exactly that; it must start over and carry on."""
-    control_plane.restart("kube-apiserver", apiserver_args=["--watch-cache=false"])
+    control_plane.restart("kube-apiserver", apiserver_args=["--watch-cache=false"], wait_whole=False)
     namespace.apply(command_job("early"))
     job = wait_job(namespace, "early", "Running", running_with(1), timeout=TIMEOUT)
     seen = str(dig(job, "metadata", "resourceVersion"))
@@ -78,7 +79,7 @@ def test_a_watch_resumed_after_etcd_compaction_gets_410_and_the_operator_relists
     compacted = control_plane.compact_etcd()
     assert compacted > int(seen)
     restarts_before = operator.log().count("Restarting the watch-stream for dgxtrainingjobs")
-    control_plane.restart("kube-apiserver")  # drops every watch; the operator resumes its own
+    control_plane.restart("kube-apiserver", wait_whole=False)  # drops every watch; the operator resumes its own
     # What the apiserver now answers a watch from that resourceVersion (the operator's, or older):
     status, answer = control_plane.request(
         "GET", f"/apis/kubedgx.io/v1alpha1/{JOBS.split('.')[0]}?watch=true&resourceVersion={seen}&timeoutSeconds=5"
@@ -105,6 +106,7 @@ def test_the_operator_backs_off_on_429_and_gets_there(
         "kube-apiserver",
         apiserver_args=["--enable-priority-and-fairness=false", "--max-requests-inflight=5",
                         "--max-mutating-requests-inflight=1"],
+        wait_whole=False,  # the jobs' waits below need the scheduler and kwok, which come back by themselves
     )  # fmt: skip
     throttled_before = operator.log().count("status=429")
     jobs = [f"busy-{i}" for i in range(3)]
