@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import signal
 import socket
+
 import pytest
 
 from tests.conftest import ROOT
