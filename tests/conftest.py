@@ -109,3 +109,10 @@ from tests.support.report import pytest_addoption, pytest_terminal_summary  # no
 
 with contextlib.suppress(ImportError):  # no pytest-xdist: tests run in one process, in collection order
     from tests.support.schedule import pytest_xdist_make_scheduler  # noqa: F401
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The ``slow`` tier (tests/support/tiers.py): left out of the inner loop, ``-m "not cluster and not slow"``."""
+    from tests.support.tiers import mark_slow
+
+    mark_slow(items, ROOT)

@@ -148,3 +148,9 @@ def test_a_paused_timeout_stops_the_timer_and_gives_back_what_was_left() -> None
 )
 def test_a_test_id_is_reported_under_its_folder(nodeid: str, folder: str) -> None:
     assert folder_of(nodeid) == folder
+
+
+def test_the_slow_tier_names_modules_that_exist() -> None:
+    from tests.support.tiers import SLOW
+
+    assert not [m for m in SLOW if not (ROOT / m).is_file()]
