@@ -20,8 +20,9 @@ the next module.
 One exception, for a machine whose Go builds are still running (CI's cold start, where .ci/run builds
 in the background while the tests run): modules that need the control plane (tests/cluster,
 tests/e2e) go after all the others, so workers are not parked on the build's lock while other work
-waits, and the CPU-bound modules are not capped (the build keeps the cores busy anyway). The decision
-is made once, here in the controller, when the run starts.
+waits. The cap holds then too: a worker that would exceed it takes a module of the cluster layer and
+waits on the build's lock, while .ci/run's build runs niced, so the tests' own processes (each with
+a timeout) come first. The decision is made once, here in the controller, when the run starts.
 """
 
 from __future__ import annotations
@@ -108,7 +109,7 @@ class ModuleScheduling(LoadScopeScheduling):
         """The first module in order, unless ``cpu_slots`` CPU-bound modules run already and a
         module of the cluster layer is still queued: then the first of those (module docstring)."""
         assert self.workqueue
-        if not self.defer_control_plane and self._cpu_bound_running() >= self.cpu_slots:
+        if self._cpu_bound_running() >= self.cpu_slots:
             waiting = next((m for m in self.workqueue if not cpu_bound(m)), None)
             if waiting is not None:
                 self.workqueue.move_to_end(waiting, last=False)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import signal
 import socket
+from collections import OrderedDict
 
 import pytest
 
@@ -154,3 +155,45 @@ def test_the_slow_tier_names_modules_that_exist() -> None:
     from tests.support.tiers import SLOW
 
     assert not [m for m in SLOW if not (ROOT / m).is_file()]
+
+
+class FakeNode:
+    """What the scheduler asks of a pytest-xdist worker: the test indices it is sent."""
+
+    def __init__(self) -> None:
+        self.sent: list[int] = []
+        self.shutting_down = False
+
+    def send_runtest_some(self, indices: list[int]) -> None:
+        self.sent += indices
+
+
+def scheduler_with(running: dict[FakeNode, str], queued: list[str]) -> schedule.ModuleScheduling:
+    """A scheduler whose workers in ``running`` each run one module, with ``queued`` in its queue."""
+    sched = schedule.ModuleScheduling.__new__(schedule.ModuleScheduling)
+    sched.cpu_slots = 2
+    sched.assigned_work = {node: {module: {f"{module}::t": False}} for node, module in running.items()}
+    sched.workqueue = OrderedDict((m, {f"{m}::t": False}) for m in queued)
+    sched.registered_collections = {}
+    return sched
+
+
+def test_with_the_cores_taken_by_cpu_bound_modules_a_worker_gets_a_cluster_module() -> None:
+    a, b, idle = FakeNode(), FakeNode(), FakeNode()
+    queued = ["tests/trainer/test_x.py", "tests/unit/test_y.py", "tests/cluster/test_z.py"]
+    collection = [f"{m}::t" for m in ["tests/trainer/test_a.py", "tests/trainer/test_b.py", *queued]]
+    sched = scheduler_with({a: "tests/trainer/test_a.py", b: "tests/trainer/test_b.py"}, queued)
+    sched.registered_collections = {idle: collection}
+    sched._assign_work_unit(idle)
+    assert idle.sent == [collection.index("tests/cluster/test_z.py::t")]
+    assert list(sched.workqueue) == ["tests/trainer/test_x.py", "tests/unit/test_y.py"]
+
+
+def test_with_a_core_free_or_no_cluster_module_left_the_order_holds() -> None:
+    a, idle = FakeNode(), FakeNode()
+    queued = ["tests/trainer/test_x.py", "tests/cluster/test_z.py"]
+    collection = [f"{m}::t" for m in ["tests/trainer/test_a.py", *queued]]
+    sched = scheduler_with({a: "tests/trainer/test_a.py"}, queued)
+    sched.registered_collections = {idle: collection}
+    sched._assign_work_unit(idle)
+    assert idle.sent == [collection.index("tests/trainer/test_x.py::t")]
