@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.trainer.conftest import OFFLINE
+from tests.trainer.conftest import OFFLINE, RUN_TIMEOUT
 
 
 def console_script() -> str:
@@ -33,7 +33,7 @@ def run_local(manifest: Path, cwd: Path, cache: Path, out: Path) -> subprocess.C
         env=env,
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=RUN_TIMEOUT,
         check=False,
     )
     assert result.returncode == 0, f"stdout:\n{result.stdout[-3000:]}\nstderr:\n{result.stderr[-6000:]}"

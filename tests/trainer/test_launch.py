@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.trainer.conftest import OFFLINE, config_data, write_config
+from tests.trainer.conftest import OFFLINE, RUN_TIMEOUT, config_data, write_config
 
 CHAT_ROWS = [
     {"messages": [{"role": "user", "content": f"question {i}"}, {"role": "assistant", "content": f"answer {i}"}]}
@@ -45,7 +45,7 @@ def launch(
         env=full_env,
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=RUN_TIMEOUT,
         check=False,
     )
 

@@ -19,7 +19,7 @@ from dgx_operator import cli, local
 from dgx_operator.api import DGXTrainingJob
 from dgx_operator.catalog import Catalog
 from tests.conftest import DELETE, with_changes
-from tests.trainer.conftest import EXAMPLES, OFFLINE, QUICKSTART
+from tests.trainer.conftest import EXAMPLES, OFFLINE, QUICKSTART, RUN_TIMEOUT
 from tests.trainer.local_run import console_script, run_local
 
 
@@ -111,7 +111,7 @@ def test_a_local_data_error_ends_with_its_one_line_message_and_exit_2(tmp_path: 
         env=env,
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=RUN_TIMEOUT,
         check=False,
     )
     assert result.returncode == 2, result.stderr[-4000:]
