@@ -150,8 +150,10 @@ class Leases:
         self.lease: dict[str, Any] | None = None
         self.version = 0
         self.down = False
+        self.calls = 0  # every call, answered or not: how a test knows an elector has looked again
 
     def _check(self) -> None:
+        self.calls += 1
         if self.down:
             raise TimeoutError("the apiserver does not answer")
 
@@ -199,6 +201,13 @@ def elector(store: Leases, clock: Clock, identity: str, events: list[str]) -> Le
     )
 
 
+async def looked_again(store: Leases, times: int) -> None:
+    """Wait until the electors have called the store ``times`` more times: what they decide on a
+    clock that did not move, proven by their own retries instead of a pause."""
+    target = store.calls + times
+    await until(lambda: store.calls >= target)
+
+
 async def until(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
     """Let the electors' tasks run until ``predicate`` holds (the test's clock does not move time)."""
     await wait_until_async(predicate, timeout=timeout, what="the electors' tasks to get there", interval=0.005)
@@ -218,7 +227,7 @@ async def test_one_of_two_candidates_leads_and_the_other_takes_over_once_the_lea
     a._task.cancel()
     await asyncio.gather(a._task, return_exceptions=True)
     clock.now += 0.5  # not yet expired by b's clock
-    await asyncio.sleep(0.05)
+    await looked_again(store, times=3)
     assert not b.leading
     clock.now += 0.6
     await until(lambda: b.leading)
@@ -251,7 +260,7 @@ async def test_a_leader_that_cannot_renew_stops_leading_before_its_lease_expires
     a.start()
     await until(lambda: a.leading)
     store.down = True
-    await asyncio.sleep(0.03)
+    await looked_again(store, times=3)
     assert a.leading  # within the renew deadline
     clock.now += 0.06  # past the renew deadline (0.05), before the lease duration (1)
     await until(lambda: not a.leading)
@@ -295,7 +304,7 @@ async def test_a_stand_by_reconciles_nothing_and_a_new_leader_reconciles_everyth
     for name in ("a", "b", "gone"):
         loop.trigger("ml", name)
     loop.forget_key(("ml", "gone"))
-    await asyncio.sleep(0.01)
+    assert loop.workers == {}  # no pass started, so none can run
     assert loop.passes == []
     loop.lead()
     await settle(loop)
@@ -311,7 +320,7 @@ async def test_losing_the_lead_cancels_passes_in_flight_and_they_are_redone_by_t
     await loop.follow()
     assert loop.workers == {}
     loop.trigger("ml", "b")  # noted, not reconciled
-    await asyncio.sleep(0.01)
+    assert loop.workers == {}  # no pass started, so none can run
     assert loop.passes == [("ml", "a")]
     loop.gate.set()
     loop.lead()
