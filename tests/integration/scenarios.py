@@ -211,15 +211,29 @@ def run_pods(emulator: Emulator, *pods: str) -> None:
         run_pod(emulator, pod)
 
 
-def exit_pod(emulator: Emulator, pod: str, code: int, *, reason: str | None = None, message: str = "") -> None:
-    """The trainer container exited with ``code``; the pod (restartPolicy Never) ends with it."""
-    terminated = {
+def _terminated(code: int, reason: str | None, message: str) -> Body:
+    return {
         "exitCode": code,
         "reason": reason or ("Completed" if code == 0 else "Error"),
         "startedAt": "2025-01-01T00:00:00Z",
         "finishedAt": "2025-01-01T01:00:00Z",
         **({"message": message} if message else {}),
     }
+
+
+def exit_container(emulator: Emulator, pod: str, code: int, *, message: str = "") -> None:
+    """The first of a real kubelet's two writes when a container exits: the container terminated and
+    the pod not Ready, the phase left as it was (the second write, :func:`exit_pod`, comes about a
+    second later, or once native sidecars have finished)."""
+    state = {"terminated": _terminated(code, None, message)}
+    emulator.patch_status(
+        "pods", NS, pod, {**_scheduled(False), "containerStatuses": _container(emulator, pod, state, ready=False)}
+    )
+
+
+def exit_pod(emulator: Emulator, pod: str, code: int, *, reason: str | None = None, message: str = "") -> None:
+    """The trainer container exited with ``code``; the pod (restartPolicy Never) ends with it."""
+    state = {"terminated": _terminated(code, reason, message)}
     emulator.patch_status(
         "pods",
         NS,
@@ -227,7 +241,7 @@ def exit_pod(emulator: Emulator, pod: str, code: int, *, reason: str | None = No
         {
             "phase": "Succeeded" if code == 0 else "Failed",
             **_scheduled(False),
-            "containerStatuses": _container(emulator, pod, {"terminated": terminated}, ready=False),
+            "containerStatuses": _container(emulator, pod, state, ready=False),
         },
     )
 

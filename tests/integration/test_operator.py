@@ -41,6 +41,7 @@ from tests.integration.scenarios import (
     conditions,
     counts,
     event_reasons,
+    exit_container,
     exit_pod,
     expect_events,
     expect_pods,
@@ -124,6 +125,30 @@ async def test_two_workers_run_and_succeed_when_worker_0_exits_0(emulator: Emula
     assert counts(status) == ("Succeeded", 0, 0, "0/0", (0, 0, 0, 0))
     # Worker 1 is deleted; worker 0 stays, finished, with its logs.
     await final_pods(op, {worker(0): "0"})
+    await expect_events(
+        emulator, [("Normal", "WorkersPending"), ("Normal", "AllWorkersRunning"), ("Normal", "Completed")]
+    )
+
+
+async def test_a_real_kubelets_order_of_writes_shows_no_restart_on_success(
+    emulator: Emulator, run_operator: RunOperator
+) -> None:
+    """A real kubelet writes the container terminated a second before the pod's phase: the job stays
+    Running through that window (no Restarting, no NodesBelowMinimum Warning) and then succeeds."""
+    op = await start_operator(emulator, run_operator)
+    emulator.create(JOBS, two_workers())
+    await expect_pods(emulator, {worker(0): "0", worker(1): "0"})
+    run_pods(emulator, worker(0), worker(1))
+    await wait_phase(emulator, "Running", nodes("2/2"))
+    exit_container(emulator, worker(1), 0)
+    exit_container(emulator, worker(0), 0, message=json.dumps({"step": 100, "totalSteps": 100}))
+    await op.settle()
+    status = get_job(emulator)["status"]
+    assert (status["phase"], condition(status, "Running")["reason"]) == ("Running", "AllWorkersRunning")
+    assert "2 exited (pod ending)" in condition(status, "Running")["message"]
+    exit_pod(emulator, worker(1), 0)
+    exit_pod(emulator, worker(0), 0, message=json.dumps({"step": 100, "totalSteps": 100}))
+    await wait_phase(emulator, "Succeeded")
     await expect_events(
         emulator, [("Normal", "WorkersPending"), ("Normal", "AllWorkersRunning"), ("Normal", "Completed")]
     )

@@ -185,6 +185,15 @@ def pod_status(state: str, index: int, exit_code: int | None, message: str | Non
                 {"name": "sync", "ready": True, "state": {"running": {"startedAt": "2025-03-01T12:00:00Z"}}},
             ],
         }
+    if state == "exited":  # the trainer has exited, the kubelet has not written the pod's phase yet
+        return {
+            "phase": "Running",
+            "hostIP": host,
+            "conditions": [SCHEDULED, {"type": "Ready", "status": "False", "reason": "PodCompleted"}],
+            "containerStatuses": _container(
+                {"terminated": _terminated(exit_code or 0, "Completed" if not exit_code else "Error", message)}
+            ),
+        }
     if state == "deadline":
         return {
             "phase": "Failed",

@@ -64,6 +64,7 @@ POD_FACTS: dict[str, tuple[str, bool, bool, bool, bool, bool, int | None, bool]]
     "outofgpu": ("Failed", False, False, True, False, True, None, False),
     "unknown": ("Unknown", False, False, True, False, True, None, False),
     "sidecar": ("Running", False, True, False, False, False, 0, False),
+    "exited": ("Running", False, True, False, False, False, 0, False),
     "deadline": ("Failed", False, True, True, False, False, 137, True),
 }
 
@@ -86,6 +87,7 @@ def test_pod_view_reads_each_pod_state(ctx: BuildContext, state: str) -> None:
     assert view.exit_code == code
     assert view.deadline_exceeded is deadline
     assert view.terminating is False
+    assert view.ending is (state in ("sidecar", "exited"))
 
 
 def test_pod_view_terminating_pod_is_not_active(ctx: BuildContext) -> None:

@@ -783,16 +783,22 @@ class _Planner:
         running = [p for p in live if p.running]
         # A worker that exited 0 finished its share: the group is completing, not shrinking.
         done = [p for p in live if p.succeeded]
+        # Exited, the phase not written yet: still the group's until the phase says how it ended
+        # (seen as a restart, the job would flash Restarting on every real success).
+        ending = [p for p in live if p.ending]
         need = 1 if r.interactive else r.min_nodes
-        if len(running) + len(done) >= need:
+        held = len(running) + len(done) + len(ending)
+        if held >= need:
             count = f"{len(running)}/{desired} workers running" + (f", {len(done)} finished" if done else "")
-            if len(running) + len(done) >= desired:
+            if ending:
+                count += f", {len(ending)} exited (pod ending)"
+            if held >= desired:
                 self.set_phase("Running", "AllWorkersRunning", count)
             else:
                 self.set_phase("Running", "ElasticMinimumRunning", f"{count} (minNodes {need}); the rest are pending")
             return self.done(desired)
         was_running = self.old_phase in ("Running", "Restarting") or self.restarted
-        pending = [p for p in self.pods if p.active and not p.running and p.name not in gone]
+        pending = [p for p in self.pods if p.active and not p.running and not p.ending and p.name not in gone]
         why, blocker = self.why_pending(pending)
         if was_running:
             # One reason whatever the cause (the restart itself is an event): re-planning the same

@@ -122,6 +122,8 @@ class PodView:
     config: str | None = None
     #: Let go of by its job (JOB_LABEL "<job>.detached"): gone for every purpose but its name.
     detached: bool = False
+    #: The trainer container's current state is terminated (its lastState does not count).
+    exited: bool = False
 
     @property
     def failed(self) -> bool:
@@ -134,6 +136,14 @@ class PodView:
     @property
     def finished(self) -> bool:
         return self.failed or self.succeeded
+
+    @property
+    def ending(self) -> bool:
+        """The trainer has exited and the pod's phase has not caught up yet. A real kubelet reports
+        the container terminated (and the pod not Ready) about a second before it writes the phase,
+        and much longer while native sidecars finish their final uploads. Such a worker is neither
+        running nor lost: its phase will say how it ended."""
+        return self.exited and not self.finished
 
     @property
     def active(self) -> bool:
@@ -248,6 +258,7 @@ class PodView:
             ),
             config=labels.get(CONFIG_LABEL),
             detached=str(labels.get(JOB_LABEL) or "").endswith(DETACHED_SUFFIX),
+            exited="terminated" in state,
         )
 
 
