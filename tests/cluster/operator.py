@@ -14,10 +14,12 @@ from __future__ import annotations
 import base64
 import contextlib
 import copy
+import itertools
 import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator, Mapping
@@ -156,12 +158,13 @@ def start_operator(objects: list[Rendered], kubeconfig: Path, workdir: Path,
             start_new_session=True,
         )
     op = Operator(process, log_path)
+    port = _webhook_port(extra_args)
     try:
         wait_for(
-            "the operator to start watching",
+            "the operator to start watching" + (f" and serve its webhook on port {port}" if port else ""),
             lambda: (
                 (not op.running and _raise(f"the operator exited {process.returncode}:\n{op.tail()}"))
-                or ("Starting the watch-stream for dgxtrainingjobs" in op.log())
+                or ("Starting the watch-stream for dgxtrainingjobs" in op.log() and (port is None or _accepts(port)))
             ),
             timeout=60,
             interval=0.3,
@@ -182,6 +185,24 @@ def run_operator(plane: ControlPlane, owner: str, objects: list[Rendered], kubec
         yield op
     finally:
         plane.slot.release(owner)
+
+
+def _webhook_port(args: tuple[str, ...]) -> int | None:
+    """The --webhook-port of an operator's flags, if it serves admission."""
+    for flag, value in itertools.pairwise(args):
+        if flag == "--webhook-port":
+            return int(value)
+    return None
+
+
+def _accepts(port: int) -> bool:
+    """Something listens on 127.0.0.1:``port``: kopf starts its admission server beside the watch
+    streams, not before them, and the apiserver refuses every object of a webhook's rules (failure
+    policy Fail) while the port is closed: the e2e tests' first apply after the operator came back
+    was refused so."""
+    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+        return True
+    return False
 
 
 def _raise(message: str) -> bool:
