@@ -4,6 +4,8 @@ python -m tests.cluster build     # build (or reuse) the binaries; print the bin
 python -m tests.cluster up        # start a control plane with fake DGX nodes and wait;
                                   # prints the KUBECONFIG to export; Ctrl-C stops it
 python -m tests.cluster up --dir /tmp/kubedgx-cluster   # keep its files (logs, certs) there
+python -m tests.cluster up --real-nodes 2   # no fake nodes: two real ones (kubelet + containerd,
+                                            # tests/nodes), CoreDNS, GPU labels; as root
 """
 
 from __future__ import annotations
@@ -25,6 +27,13 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("build", help="build or reuse the control-plane binaries")
     up = sub.add_parser("up", help="start a control plane and wait until interrupted")
     up.add_argument("--dir", type=Path, help="where its files go (default: a temporary directory, removed after)")
+    up.add_argument(
+        "--real-nodes",
+        type=int,
+        default=0,
+        metavar="N",
+        help="real nodes (kubelet + containerd) instead of the fake DGX nodes (tests/nodes)",
+    )
     args = parser.parse_args(argv)
     try:
         binaries = build(out=sys.stderr)
@@ -34,6 +43,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "build":
         print(binaries.dir)
         return 0
+    if args.real_nodes:
+        from tests.nodes.up import up_real_nodes
+
+        return up_real_nodes(binaries, args.real_nodes, args.dir)
     with tempfile.TemporaryDirectory(prefix="kubedgx-cluster-") as tmp:
         root = args.dir or Path(tmp)
         root.mkdir(parents=True, exist_ok=True)

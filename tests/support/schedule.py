@@ -46,7 +46,7 @@ ROOT = HERE.parents[1]
 UNKNOWN_SECONDS = 5.0
 
 #: Folders whose modules need the control plane built from Go modules.
-NEEDS_CONTROL_PLANE = ("tests/cluster/", "tests/e2e/")
+NEEDS_CONTROL_PLANE = ("tests/cluster/", "tests/e2e/", "tests/nodes/")
 
 
 def module_of(nodeid: str) -> str:

@@ -1,0 +1,685 @@
+"""Real nodes beside tests/cluster's control plane: each a kubelet with a containerd of its own, pods
+on a bridge through CNI, CoreDNS for cluster DNS, all on this machine and all undone at the end.
+
+What it changes while it runs, and takes back: one bridge (``kdgx<id>``) with a private /16 that no
+route of the machine overlaps, a cgroup root per node in every v1 hierarchy, the bind mounts the
+kubelets need under this cluster's own directory, containerd's shim sockets under /run/containerd.
+What it never changes: sysctls (the kubelet's six are faked inside its own mount namespace),
+iptables (``makeIPTablesUtilChains: false``, no kube-proxy), routes out of the machine, ip_forward
+(CNI ``isGateway: false``, no NAT: pods reach each other, the host's bridge addresses and nothing
+else). :meth:`RealNodes.leftovers` says what of it remains; the tests assert it is nothing.
+
+The facts behind each setting were measured in ``../shared/REAL-NODE-NOTES.md``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from cryptography.x509.oid import ExtendedKeyUsageOID
+
+from tests.cluster.controlplane import (
+    CONTEXT,
+    Binaries,
+    ControlPlane,
+    StartError,
+    _cert,
+    _key,
+    _name,
+    _write_key,
+    stop_process_group,
+    wait_until,
+)
+from tests.e2e import fakegpu
+from tests.nodes.host import CGROUP_V1, CNI_DIR
+from tests.nodes.images import Archive
+from tests.support.ports import free_port
+
+#: The kubelet insists on these machine-wide values; inside its mount namespace they read as set.
+KUBELET_SYSCTLS = {
+    "vm/overcommit_memory": "1",
+    "vm/panic_on_oom": "0",
+    "kernel/panic": "10",
+    "kernel/panic_on_oops": "1",
+    "kernel/keys/root_maxkeys": "1000000",
+    "kernel/keys/root_maxbytes": "25000000",
+}
+
+
+def _run(*argv: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(list(argv), capture_output=True, text=True, check=check, timeout=timeout)
+
+
+# -- the network -----------------------------------------------------------------------------------
+
+
+def host_networks() -> list[ipaddress.IPv4Network]:
+    """Every IPv4 destination the machine routes (including its own addresses' subnets)."""
+    out = _run("ip", "-4", "-o", "route", "show", "table", "all").stdout
+    nets = []
+    for line in out.splitlines():
+        dest = line.split()[0] if line.split() else ""
+        if dest in ("default", "broadcast", "local", "unreachable", "prohibit", "blackhole"):
+            dest = line.split()[1] if dest != "default" else "0.0.0.0/0"
+        with contextlib.suppress(ValueError):
+            net = ipaddress.ip_network(dest, strict=False)
+            if isinstance(net, ipaddress.IPv4Network) and net.prefixlen > 0:
+                nets.append(net)
+    return nets
+
+
+def free_subnet(taken: Iterable[ipaddress.IPv4Network]) -> ipaddress.IPv4Network:
+    """A /16 in 10.200.0.0-10.249.255.255 that overlaps nothing the machine routes (the Service
+    range 10.96.0.0/12 is below it)."""
+    used = list(taken)
+    for second in range(200, 250):  # 10.250 is tests/cluster/podrunner.py's
+        net = ipaddress.IPv4Network(f"10.{second}.0.0/16")
+        if not any(net.overlaps(u) for u in used):
+            return net
+    raise StartError("no free /16 in 10.200.0.0/16-10.250.0.0/16 for the pod network")
+
+
+@dataclass
+class Network:
+    """One bridge: the gateway and DNS address (.0.1), one address per node (.0.10+i), and each
+    node's pods in their own third octet (.i.2-.i.254)."""
+
+    bridge: str
+    subnet: ipaddress.IPv4Network
+
+    @property
+    def gateway(self) -> str:
+        return str(self.subnet.network_address + 1)
+
+    def node_ip(self, index: int) -> str:
+        return str(self.subnet.network_address + 10 + index)
+
+    def pod_range(self, index: int) -> tuple[str, str]:
+        base = self.subnet.network_address + 256 * index
+        return str(base + 2), str(base + 254)
+
+    def up(self, nodes: int) -> None:
+        _run("ip", "link", "add", self.bridge, "type", "bridge")
+        for address in [self.gateway, *(self.node_ip(i) for i in range(1, nodes + 1))]:
+            _run("ip", "addr", "add", f"{address}/{self.subnet.prefixlen}", "dev", self.bridge)
+        _run("ip", "link", "set", self.bridge, "up")
+
+    def exists(self) -> bool:
+        return _run("ip", "link", "show", self.bridge, check=False).returncode == 0
+
+    def down(self) -> None:
+        if self.exists():
+            _run("ip", "link", "del", self.bridge)
+
+
+# -- one node --------------------------------------------------------------------------------------
+
+
+@dataclass
+class RealNode:
+    """A kubelet and its containerd, their files under ``dir``."""
+
+    index: int
+    dir: Path
+    cluster_id: str
+    network: Network
+    kubelet_binary: Path
+    logs: Path
+    processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return f"kubedgx-n{self.index}"
+
+    @property
+    def cgroup_root(self) -> str:
+        return f"kubedgx-{self.cluster_id}-n{self.index}"
+
+    @property
+    def socket(self) -> Path:
+        return self.dir / "containerd" / "containerd.sock"
+
+    def ctr(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+        return _run("ctr", "-a", str(self.socket), "-n", "k8s.io", *args, timeout=timeout)
+
+    # containerd
+
+    def containerd_config(self) -> str:
+        d = self.dir
+        return f"""version = 2
+root = "{d}/containerd/root"
+state = "{d}/containerd/state"
+oom_score = 0
+disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs",
+  "io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.devmapper"]
+[grpc]
+  address = "{self.socket}"
+[ttrpc]
+  address = "{self.socket}.ttrpc"
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{d}/containerd/opt"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "localhost/kubedgx/pause:3.10"
+  netns_mounts_under_state_dir = true
+  # no CAP_SYS_RESOURCE here even as root: oom_score_adj below containerd's own is refused
+  restrict_oom_score_adj = true
+  enable_unprivileged_ports = true
+  enable_unprivileged_icmp = true
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        BinaryName = "runc"
+        Root = "{d}/containerd/state/runc"
+        SystemdCgroup = false
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "{CNI_DIR}"
+    conf_dir = "{d}/cni/net.d"
+    max_conf_num = 1
+"""
+
+    def start_containerd(self) -> None:
+        for sub in ("containerd/root", "containerd/state", "containerd/opt", "cni/net.d", "cni/ipam"):
+            (self.dir / sub).mkdir(parents=True, exist_ok=True)
+        config = self.dir / "containerd" / "config.toml"
+        config.write_text(self.containerd_config())
+        self.processes["containerd"] = _spawn(
+            ["containerd", "--config", str(config)], self.logs / f"containerd-n{self.index}.log"
+        )
+        wait_until(
+            f"containerd of {self.name}",
+            lambda: _run("ctr", "-a", str(self.socket), "version", check=False, timeout=10).returncode == 0,
+            timeout=30,
+            diagnose=lambda: _tail(self.logs / f"containerd-n{self.index}.log"),
+        )
+
+    def load(self, archive: Archive) -> None:
+        self.ctr("images", "import", str(archive.path))
+
+    # kubelet
+
+    def configure(self, plane: ControlPlane) -> None:
+        pki = self.dir / "pki"
+        pki.mkdir(parents=True, exist_ok=True)
+        ca_crt = x509.load_pem_x509_certificate(plane.pki.ca_crt.read_bytes())
+        ca_key = serialization.load_pem_private_key(plane.pki.ca_key.read_bytes(), password=None)
+        key = _key()
+        _write_key(pki / "kubelet-client.key", key)
+        crt = _cert(
+            _name(f"system:node:{self.name}", "system:nodes"),
+            key,
+            (ca_crt, ca_key),  # type: ignore[arg-type]
+            usage=ExtendedKeyUsageOID.CLIENT_AUTH,
+            sans=[],
+        )
+        (pki / "kubelet-client.crt").write_bytes(crt.public_bytes(serialization.Encoding.PEM))
+        kubeconfig = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {"name": CONTEXT, "cluster": {"server": plane.server, "certificate-authority": str(plane.pki.ca_crt)}}
+            ],
+            "users": [
+                {
+                    "name": self.name,
+                    "user": {
+                        "client-certificate": str(pki / "kubelet-client.crt"),
+                        "client-key": str(pki / "kubelet-client.key"),
+                    },
+                }
+            ],
+            "contexts": [{"name": CONTEXT, "context": {"cluster": CONTEXT, "user": self.name}}],
+            "current-context": CONTEXT,
+        }
+        (self.dir / "kubelet.kubeconfig").write_text(yaml.safe_dump(kubeconfig))
+        (self.dir / "kubelet.yaml").write_text(yaml.safe_dump(self.kubelet_config(plane)))
+        first, last = self.network.pod_range(self.index)
+        conflist = {
+            "cniVersion": "1.0.0",
+            "name": "kubedgx",
+            "plugins": [
+                {
+                    "type": "bridge",
+                    "bridge": self.network.bridge,
+                    # true would turn on net.ipv4.ip_forward for the whole machine
+                    "isGateway": False,
+                    "isDefaultGateway": False,
+                    "ipMasq": False,
+                    "hairpinMode": True,
+                    "ipam": {
+                        "type": "host-local",
+                        "dataDir": str(self.dir / "cni" / "ipam"),
+                        "ranges": [[{"subnet": str(self.network.subnet), "rangeStart": first, "rangeEnd": last}]],
+                    },
+                },
+                {"type": "loopback"},
+            ],
+        }
+        (self.dir / "cni" / "net.d" / "10-kubedgx.conflist").write_text(json.dumps(conflist, indent=1))
+        # In every v1 hierarchy (the kubelet checks each one it knows), not in the v2 one.
+        for hierarchy in v1_hierarchies():
+            (hierarchy / self.cgroup_root).mkdir(exist_ok=True)
+        cpuset = CGROUP_V1 / "cpuset"
+        for name in ("cpuset.cpus", "cpuset.mems"):
+            (cpuset / self.cgroup_root / name).write_text((cpuset / name).read_text())
+
+    def kubelet_config(self, plane: ControlPlane) -> dict[str, Any]:
+        return {
+            "apiVersion": "kubelet.config.k8s.io/v1beta1",
+            "kind": "KubeletConfiguration",
+            "address": self.network.node_ip(self.index),
+            "port": free_port(),
+            "readOnlyPort": 0,
+            "healthzBindAddress": "127.0.0.1",
+            "healthzPort": free_port(),
+            # tests/cluster's apiserver has no kubelet client certificate: let it in for logs/exec
+            "authentication": {
+                "anonymous": {"enabled": True},
+                "webhook": {"enabled": False},
+                "x509": {"clientCAFile": str(plane.pki.ca_crt)},
+            },
+            "authorization": {"mode": "AlwaysAllow"},
+            "containerRuntimeEndpoint": f"unix://{self.socket}",
+            "imageServiceEndpoint": f"unix://{self.socket}",
+            "cgroupDriver": "cgroupfs",
+            "cgroupRoot": f"/{self.cgroup_root}",
+            "cgroupsPerQOS": True,
+            "enforceNodeAllocatable": ["pods"],
+            "failCgroupV1": False,
+            "podLogsDir": str(self.dir / "pod-logs"),
+            "clusterDomain": "cluster.local",
+            "clusterDNS": [self.network.gateway],
+            "resolvConf": str(self.dir.parent / "resolv.conf"),
+            "hairpinMode": "hairpin-veth",
+            "maxPods": 30,
+            "serializeImagePulls": False,
+            "imageGCHighThresholdPercent": 100,
+            "imageGCLowThresholdPercent": 99,
+            "evictionHard": {
+                "memory.available": "200Mi",
+                "nodefs.available": "1%",
+                "imagefs.available": "1%",
+                "nodefs.inodesFree": "1%",
+            },
+            "systemReserved": {"cpu": "100m", "memory": "256Mi"},
+            "nodeStatusReportFrequency": "10s",
+            "nodeStatusUpdateFrequency": "5s",
+            "syncFrequency": "10s",
+            "fileCheckFrequency": "10s",
+            "shutdownGracePeriod": "0s",
+            # no KUBE-FIREWALL or canary chains in the machine's iptables (no kube-proxy here)
+            "makeIPTablesUtilChains": False,
+        }
+
+    def start_kubelet(self) -> None:
+        root = self.dir / "kubelet"
+        root.mkdir(parents=True, exist_ok=True)
+        (self.dir / "pod-logs").mkdir(exist_ok=True)
+        # A shared bind mount: the tmpfs volumes the kubelet mounts under it (tokens, memory-backed
+        # emptyDirs) must reach containerd and runc, and mount propagation is private here.
+        if not _is_mountpoint(root):
+            _run("mount", "--bind", str(root), str(root))
+            _run("mount", "--make-shared", str(root))
+        fake = self.dir / "sysctl"
+        fake.mkdir(exist_ok=True)
+        binds = []
+        for key, value in KUBELET_SYSCTLS.items():
+            (fake / key.replace("/", ".")).write_text(value + "\n")
+            binds.append(f"mount --bind -o ro {fake / key.replace('/', '.')} /proc/sys/{key}")
+        script = "set -e; " + "; ".join(binds) + '; exec "$@"'
+        argv = [
+            "unshare",
+            "-m",
+            "--propagation",
+            "unchanged",
+            "sh",
+            "-c",
+            script,
+            "kubelet",
+            str(self.kubelet_binary),
+            f"--config={self.dir / 'kubelet.yaml'}",
+            f"--kubeconfig={self.dir / 'kubelet.kubeconfig'}",
+            f"--root-dir={root}",
+            f"--cert-dir={self.dir / 'pki'}",
+            f"--hostname-override={self.name}",
+            f"--node-ip={self.network.node_ip(self.index)}",
+            "-v=2",
+        ]
+        self.processes["kubelet"] = _spawn(argv, self.logs / f"kubelet-n{self.index}.log")
+
+    def stop(self) -> None:
+        """The kubelet first (it would restart what is killed under it), then every container
+        containerd still runs, then containerd; then the mounts and the cgroups."""
+        kubelet = self.processes.pop("kubelet", None)
+        if kubelet is not None:
+            stop_process_group(kubelet, timeout=15)
+        if "containerd" in self.processes:
+            with contextlib.suppress(subprocess.SubprocessError, OSError):
+                for task in self.ctr("tasks", "ls", "-q", timeout=30).stdout.split():
+                    self.ctr("tasks", "kill", "-s", "KILL", task, timeout=30)
+                    wait_until(f"task {task} to die", partial(_task_gone, self, task), timeout=30)
+                    self.ctr("tasks", "rm", task, timeout=30)
+            stop_process_group(self.processes.pop("containerd"), timeout=15)
+        for mount in sorted(_mounts_under(self.dir), reverse=True):
+            _run("umount", "-l", mount, check=False)
+        remove_cgroup_tree(self.cgroup_root)
+
+
+def _task_gone(node: RealNode, task: str) -> bool:
+    listed = node.ctr("tasks", "ls", timeout=30).stdout
+    return all(not line.startswith(task) or "STOPPED" in line for line in listed.splitlines())
+
+
+# -- processes and the machine -----------------------------------------------------------------------
+
+
+def _spawn(argv: Sequence[str], log: Path) -> subprocess.Popen[bytes]:
+    """In a session of its own (stopped with its children), niced: the tests running beside it
+    come first."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            ["nice", "-n", "10", *argv],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+
+
+def _tail(path: Path, lines: int = 30) -> str:
+    with contextlib.suppress(OSError):
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    return f"(no {path})"
+
+
+def _mounts_under(directory: Path) -> list[str]:
+    prefix = str(directory.resolve())
+    out = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        target = line.split()[4].replace("\\040", " ")
+        if target == prefix or target.startswith(prefix + "/"):
+            out.append(target)
+    return out
+
+
+def _is_mountpoint(path: Path) -> bool:
+    return str(path.resolve()) in _mounts_under(path)
+
+
+def v1_hierarchies() -> list[Path]:
+    return [h for h in sorted(CGROUP_V1.iterdir()) if (h / "tasks").exists()]
+
+
+def remove_cgroup_tree(name: str) -> None:
+    """``name`` in every v1 hierarchy, its children first (rmdir is how a cgroup is removed)."""
+    for hierarchy in CGROUP_V1.iterdir():
+        top = hierarchy / name
+        if not top.is_dir():
+            continue
+        for dirpath, _dirs, _files in sorted(os.walk(top), key=lambda w: -len(w[0])):
+            with contextlib.suppress(OSError):
+                os.rmdir(dirpath)
+
+
+def cgroups_named(name: str) -> list[str]:
+    return [str(h / name) for h in CGROUP_V1.iterdir() if (h / name).is_dir()]
+
+
+# -- the machine, before and after ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MachineState:
+    """What the layer could leave behind on the machine: network links, mounts, top-level cgroups,
+    the sysctls the kubelet wants and ip_forward. Taken before the start and after the stop; the two
+    must be equal."""
+
+    links: frozenset[str]
+    mounts: frozenset[str]
+    cgroups: frozenset[str]
+    sysctls: tuple[tuple[str, str], ...]
+
+    @classmethod
+    def capture(cls) -> MachineState:
+        links = frozenset(
+            line.split(":")[1].strip().split("@")[0] for line in _run("ip", "-o", "link").stdout.splitlines()
+        )
+        mounts = frozenset(line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines())
+        cgroups = frozenset(str(c) for h in v1_hierarchies() for c in h.iterdir() if c.is_dir())
+        keys = [*KUBELET_SYSCTLS, "net/ipv4/ip_forward"]
+        sysctls = tuple((k, (Path("/proc/sys") / k).read_text().strip()) for k in keys)
+        return cls(links, mounts, cgroups, sysctls)
+
+    def changes_since(self, before: MachineState) -> list[str]:
+        out = [f"link {x}" for x in sorted(self.links - before.links)]
+        out += [f"mount {x}" for x in sorted(self.mounts - before.mounts)]
+        out += [f"cgroup {x}" for x in sorted(self.cgroups - before.cgroups)]
+        out += [
+            f"sysctl {k}: {v0} -> {v1}"
+            for (k, v0), (_, v1) in zip(before.sysctls, self.sysctls, strict=True)
+            if v0 != v1
+        ]
+        return out
+
+
+# -- the cluster --------------------------------------------------------------------------------------
+
+
+@dataclass
+class RealNodes:
+    """A control plane with ``count`` real nodes, CoreDNS and GPU labels, under ``root``."""
+
+    root: Path
+    binaries: Binaries
+    node_bins: Path
+    images: Sequence[Archive]
+    count: int = 2
+    instance: str = fakegpu.DEFAULT_INSTANCE
+    plane: ControlPlane | None = None
+    network: Network | None = None
+    nodes: list[RealNode] = field(default_factory=list)
+    dns: subprocess.Popen[bytes] | None = None
+    #: Seconds each start step took (control plane, network, nodes, dns, ready).
+    timings: dict[str, float] = field(default_factory=dict)
+    #: The machine before the start (see :meth:`leftovers`).
+    before: MachineState | None = None
+
+    @property
+    def id(self) -> str:
+        return f"{os.getpid() % 100000}"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    def _timed(self, name: str, step: Callable[[], None]) -> None:
+        t0 = time.monotonic()
+        step()
+        self.timings[name] = round(time.monotonic() - t0, 1)
+
+    def start(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.before = MachineState.capture()
+        try:
+            self._timed("control plane", self._start_plane)
+            self._timed("network", self._start_network)
+            self._timed("nodes", self._start_nodes)
+            self._timed("dns", self._start_dns)
+            self._timed("ready", self._ready)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start_plane(self) -> None:
+        self.plane = ControlPlane(
+            self.root / "cp",
+            self.binaries,
+            pools=(),
+            apiserver_args=["--kubelet-preferred-address-types=InternalIP,Hostname"],
+        )
+        self.plane.start()
+
+    def _start_network(self) -> None:
+        self.network = Network(f"kdgx{self.id}", free_subnet(host_networks()))
+        self.network.up(self.count)
+        (self.root / "resolv.conf").write_text(f"nameserver {self.network.gateway}\n")
+
+    def _start_nodes(self) -> None:
+        assert self.plane is not None
+        assert self.network is not None
+        for i in range(1, self.count + 1):
+            node = RealNode(i, self.root / f"n{i}", self.id, self.network, self.node_bins / "kubelet", self.logs)
+            self.nodes.append(node)
+            node.start_containerd()
+            for archive in self.images:
+                node.load(archive)
+            node.configure(self.plane)
+            node.start_kubelet()
+
+    def _start_dns(self) -> None:
+        assert self.plane is not None
+        assert self.network is not None
+        ready = free_port()
+        corefile = self.root / "Corefile"
+        corefile.write_text(
+            f"""cluster.local:53 in-addr.arpa:53 ip6.arpa:53 {{
+    bind {self.network.gateway}
+    errors
+    ready 127.0.0.1:{ready}
+    kubernetes cluster.local in-addr.arpa ip6.arpa {{
+        kubeconfig {self.plane.kubeconfig}
+        pods insecure
+        ttl 5
+    }}
+    cache 5
+}}
+.:53 {{
+    bind {self.network.gateway}
+    errors
+    template ANY ANY {{
+        rcode NXDOMAIN
+    }}
+}}
+"""
+        )
+        self.dns = _spawn([str(self.node_bins / "coredns"), "-conf", str(corefile)], self.logs / "coredns.log")
+        wait_until(
+            "CoreDNS ready",
+            lambda: _http_ok(f"http://127.0.0.1:{ready}/ready"),
+            timeout=60,
+            diagnose=lambda: _tail(self.logs / "coredns.log"),
+        )
+
+    def _ready(self) -> None:
+        plane = self.plane
+        assert plane is not None
+        names = [n.name for n in self.nodes]
+        wait_until(
+            f"nodes {names} Ready",
+            lambda: all(plane.node_ready(n) for n in names),
+            timeout=120,
+            diagnose=lambda: "\n".join(_tail(self.logs / f"kubelet-n{n.index}.log") for n in self.nodes),
+        )
+        inst = fakegpu.instance(self.instance)
+        for name in names:
+            labels = fakegpu.node_labels(inst)
+            taints = fakegpu.node_taints(inst)
+            plane.request(
+                "PATCH",
+                f"/api/v1/nodes/{name}",
+                {"metadata": {"labels": labels}, "spec": {"taints": taints}},
+                content_type="application/merge-patch+json",
+            )
+            plane.request(
+                "PATCH",
+                f"/api/v1/nodes/{name}/status",
+                {"status": {"capacity": {fakegpu.GPU_RESOURCE: str(inst.gpus)}}},
+                content_type="application/merge-patch+json",
+            )
+
+        def gpus_allocatable() -> bool:
+            for name in names:
+                node = plane.get(f"/api/v1/nodes/{name}") or {}
+                if (node.get("status", {}).get("allocatable") or {}).get(fakegpu.GPU_RESOURCE) != str(inst.gpus):
+                    return False
+            return True
+
+        wait_until("nvidia.com/gpu allocatable on every node", gpus_allocatable, timeout=60)
+
+    def stop(self) -> None:
+        """Pods first (their kubelets tear down sandboxes, volumes and CNI attachments), then each
+        node, CoreDNS, the control plane and the bridge."""
+        if self.plane is not None and self.nodes:
+            with contextlib.suppress(OSError, StartError):
+                _delete_all_pods(self.plane)
+        for node in reversed(self.nodes):
+            node.stop()
+        if self.dns is not None:
+            stop_process_group(self.dns, timeout=10)
+            self.dns = None
+        if self.plane is not None:
+            self.plane.stop()
+        if self.network is not None:
+            self.network.down()
+
+    def leftovers(self) -> list[str]:
+        """What of this cluster is still on the machine (after :meth:`stop`: nothing): its mounts,
+        cgroups and processes, and anything else the machine has now and had not before the start."""
+        out = [f"mount {m}" for m in _mounts_under(self.root)]
+        if self.before is not None:
+            out += MachineState.capture().changes_since(self.before)
+        for node in self.nodes:
+            out += [f"cgroup {c}" for c in cgroups_named(node.cgroup_root)]
+            out += [f"process {name}" for name, p in node.processes.items() if p.poll() is None]
+        if self.network is not None and self.network.exists():
+            out.append(f"bridge {self.network.bridge}")
+        if self.dns is not None and self.dns.poll() is None:
+            out.append("process coredns")
+        return out
+
+
+def _delete_all_pods(plane: ControlPlane) -> None:
+    status, listed = plane.request("GET", "/api/v1/pods")
+    if status != 200:
+        return
+    for pod in listed.get("items", []):
+        meta = pod["metadata"]
+        plane.request("DELETE", f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}?gracePeriodSeconds=2")
+    with contextlib.suppress(StartError):
+        wait_until("every pod gone", lambda: not (plane.get("/api/v1/pods") or {}).get("items"), timeout=60)
+
+
+def _http_ok(url: str) -> bool:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return bool(resp.status == 200)
+    except OSError:
+        return False
+
+
+def interrupt_safe_stop(nodes: RealNodes) -> None:
+    """Stop even when a Ctrl-C or SIGTERM arrives meanwhile (a half-stopped cluster leaves mounts)."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        nodes.stop()
+    finally:
+        signal.signal(signal.SIGINT, previous)
