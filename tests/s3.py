@@ -30,7 +30,8 @@ class S3:
     """A started moto server: ``endpoint``, ``client`` (boto3), bucket helpers. ``wrap`` puts WSGI
     middleware in front of moto (tests/datasync counts and gates requests with it). With
     ``ssl_context`` it serves HTTPS (``endpoint`` is https://) with that context's certificate;
-    ``client`` then trusts ``ca_file``."""
+    ``client`` then trusts ``ca_file``. ``host``: the address it listens on (the real nodes' pods
+    reach it on their bridge's address)."""
 
     def __init__(
         self,
@@ -38,6 +39,7 @@ class S3:
         *,
         ssl_context: ssl.SSLContext | None = None,
         ca_file: str | None = None,
+        host: str = "127.0.0.1",
     ) -> None:
         import boto3
         from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
@@ -46,11 +48,11 @@ class S3:
         logging.getLogger("werkzeug").setLevel(logging.ERROR)  # a line per request otherwise
         app = DomainDispatcherApplication(create_backend_app)
         self.app: Any = wrap(app) if wrap is not None else app
-        self.server = make_server("127.0.0.1", 0, self.app, threaded=True, ssl_context=ssl_context)
+        self.server = make_server(host, 0, self.app, threaded=True, ssl_context=ssl_context)
         self.thread = threading.Thread(target=self.server.serve_forever, name="moto", daemon=True)
         self.thread.start()
         scheme = "https" if ssl_context is not None else "http"
-        self.endpoint = f"{scheme}://127.0.0.1:{self.server.server_port}"
+        self.endpoint = f"{scheme}://{host}:{self.server.server_port}"
         self.client: Any = boto3.client(
             "s3",
             endpoint_url=self.endpoint,

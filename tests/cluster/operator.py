@@ -268,13 +268,15 @@ E2E_NAMESPACE_LABEL = {"kubedgx.io/e2e": "true"}
 E2E_OWNER = "tests/e2e"
 
 
-def local_e2e_cluster(plane: ControlPlane, kubectl: Kubectl, workdir: Path) -> Any:
-    """tests/e2e's Cluster on this control plane: the chart's objects, the operator (certificate
-    mode, reached by the apiserver through a URL) in the cluster's operator slot, and a webhook
-    configuration for the e2e namespaces. Returns a Cluster, or what the cluster lacks (a str)."""
+def local_e2e_cluster(plane: ControlPlane, kubectl: Kubectl, workdir: Path, *,
+                      values: Mapping[str, Any] | None = None, runs_containers: bool = False) -> Any:  # fmt: skip
+    """tests/e2e's Cluster on this control plane: the chart's objects (rendered with ``values``),
+    the operator (certificate mode, reached by the apiserver through a URL) in the cluster's
+    operator slot, and a webhook configuration for the e2e namespaces. ``runs_containers``: the
+    nodes are real (tests/nodes), not kwok's. Returns a Cluster, or what the cluster lacks (a str)."""
     from tests.e2e.cluster import find_cluster
 
-    chart = install(kubectl)
+    chart = install(kubectl, values)
     files = serving_certificate(workdir / "pki")
     port = free_port()
     kubeconfig = token_kubeconfig(plane, kubectl, workdir / "operator.kubeconfig", service_account(chart))
@@ -286,4 +288,4 @@ def local_e2e_cluster(plane: ControlPlane, kubectl: Kubectl, workdir: Path) -> A
 
     ensure_operator()
     kubectl.apply(url_webhook_configuration(E2E_WEBHOOK, files["ca"].read_bytes(), port, E2E_NAMESPACE_LABEL))
-    return find_cluster(kubectl, runs_containers=False, ensure_operator=ensure_operator)
+    return find_cluster(kubectl, runs_containers=runs_containers, ensure_operator=ensure_operator)

@@ -8,6 +8,8 @@ on a real cluster; only CPU and memory are turned down to what a kind node has.
 from __future__ import annotations
 
 import os
+import subprocess
+import threading
 from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
@@ -266,3 +268,57 @@ def trainer_config_of(pod: Mapping[str, Any] | None) -> str:
     names = [v["configMap"]["name"] for v in volumes if v.get("name") == "trainer-config" and "configMap" in v]
     assert names, f"the worker mounts no trainer ConfigMap: {volumes}"
     return str(names[0])
+
+
+class PhaseWatch:
+    """Every phase a job's status goes through, from a watch (``kubectl get -w``): a poll misses a
+    phase that lasts a second or two, such as the Restarting flash a real kubelet's order of writes
+    once caused (a container terminated about a second before its pod's phase)."""
+
+    def __init__(self, k: Kubectl, name: str) -> None:
+        watcher = Kubectl(k.context, k.namespace, k.binary, "0", k.kubeconfig)
+        self._proc = subprocess.Popen(
+            # a list's watch (by field selector): the job may not exist yet
+            [
+                *watcher.base_args(),
+                "get",
+                JOBS,
+                f"--field-selector=metadata.name={name}",
+                "--watch",
+                "-o",
+                'jsonpath={.status.phase}{"\\n"}',
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        self._seen: list[str] = []
+        self._lock = threading.Lock()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self._proc.stdout is not None
+        for line in self._proc.stdout:
+            phase = line.strip()
+            with self._lock:
+                if phase and (not self._seen or self._seen[-1] != phase):
+                    self._seen.append(phase)
+
+    @property
+    def phases(self) -> list[str]:
+        """The phases seen so far, each change once, in order."""
+        with self._lock:
+            return list(self._seen)
+
+    def stop(self) -> list[str]:
+        self._proc.terminate()
+        self._proc.wait(timeout=10)
+        self._reader.join(timeout=10)
+        return self.phases
+
+    def __enter__(self) -> PhaseWatch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

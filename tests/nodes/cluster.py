@@ -15,6 +15,7 @@ The facts behind each setting were measured in ``../shared/REAL-NODE-NOTES.md``.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import ipaddress
 import json
 import os
@@ -22,6 +23,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -139,6 +141,9 @@ class RealNode:
     network: Network
     kubelet_binary: Path
     logs: Path
+    #: containerd's root (its images and snapshots) where it outlives the cluster (a node slot's
+    #: store: the trainer image is unpacked once, not at every start); else under ``dir``.
+    store: Path | None = None
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
     @property
@@ -161,7 +166,7 @@ class RealNode:
     def containerd_config(self) -> str:
         d = self.dir
         return f"""version = 2
-root = "{d}/containerd/root"
+root = "{self.store or d / "containerd" / "root"}"
 state = "{d}/containerd/state"
 oom_score = 0
 disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs",
@@ -211,6 +216,61 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 
     def load(self, archive: Archive) -> None:
         self.ctr("images", "import", str(archive.path))
+
+    def image_refs(self) -> set[str]:
+        return set(self.ctr("images", "ls", "-q", timeout=60).stdout.split())
+
+    def forget_containers(self) -> None:
+        """A kept store's containers of an earlier cluster (their tasks died with its state dir):
+        removed before the kubelet starts, so their snapshots are collected."""
+        for container in self.ctr("containers", "ls", "-q", timeout=60).stdout.split():
+            self.ctr("containers", "rm", container, timeout=60)
+
+    def stream(self, buildah: Sequence[str], ref: str) -> float:
+        """Put ``ref`` from buildah's store into this containerd, through a FIFO (no multi-GB
+        archive on disk); then drop its layer blobs (the CRI runs from the unpacked snapshots, as
+        containerd's discard_unpacked_layers does for pulls) and every other tag of its repository.
+        Returns the seconds it took (0 where the image was there already)."""
+        if ref in self.image_refs():
+            return 0.0
+        t0 = time.monotonic()
+        fifo = self.dir / f"image-{abs(hash(ref)) % 10**8}.fifo"
+        fifo.unlink(missing_ok=True)
+        os.mkfifo(fifo)
+        log = self.logs / f"import-n{self.index}.log"
+        with log.open("ab") as out:
+            importer = subprocess.Popen(
+                ["ctr", "-a", str(self.socket), "-n", "k8s.io", "images", "import", str(fifo)],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+            try:
+                push = subprocess.run(
+                    [*buildah, "push", "-q", ref, f"docker-archive:{fifo}:{ref}"],
+                    capture_output=True,
+                    text=True,
+                    timeout=1800,
+                    check=False,
+                )
+                rc = importer.wait(timeout=1800)
+            finally:
+                if importer.poll() is None:
+                    importer.kill()
+                fifo.unlink(missing_ok=True)
+        if push.returncode != 0 or rc != 0:
+            raise StartError(
+                f"{ref} into {self.name}: push {push.returncode} {push.stderr[-1000:]}; import {rc}: {_tail(log)}"
+            )
+        listed = self.ctr("images", "ls").stdout.splitlines()
+        digest = next(line.split()[2] for line in listed if line.split()[:1] == [ref])
+        manifest = json.loads(self.ctr("content", "get", digest).stdout)
+        for layer in manifest.get("layers", []):
+            self.ctr("content", "rm", layer["digest"], timeout=120)
+        repository = ref.rsplit(":", 1)[0]
+        for other in self.image_refs():
+            if other != ref and other.rsplit(":", 1)[0] == repository:
+                self.ctr("images", "rm", other, timeout=120)
+        return time.monotonic() - t0
 
     # kubelet
 
@@ -317,7 +377,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
                 "imagefs.available": "1%",
                 "nodefs.inodesFree": "1%",
             },
-            "systemReserved": {"cpu": "100m", "memory": "256Mi"},
+            # no CPU kept back: a worker of the e2e jobs asks for 2 CPUs, all a 2-core machine has
+            "systemReserved": {"memory": "256Mi"},
             "nodeStatusReportFrequency": "10s",
             "nodeStatusUpdateFrequency": "5s",
             "syncFrequency": "10s",
@@ -500,6 +561,12 @@ class RealNodes:
     timings: dict[str, float] = field(default_factory=dict)
     #: The machine before the start (see :meth:`leftovers`).
     before: MachineState | None = None
+    #: Images in buildah's store (tests/nodes/buildah.py) each node gets, streamed once into a
+    #: containerd store kept between clusters (one set of node slots per machine, taken in turn).
+    big_images: Sequence[str] = ()
+    #: Seconds each node took to take in ``big_images`` (0: it had them).
+    loads: dict[str, float] = field(default_factory=dict)
+    _slots: Any = None
 
     @property
     def id(self) -> str:
@@ -544,14 +611,47 @@ class RealNodes:
     def _start_nodes(self) -> None:
         assert self.plane is not None
         assert self.network is not None
+        stores = self._take_slots() if self.big_images else [None] * self.count
         for i in range(1, self.count + 1):
-            node = RealNode(i, self.root / f"n{i}", self.id, self.network, self.node_bins / "kubelet", self.logs)
+            node = RealNode(
+                i, self.root / f"n{i}", self.id, self.network, self.node_bins / "kubelet", self.logs,
+                store=stores[i - 1],
+            )  # fmt: skip
             self.nodes.append(node)
             node.start_containerd()
+            if node.store is not None:
+                node.forget_containers()
             for archive in self.images:
                 node.load(archive)
+        if self.big_images:
+            self._stream_big_images()
+        for node in self.nodes:
             node.configure(self.plane)
             node.start_kubelet()
+
+    def _take_slots(self) -> list[Path | None]:
+        """The machine's kept node stores, one cluster at a time (a second one waits: the stores
+        are ~6 GB each, the machine has room for one set)."""
+        from tests.nodes.buildah import cache_root
+
+        base = cache_root() / "containerd"
+        base.mkdir(parents=True, exist_ok=True)
+        self._slots = (base / "slots.lock").open("a")
+        fcntl.flock(self._slots, fcntl.LOCK_EX)
+        return [base / f"n{i}" for i in range(1, self.count + 1)]
+
+    def _stream_big_images(self) -> None:
+        from tests.nodes.buildah import Buildah
+
+        argv = Buildah().argv()
+
+        def load(node: RealNode) -> dict[str, float]:
+            # One image after another: images share layers, and a finished import drops its blobs.
+            return {f"{ref} -> {node.name}": round(node.stream(argv, ref), 1) for ref in self.big_images}
+
+        with ThreadPoolExecutor(max_workers=len(self.nodes)) as pool:
+            for loaded in pool.map(load, self.nodes):
+                self.loads.update(loaded)
 
     def _start_dns(self) -> None:
         assert self.plane is not None
@@ -638,6 +738,9 @@ class RealNodes:
             self.plane.stop()
         if self.network is not None:
             self.network.down()
+        if self._slots is not None:
+            self._slots.close()
+            self._slots = None
 
     def leftovers(self) -> list[str]:
         """What of this cluster is still on the machine (after :meth:`stop`: nothing): its mounts,

@@ -1,0 +1,313 @@
+"""The product on real nodes: the trainer image built from Dockerfile.trainer, run by two kubelets,
+watched by the operator (as the chart's ServiceAccount). Each test is a behaviour only a kubelet
+running containers shows: torchrun's rendezvous across pods, the order in which a kubelet reports an
+exit, the OOM killer, SIGTERM and grace periods, native sidecars, exec and logs.
+
+The module's cluster is tests/nodes/fixtures.py's ``trainer``; ``ns`` is tests/e2e's namespace per
+test (deleted after, the job's finalizer released by the operator).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e.jobs import (
+    QUICKSTART_STEPS,
+    QUICKSTART_TIMEOUT,
+    TRAINER_CPU,
+    TRAINER_MEMORY,
+    PhaseWatch,
+    command_job,
+    condition_true,
+    get_job,
+    interactive_trainer_job,
+    phase_is,
+    quickstart_job,
+    running_with,
+    wait_gone,
+    wait_job,
+    worker_pods,
+)
+from tests.e2e.kubectl import JOBS, Kubectl, condition, dig, wait_for
+from tests.nodes.fixtures import TrainerCluster
+from tests.s3 import REGION, S3, secret
+
+pytestmark = [pytest.mark.timeout(QUICKSTART_TIMEOUT + 300)]
+
+
+def trainer_status(pod: dict[str, Any]) -> dict[str, Any]:
+    return next(c for c in dig(pod, "status", "containerStatuses", default=[]) if c["name"] == "trainer")
+
+
+def termination_message(pod: dict[str, Any]) -> dict[str, Any]:
+    text = dig(trainer_status(pod), "state", "terminated", "message", default="") or ""
+    found: dict[str, Any] = json.loads(text)
+    return found
+
+
+def no_warnings(ns: Kubectl, job: str) -> list[tuple[str, str]]:
+    return [
+        (str(e.get("reason")), str(e.get("message")))
+        for e in ns.events_for("DGXTrainingJob", job)
+        if e.get("type") == "Warning"
+    ]
+
+
+# -- training ----------------------------------------------------------------------------------------
+
+
+def test_two_node_quickstart_meets_through_per_pod_dns_and_succeeds(ns: Kubectl, trainer: TrainerCluster) -> None:
+    """torchrun's c10d rendezvous at worker 0's per-pod DNS name (the headless Service, CoreDNS),
+    world size 2, one worker per node; Pending/Running/Succeeded and nothing else in between."""
+    job = quickstart_job("qs2")
+    job["spec"]["elastic"] = {"minNodes": 2, "maxNodes": 2, "nprocPerNode": 1}
+    with PhaseWatch(ns, "qs2") as watch:
+        ns.apply(job)
+        wait_job(ns, "qs2", "both workers running", running_with(2), timeout=300)
+        running = {dig(p, "metadata", "name"): p for p in worker_pods(ns, "qs2")}
+        wait_job(ns, "qs2", "phase Succeeded", phase_is("Succeeded"), timeout=QUICKSTART_TIMEOUT, fail_on=("Failed",))
+    assert [p for p in watch.phases if p not in ("Pending", "Running")] == ["Succeeded"], watch.phases
+    assert no_warnings(ns, "qs2") == []
+
+    assert sorted(running) == ["qs2-worker-0", "qs2-worker-1"], sorted(running)
+    assert {dig(p, "spec", "nodeName") for p in running.values()} == {n.name for n in trainer.nodes.nodes}
+    env = {e["name"]: e.get("value") for e in dig(running["qs2-worker-1"], "spec", "containers", 0, "env")}
+    assert env["PET_RDZV_ENDPOINT"].startswith(f"qs2-worker-0.qs2.{ns.namespace}.svc"), env["PET_RDZV_ENDPOINT"]
+    done = get_job(ns, "qs2")
+    assert dig(done, "status", "progress", "step") == QUICKSTART_STEPS, done["status"]
+    assert dig(done, "status", "restarts", default=0) == 0, done["status"]
+    pods = {dig(p, "metadata", "name"): p for p in worker_pods(ns, "qs2")}
+    # Worker 0 is kept after success (its logs stay readable); the others are gone.
+    assert sorted(pods) == ["qs2-worker-0"], sorted(pods)
+    assert dig(trainer_status(pods["qs2-worker-0"]), "state", "terminated", "exitCode") == 0
+    summary = termination_message(pods["qs2-worker-0"])["summary"]
+    assert summary["worldSize"] == 2, summary
+    assert summary["step"] == QUICKSTART_STEPS, summary
+    assert summary["adapter"], summary
+    # `kubectl logs` shows the trainer's progress lines.
+    log = ns.logs("qs2-worker-0", container="trainer", tail=400)
+    assert f'"step": {QUICKSTART_STEPS}' in log or f"step={QUICKSTART_STEPS}" in log, log[-3000:]
+
+
+def test_over_its_memory_limit_a_worker_is_oomkilled_and_the_restart_policy_decides(
+    ns: Kubectl, trainer: TrainerCluster
+) -> None:
+    """The kernel's OOM killer, not a fake status: exit 137, reason OOMKilled, counted against
+    backoffLimit under OnFailure (docs/operator.md), and the job's Failed condition says so."""
+    job = command_job("oom", script="python -c 'b = bytearray(1024 * 2**20); print(len(b))'")
+    job["spec"]["resources"] = {"cpu": "500m", "memory": "192Mi", "shm": "16Mi"}
+    job["spec"]["backoffLimit"] = 1
+    ns.apply(job)
+    failed = wait_job(ns, "oom", "phase Failed", phase_is("Failed"), timeout=300, fail_on=("Succeeded",))
+    cond = condition(failed, "Failed")
+    assert cond is not None, failed["status"]
+    assert cond["reason"] == "BackoffLimitExceeded", failed["status"]
+    assert "exited with code 137 (OOMKilled)" in cond["message"], cond
+    assert dig(failed, "status", "restarts") == 1, failed["status"]
+    restarted = [e for e in ns.events_for("DGXTrainingJob", "oom") if e.get("reason") == "WorkerRestarted"]
+    assert restarted, ns.events_for("DGXTrainingJob", "oom")
+    assert "OOMKilled" in restarted[0]["message"], restarted
+
+
+def test_interactive_worker_takes_exec_and_trains_by_hand(ns: Kubectl, trainer: TrainerCluster) -> None:
+    """debug.interactive: the worker idles with the job's environment; `kubectl exec` runs the
+    trainer's own launch in it, and `kubectl logs` shows the idle line."""
+    job = interactive_trainer_job("debug")
+    job["spec"]["resources"] = {"cpu": TRAINER_CPU, "memory": TRAINER_MEMORY, "shm": "1Gi"}
+    job["spec"]["trainer"]["training"]["maxSteps"] = 4
+    ns.apply(job)
+    wait_job(ns, "debug", "one worker running", running_with(1), timeout=300)
+    pod = "debug-worker-0"
+    wait_for(
+        "the idle worker's log line",
+        lambda: "interactive debug worker, idle" in ns.logs(pod, container="trainer"),
+        timeout=60,
+    )
+    ran = ns.run(
+        "exec", pod, "-c", "trainer", "--", "python", "-m", "dgx_trainer", "launch", "--config",
+        "/etc/kubedgx/trainer.yaml", timeout=600, check=False,
+    )  # fmt: skip
+    assert ran.returncode == 0, (ran.stdout + ran.stderr)[-4000:]
+    assert '"status": "Succeeded"' in ran.stdout + ran.stderr, (ran.stdout + ran.stderr)[-4000:]
+    still = get_job(ns, "debug")
+    assert dig(still, "status", "phase") == "Running", still["status"]
+
+
+# -- data mounts -------------------------------------------------------------------------------------
+
+
+class GatedMoto:
+    """WSGI middleware in front of moto: holds the PUTs whose path contains ``pattern`` until
+    :meth:`release` (an upload kept in flight on purpose); ``held`` is set once one waits."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.pattern: str | None = None
+        self.held = threading.Event()
+        self._open = threading.Event()
+
+    def gate(self, pattern: str) -> None:
+        self.pattern = pattern
+        self.held.clear()
+        self._open.clear()
+
+    def release(self) -> None:
+        self._open.set()
+
+    def __call__(self, environ: dict[str, Any], start_response: Any) -> Any:
+        if self.pattern and environ["REQUEST_METHOD"] == "PUT" and self.pattern in environ.get("PATH_INFO", ""):
+            self.held.set()
+            self._open.wait(timeout=600)
+        return self.app(environ, start_response)
+
+
+@pytest.fixture(scope="module")
+def store(trainer: TrainerCluster) -> Iterator[S3]:
+    """moto's S3 on the pods' bridge (its gateway address): the sync containers reach it there."""
+    network = trainer.nodes.network
+    assert network is not None
+    server = S3(wrap=GatedMoto, host=network.gateway)
+    try:
+        yield server
+    finally:
+        server.app.release()
+        server.stop()
+
+
+def mounts(ns: Kubectl, s3: S3, *, data: dict[str, bytes] | None) -> tuple[str, str]:
+    """An Out mount (checkpoints streamed, the model archived) and, with ``data``, an In mount of
+    those objects, both on ``s3``, with the Secret they name; returns (in bucket, out bucket)."""
+    ns.apply(secret("store", namespace=str(ns.namespace)))
+    out_bucket = s3.bucket("out")
+    manifests: list[dict[str, Any]] = [
+        mount("outputs", f"s3://{out_bucket}/runs", "Out", s3, syncCheckpoints=True, archive={"prefix": "final"})
+    ]
+    in_bucket = ""
+    if data is not None:
+        in_bucket = s3.bucket("in", data)
+        manifests.append(mount("corpus", f"s3://{in_bucket}/train", "In", s3))
+    ns.apply(*manifests)
+    for m in manifests:
+        name = m["metadata"]["name"]
+        wait_for(
+            f"DGXDataMount {name} Ready",
+            lambda name=name: dig(ns.get("dgxdatamount", name), "status", "phase") == "Ready",
+            timeout=120,
+        )
+    return in_bucket, out_bucket
+
+
+def mount(name: str, source: str, direction: str, s3: S3, **extra: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "kubedgx.io/v1alpha1",
+        "kind": "DGXDataMount",
+        "metadata": {"name": name},
+        "spec": {
+            "source": source,
+            "direction": direction,
+            "endpoint": s3.endpoint,
+            "region": REGION,
+            "credentialsSecretRef": {"name": "store"},
+            **extra,
+        },
+    }
+
+
+def test_data_in_and_out_through_the_sync_containers(ns: Kubectl, trainer: TrainerCluster, store: S3) -> None:
+    """The In mount pulled by the init container into the node's cache (the dataset the trainer
+    reads, written as the trainer's user), checkpoints streamed out by the sidecar while training
+    runs, the adapter archived after, and status.artifacts naming what landed."""
+    data = (Path(__file__).resolve().parents[2] / "examples" / "data" / "instructions.jsonl").read_bytes()
+    _, out_bucket = mounts(ns, store, data={"train/instructions.jsonl": data})
+    job = quickstart_job("mounted", steps=4)
+    spec = job["spec"]
+    spec["dataMounts"] = [{"name": "corpus", "mountPath": "/data/corpus"}, {"name": "outputs", "mountPath": "/output"}]
+    spec["trainer"]["dataset"]["path"] = "/data/corpus/instructions.jsonl"
+    spec["trainer"]["training"]["saveSteps"] = 2
+    spec["trainer"]["output"] = {"dir": "/output/run"}
+    ns.apply(job)
+    done = wait_job(ns, "mounted", "phase Succeeded", phase_is("Succeeded"), timeout=QUICKSTART_TIMEOUT)
+    done = wait_job(
+        ns, "mounted", "status.artifacts", lambda j: bool(dig(j, "status", "artifacts")), timeout=300, fail_on=()
+    )
+    assert condition_true(done, "Archived"), done["status"]
+    uid8 = dig(done, "metadata", "uid")[:8]
+    keys = store.keys(out_bucket)
+    for step in (2, 4):
+        assert f"runs/mounted-{uid8}/checkpoints/checkpoint-{step}/kubedgx-complete.json" in keys, keys
+    assert f"runs/final/mounted-{uid8}/adapter/adapter_config.json" in keys, keys
+    assert f"runs/final/mounted-{uid8}/summary.json" in keys, keys
+    uris = {a["uri"] for a in done["status"]["artifacts"]}
+    assert any(u.startswith(f"s3://{out_bucket}/runs/final/mounted-{uid8}/adapter") for u in uris), uris
+    assert no_warnings(ns, "mounted") == []
+
+
+CHECKPOINTS = r"""
+set -e
+out=/output
+write() {
+  mkdir -p "$out/checkpoint-$1"
+  head -c "$2" /dev/zero > "$out/checkpoint-$1/weights.bin"
+  echo '{}' > "$out/checkpoint-$1/kubedgx-complete.json"
+}
+write 1 1024
+write 2 8388608
+trap 'touch "$out/sigterm-received"; exit 0' TERM
+echo ready
+while true; do sleep 1; done
+"""
+
+
+def test_deleting_a_running_job_lets_the_upload_in_flight_finish(
+    ns: Kubectl, trainer: TrainerCluster, store: S3
+) -> None:
+    """`kubectl delete` of a running job: the trainer gets SIGTERM (and exits in its grace period),
+    then the checkpoint sidecar does; the upload it had in flight finishes, marker included; the
+    finalizer goes, and no pod or container of the job is left on the nodes."""
+    _, out_bucket = mounts(ns, store, data=None)
+    gate: GatedMoto = store.app
+    gate.gate("/checkpoint-2/weights.bin")
+    job = command_job("deleted", script=CHECKPOINTS)
+    job["spec"]["dataMounts"] = [{"name": "outputs", "mountPath": "/output"}]
+    try:
+        ns.apply(job)
+        wait_job(ns, "deleted", "one worker running", running_with(1), timeout=300)
+        assert gate.held.wait(timeout=120), "the sidecar never started uploading checkpoint-2"
+        uid8 = dig(get_job(ns, "deleted"), "metadata", "uid")[:8]
+        prefix = f"runs/deleted-{uid8}/checkpoints"
+        assert f"{prefix}/checkpoint-1/kubedgx-complete.json" in store.keys(out_bucket)
+        ns.run("delete", JOBS, "deleted", "--wait=false")
+        wait_for(
+            "the checkpoint sidecar to get SIGTERM",
+            lambda: "SIGTERM: finishing the upload in flight" in ns.logs("deleted-worker-0", container="checkpoints-0"),
+            timeout=120,
+        )
+    finally:
+        gate.release()
+    wait_gone(ns, JOBS, "deleted", timeout=300)
+    wait_gone(ns, "pod", "deleted-worker-0", timeout=300)
+    assert f"{prefix}/checkpoint-2/kubedgx-complete.json" in store.keys(out_bucket)
+    assert f"{prefix}/checkpoint-2/weights.bin" in store.keys(out_bucket)
+    # The trainer's trap ran: SIGTERM, not SIGKILL, within its grace period.
+    assert (trainer.cache_root / str(ns.namespace) / "outputs" / f"deleted-{uid8}" / "sigterm-received").exists()
+    for node in trainer.nodes.nodes:
+        wait_for(
+            f"no container of {ns.namespace} on {node.name}",
+            lambda node=node: ns.namespace not in _pod_namespaces(node),
+            timeout=120,
+        )
+
+
+def _pod_namespaces(node: Any) -> list[str]:
+    """The pod namespace label of every container containerd still has."""
+    out = []
+    for container in node.ctr("containers", "ls", "-q").stdout.split():
+        info = json.loads(node.ctr("containers", "info", container).stdout or "{}")
+        out.append(str((info.get("Labels") or {}).get("io.kubernetes.pod.namespace", "")))
+    return out
