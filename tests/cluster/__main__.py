@@ -5,7 +5,10 @@ python -m tests.cluster up        # start a control plane with fake DGX nodes an
                                   # prints the KUBECONFIG to export; Ctrl-C stops it
 python -m tests.cluster up --dir /tmp/kubedgx-cluster   # keep its files (logs, certs) there
 python -m tests.cluster up --real-nodes 2   # no fake nodes: two real ones (kubelet + containerd,
-                                            # tests/nodes), CoreDNS, GPU labels; as root
+                                            # tests/nodes), CoreDNS, GPU labels, the trainer and
+                                            # operator images built and loaded, the operator
+                                            # running; prints KUBECONFIG=, TRAINER_IMAGE=,
+                                            # OPERATOR_IMAGE= lines; as root
 """
 
 from __future__ import annotations
@@ -35,6 +38,10 @@ def main(argv: list[str] | None = None) -> int:
         help="real nodes (kubelet + containerd) instead of the fake DGX nodes (tests/nodes)",
     )
     args = parser.parse_args(argv)
+    if args.command == "up" and args.real_nodes:
+        from tests.nodes.up import up_real_nodes
+
+        return up_real_nodes(args.real_nodes, args.dir)
     try:
         binaries = build(out=sys.stderr)
     except (UnavailableError, StartError) as exc:
@@ -43,10 +50,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "build":
         print(binaries.dir)
         return 0
-    if args.real_nodes:
-        from tests.nodes.up import up_real_nodes
-
-        return up_real_nodes(binaries, args.real_nodes, args.dir)
     with tempfile.TemporaryDirectory(prefix="kubedgx-cluster-") as tmp:
         root = args.dir or Path(tmp)
         root.mkdir(parents=True, exist_ok=True)

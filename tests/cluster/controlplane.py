@@ -232,7 +232,9 @@ class Pki:
     sa_pub = property(lambda self: self.dir / "sa.pub")
 
     @classmethod
-    def create(cls, directory: Path) -> Pki:
+    def create(cls, directory: Path, apiserver_sans: Sequence[str] = ()) -> Pki:
+        """A CA, the apiserver's serving pair (``apiserver_sans`` added to its names), the admin's client
+        pair and the ServiceAccount signing key."""
         directory.mkdir(parents=True, exist_ok=True)
         pki = cls(directory)
         ca_key = _key()
@@ -245,7 +247,15 @@ class Pki:
                 pki.apiserver_key,
                 _name("kube-apiserver"),
                 ExtendedKeyUsageOID.SERVER_AUTH,
-                ["127.0.0.1", "localhost", "10.96.0.1", "kubernetes", "kubernetes.default", "kubernetes.default.svc"],
+                [
+                    "127.0.0.1",
+                    "localhost",
+                    "10.96.0.1",
+                    "kubernetes",
+                    "kubernetes.default",
+                    "kubernetes.default.svc",
+                    *apiserver_sans,
+                ],
             ),
             (
                 pki.admin_crt,
@@ -472,14 +482,17 @@ class ControlPlane:
         *,
         pools: Sequence[NodePool] = DEFAULT_POOLS,
         apiserver_args: Sequence[str] = (),
+        sans: Sequence[str] = (),
     ) -> None:
+        """``sans``: more names of the apiserver's serving certificate (an address on which a
+        forwarder makes it reachable, tests/nodes: the pods' bridge)."""
         self.root = root
         self.bin = binaries
         self.pools = tuple(pools)
         self.ports = Ports()
         self.extra_apiserver_args = list(apiserver_args)
         self.logs_dir = root / "logs"
-        self.pki = Pki.create(root / "pki")
+        self.pki = Pki.create(root / "pki", sans)
         self.kubeconfig = root / "admin.kubeconfig"
         self._write_kubeconfig()
         self.components: dict[str, Component] = {}

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import os
 import shutil
 import subprocess
 import sys
@@ -102,8 +103,21 @@ class Buildah:
             *args,
         ]
 
+    def env(self) -> dict[str, str]:
+        """The environment buildah runs in: a containers.conf of its own, so that its network
+        backend keeps its configuration and lock under this store, not in the machine's
+        /etc/cni/net.d (which it would create)."""
+        conf = self.root / "containers.conf"
+        if not conf.exists():
+            self.root.mkdir(parents=True, exist_ok=True)
+            (self.root / "cni").mkdir(exist_ok=True)
+            conf.write_text(f'[network]\nnetwork_config_dir = "{self.root / "cni"}"\n')
+        return {**os.environ, "CONTAINERS_CONF": str(conf)}
+
     def run(self, step: str, *args: str, timeout: float = 1800) -> str:
-        proc = subprocess.run(self.argv(*args), capture_output=True, text=True, timeout=timeout, check=False)
+        proc = subprocess.run(
+            self.argv(*args), capture_output=True, text=True, timeout=timeout, check=False, env=self.env()
+        )
         if self.log is not None:
             with self.log.open("a") as f:
                 f.write(f"$ buildah {' '.join(args)}\n{proc.stdout}{proc.stderr}\n")
@@ -120,6 +134,7 @@ class Buildah:
             capture_output=True,
             text=True,
             check=False,
+            env=self.env(),
         )
         if proc.returncode != 0:
             return None

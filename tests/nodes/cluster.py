@@ -19,10 +19,13 @@ import fcntl
 import ipaddress
 import json
 import os
+import shutil
 import signal
+import socket
 import subprocess
+import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
@@ -52,6 +55,33 @@ from tests.nodes.images import Archive
 from tests.support.ports import free_port
 
 #: The kubelet insists on these machine-wide values; inside its mount namespace they read as set.
+#: Run first in each kubelet's mount namespace: what it mounts there (the sysctl files, the device
+#: plugins' directory) must not propagate to the machine, even where its mounts are shared (systemd
+#: makes / shared). Only these mounts themselves, not recursively: the kubelet's root stays shared
+#: with containerd's namespace.
+PRIVATE_MOUNTS = (
+    "mount --make-private /proc",
+    'mount --make-private "$(findmnt -n -o TARGET --target /var/lib)"',
+)
+#: The kubelet's device manager listens on /var/lib/kubelet/device-plugins/kubelet.sock whatever
+#: its --root-dir: two kubelets on one machine race for it (the loser exits: "address already in
+#: use") and the first leaves the directory behind. Each gets an empty tmpfs of its own there, in
+#: its namespace (over /var/lib where the machine has no /var/lib/kubelet to mount on).
+DEVICE_PLUGINS = (
+    "if [ -d /var/lib/kubelet ]; then d=/var/lib/kubelet; else d=/var/lib; fi; "
+    'mount -t tmpfs -o size=4m,mode=0755 kubedgx-node "$d"; mkdir -p /var/lib/kubelet/device-plugins'
+)
+#: Where a kubelet or containerd writes by default: none may appear on the machine.
+DEFAULT_PATHS = (
+    "/var/lib/kubelet",
+    "/var/lib/containerd",
+    "/run/containerd",
+    "/var/log/pods",
+    "/var/log/containers",
+    "/etc/kubernetes",
+    "/etc/cni/net.d",
+    "/var/lib/cni",
+)
 KUBELET_SYSCTLS = {
     "vm/overcommit_memory": "1",
     "vm/panic_on_oom": "0",
@@ -92,7 +122,7 @@ def free_subnet(taken: Iterable[ipaddress.IPv4Network]) -> ipaddress.IPv4Network
         net = ipaddress.IPv4Network(f"10.{second}.0.0/16")
         if not any(net.overlaps(u) for u in used):
             return net
-    raise StartError("no free /16 in 10.200.0.0/16-10.250.0.0/16 for the pod network")
+    raise StartError("no free /16 in 10.200.0.0/16-10.249.0.0/16 for the pod network")
 
 
 @dataclass
@@ -126,6 +156,73 @@ class Network:
     def down(self) -> None:
         if self.exists():
             _run("ip", "link", "del", self.bridge)
+
+
+class Forwarder:
+    """TCP from ``listen`` to ``target``, byte for byte (TLS passes through untouched), in threads
+    of this process: a listening socket on one address of the machine, closed by :meth:`stop`."""
+
+    def __init__(self, listen: tuple[str, int], target: tuple[str, int]) -> None:
+        self.listen = listen
+        self.target = target
+        self._server: socket.socket | None = None
+        self._open: set[socket.socket] = set()
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        server.bind(self.listen)
+        server.listen(64)
+        self._server = server
+        threading.Thread(target=self._accept, name=f"forward {self.listen}", daemon=True).start()
+
+    def _accept(self) -> None:
+        server = self._server
+        assert server is not None
+        while True:
+            try:
+                client, _ = server.accept()
+            except OSError:
+                return  # stopped
+            try:
+                upstream = socket.create_connection(self.target, timeout=10)
+            except OSError:
+                client.close()
+                continue
+            upstream.settimeout(None)
+            with self._lock:
+                self._open.update((client, upstream))
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    def _pipe(self, source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while chunk := source.recv(65536):
+                sink.sendall(chunk)
+        except OSError:
+            pass
+        finally:
+            # One direction ended: end the other (a half-open watch would hang its client).
+            for s in (source, sink):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+                s.close()
+                with self._lock:
+                    self._open.discard(s)
+
+    def stop(self) -> None:
+        if self._server is not None:
+            with contextlib.suppress(OSError):
+                self._server.shutdown(socket.SHUT_RDWR)
+            self._server.close()
+            self._server = None
+        with self._lock:
+            for s in list(self._open):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+                s.close()
+            self._open.clear()
 
 
 # -- one node --------------------------------------------------------------------------------------
@@ -226,7 +323,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         for container in self.ctr("containers", "ls", "-q", timeout=60).stdout.split():
             self.ctr("containers", "rm", container, timeout=60)
 
-    def stream(self, buildah: Sequence[str], ref: str) -> float:
+    def stream(self, buildah: Sequence[str], ref: str, env: Mapping[str, str] | None = None) -> float:
         """Put ``ref`` from buildah's store into this containerd, through a FIFO (no multi-GB
         archive on disk); then drop its layer blobs (the CRI runs from the unpacked snapshots, as
         containerd's discard_unpacked_layers does for pulls) and every other tag of its repository.
@@ -251,6 +348,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
                     text=True,
                     timeout=1800,
                     check=False,
+                    env=env,
                 )
                 rc = importer.wait(timeout=1800)
             finally:
@@ -403,7 +501,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         for key, value in KUBELET_SYSCTLS.items():
             (fake / key.replace("/", ".")).write_text(value + "\n")
             binds.append(f"mount --bind -o ro {fake / key.replace('/', '.')} /proc/sys/{key}")
-        script = "set -e; " + "; ".join(binds) + '; exec "$@"'
+        script = "set -e; " + "; ".join([*PRIVATE_MOUNTS, *binds, DEVICE_PLUGINS]) + '; exec "$@"'
         argv = [
             "unshare",
             "-m",
@@ -516,6 +614,7 @@ class MachineState:
     mounts: frozenset[str]
     cgroups: frozenset[str]
     sysctls: tuple[tuple[str, str], ...]
+    paths: frozenset[str]
 
     @classmethod
     def capture(cls) -> MachineState:
@@ -526,12 +625,14 @@ class MachineState:
         cgroups = frozenset(str(c) for h in v1_hierarchies() for c in h.iterdir() if c.is_dir())
         keys = [*KUBELET_SYSCTLS, "net/ipv4/ip_forward"]
         sysctls = tuple((k, (Path("/proc/sys") / k).read_text().strip()) for k in keys)
-        return cls(links, mounts, cgroups, sysctls)
+        paths = frozenset(p for p in DEFAULT_PATHS if os.path.lexists(p))
+        return cls(links, mounts, cgroups, sysctls, paths)
 
     def changes_since(self, before: MachineState) -> list[str]:
         out = [f"link {x}" for x in sorted(self.links - before.links)]
         out += [f"mount {x}" for x in sorted(self.mounts - before.mounts)]
         out += [f"cgroup {x}" for x in sorted(self.cgroups - before.cgroups)]
+        out += [f"path {x}" for x in sorted(self.paths - before.paths)]
         out += [
             f"sysctl {k}: {v0} -> {v1}"
             for (k, v0), (_, v1) in zip(before.sysctls, self.sysctls, strict=True)
@@ -567,6 +668,7 @@ class RealNodes:
     #: Seconds each node took to take in ``big_images`` (0: it had them).
     loads: dict[str, float] = field(default_factory=dict)
     _slots: Any = None
+    apiserver_forwarder: Forwarder | None = None
 
     @property
     def id(self) -> str:
@@ -583,6 +685,7 @@ class RealNodes:
 
     def start(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
+        self._take_machine()
         self.before = MachineState.capture()
         try:
             self._timed("control plane", self._start_plane)
@@ -595,23 +698,46 @@ class RealNodes:
             raise
 
     def _start_plane(self) -> None:
+        # The pods' network is chosen first: the apiserver's certificate names its gateway, where
+        # the pods reach the apiserver (:meth:`_start_network`).
+        self.network = Network(f"kdgx{self.id}", free_subnet(host_networks()))
         self.plane = ControlPlane(
             self.root / "cp",
             self.binaries,
             pools=(),
             apiserver_args=["--kubelet-preferred-address-types=InternalIP,Hostname"],
+            sans=[self.network.gateway],
         )
         self.plane.start()
 
     def _start_network(self) -> None:
-        self.network = Network(f"kdgx{self.id}", free_subnet(host_networks()))
+        assert self.network is not None
+        assert self.plane is not None
         self.network.up(self.count)
         (self.root / "resolv.conf").write_text(f"nameserver {self.network.gateway}\n")
+        # The apiserver listens on loopback only; pods reach it at the bridge's gateway, through a
+        # forwarder bound to that address alone (the machine's other interfaces see nothing).
+        self.apiserver_forwarder = Forwarder(
+            (self.network.gateway, self.plane.ports.apiserver), ("127.0.0.1", self.plane.ports.apiserver)
+        )
+        self.apiserver_forwarder.start()
+
+    @property
+    def apiserver_for_pods(self) -> tuple[str, int]:
+        """(host, port) at which a pod reaches the apiserver: what a pod's KUBERNETES_SERVICE_HOST
+        and KUBERNETES_SERVICE_PORT must say here, where no kube-proxy makes the ``kubernetes``
+        Service's ClusterIP work (it would write the machine's iptables)."""
+        assert self.apiserver_forwarder is not None
+        return self.apiserver_forwarder.listen
 
     def _start_nodes(self) -> None:
         assert self.plane is not None
         assert self.network is not None
-        stores = self._take_slots() if self.big_images else [None] * self.count
+        stores: list[Path | None] = [None] * self.count
+        if self.big_images:
+            from tests.nodes.buildah import cache_root
+
+            stores = [cache_root() / "containerd" / f"n{i}" for i in range(1, self.count + 1)]
         for i in range(1, self.count + 1):
             node = RealNode(
                 i, self.root / f"n{i}", self.id, self.network, self.node_bins / "kubelet", self.logs,
@@ -629,25 +755,27 @@ class RealNodes:
             node.configure(self.plane)
             node.start_kubelet()
 
-    def _take_slots(self) -> list[Path | None]:
-        """The machine's kept node stores, one cluster at a time (a second one waits: the stores
-        are ~6 GB each, the machine has room for one set)."""
+    def _take_machine(self) -> None:
+        """One real-node cluster on the machine at a time (a second one waits here, before it
+        looks at the machine): they would share what a containerd or kubelet writes outside its
+        configured directories (see :meth:`stop`), the kept node stores (~6 GB each: room for one
+        set) and, on a 2-core machine, the CPUs a training worker asks for."""
         from tests.nodes.buildah import cache_root
 
         base = cache_root() / "containerd"
         base.mkdir(parents=True, exist_ok=True)
         self._slots = (base / "slots.lock").open("a")
         fcntl.flock(self._slots, fcntl.LOCK_EX)
-        return [base / f"n{i}" for i in range(1, self.count + 1)]
 
     def _stream_big_images(self) -> None:
         from tests.nodes.buildah import Buildah
 
-        argv = Buildah().argv()
+        builder = Buildah()
+        argv, env = builder.argv(), builder.env()
 
         def load(node: RealNode) -> dict[str, float]:
             # One image after another: images share layers, and a finished import drops its blobs.
-            return {f"{ref} -> {node.name}": round(node.stream(argv, ref), 1) for ref in self.big_images}
+            return {f"{ref} -> {node.name}": round(node.stream(argv, ref, env), 1) for ref in self.big_images}
 
         with ThreadPoolExecutor(max_workers=len(self.nodes)) as pool:
             for loaded in pool.map(load, self.nodes):
@@ -736,8 +864,18 @@ class RealNodes:
             self.dns = None
         if self.plane is not None:
             self.plane.stop()
-        if self.network is not None:
+        if self.apiserver_forwarder is not None:
+            self.apiserver_forwarder.stop()
+            self.apiserver_forwarder = None
+        if self.network is not None and self.network.exists():
             self.network.down()
+        if self.before is not None:
+            # Written by a containerd or kubelet whatever their configuration says (the shims'
+            # sockets, libcni's cache, the kubelet's log symlinks); created by this cluster (absent
+            # before), and no other cluster of the layer runs meanwhile: it holds every slot.
+            for path in DEFAULT_PATHS:
+                if path not in self.before.paths and os.path.lexists(path):
+                    shutil.rmtree(path, ignore_errors=True)
         if self._slots is not None:
             self._slots.close()
             self._slots = None

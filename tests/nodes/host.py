@@ -14,8 +14,17 @@ from pathlib import Path
 
 #: Debian packages the layer runs: containerd and runc (the runtime), the CNI plugins (bridge,
 #: host-local, loopback), busybox-static (the busybox image), iproute2 and util-linux (the bridge,
-#: unshare, mount).
-APT_PACKAGES = ("containerd", "runc", "containernetworking-plugins", "busybox-static", "iproute2", "util-linux")
+#: unshare, mount, findmnt); buildah and debootstrap build the product's images (buildah.py).
+APT_PACKAGES = (
+    "containerd",
+    "runc",
+    "containernetworking-plugins",
+    "busybox-static",
+    "iproute2",
+    "util-linux",
+    "buildah",
+    "debootstrap",
+)
 CNI_DIR = Path("/usr/lib/cni")
 CGROUP_V1 = Path("/sys/fs/cgroup")
 #: The v1 hierarchies a kubelet with the cgroupfs driver needs.

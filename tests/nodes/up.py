@@ -1,49 +1,43 @@
-"""``python -m tests.cluster up --real-nodes N``: the control plane with N real nodes for people and
-other checks, up until SIGTERM or Ctrl-C, then everything it started stopped and undone."""
+"""``python -m tests.cluster up --real-nodes N``: the control plane with N real nodes running the
+product, for people and other checks. It builds (or reuses) the images, streams them into the
+nodes, installs the chart's objects and starts the operator as the chart's ServiceAccount
+(tests/nodes/fixtures.py's ``trainer_cluster``, what the real-node tests use), prints
+``KUBECONFIG=``, ``TRAINER_IMAGE=`` and ``OPERATOR_IMAGE=`` lines once all of it is ready, and stays
+up until SIGTERM or Ctrl-C; then everything it started is stopped and undone."""
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
 import tempfile
 import threading
 from pathlib import Path
 
-from tests.cluster.controlplane import Binaries, StartError, UnavailableError
-from tests.nodes import host, images
-from tests.nodes.build import node_binaries, small_images
-from tests.nodes.cluster import RealNodes, interrupt_safe_stop
+from tests.nodes.fixtures import NodesBrokenError, NodesUnavailableError, trainer_cluster
 
 
-def up_real_nodes(binaries: Binaries, count: int, directory: Path | None) -> int:
-    problems = host.missing() + images.have_tools()
-    if problems:
-        print("tests.cluster: real nodes cannot run here: " + "; ".join(problems), file=sys.stderr)
-        return 2
-    with tempfile.TemporaryDirectory(prefix="kubedgx-nodes-") as tmp:
+def up_real_nodes(count: int, directory: Path | None) -> int:
+    """0 after a clean stop; 2 where this machine cannot run real nodes; 1 where they failed."""
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    with tempfile.TemporaryDirectory(prefix="kubedgx-nodes-", dir="/tmp") as tmp:
         root = directory or Path(tmp)
         try:
-            nodes = RealNodes(root, binaries, node_binaries(), small_images(root / "images"), count=count)
-        except (StartError, UnavailableError) as exc:
-            print(f"tests.cluster: {exc}", file=sys.stderr)
+            with trainer_cluster(root, count=count) as found:
+                plane = found.nodes.plane
+                assert plane is not None
+                print(f"real nodes up: {found.nodes.timings}; logs in {found.nodes.logs}", flush=True)
+                print(f"KUBECONFIG={plane.kubeconfig}", flush=True)
+                print(f"TRAINER_IMAGE={found.images.trainer}", flush=True)
+                print(f"OPERATOR_IMAGE={found.images.operator}", flush=True)
+                print(f"PATH={Path(plane.kubectl_binary).parent}:$PATH", flush=True)
+                with contextlib.suppress(KeyboardInterrupt):
+                    stop.wait()
+        except NodesUnavailableError as exc:
+            print(f"tests.cluster: real nodes cannot run here: {exc}", file=sys.stderr)
             return 2
-        stop = threading.Event()
-        signal.signal(signal.SIGTERM, lambda *_: stop.set())
-        try:
-            nodes.start()
-            assert nodes.plane is not None
-            print(f"real nodes up: {nodes.timings}; logs in {nodes.logs}", flush=True)
-            print(f"KUBECONFIG={nodes.plane.kubeconfig}", flush=True)
-            print(f"PATH={binaries.dir}:$PATH", flush=True)
-            stop.wait()
-        except StartError as exc:
+        except (NodesBrokenError, AssertionError) as exc:
             print(f"tests.cluster: {exc}", file=sys.stderr)
             return 1
-        except KeyboardInterrupt:
-            pass
-        finally:
-            interrupt_safe_stop(nodes)
-            left = nodes.leftovers()
-            if left:
-                print(f"tests.cluster: left on the machine: {left}", file=sys.stderr)
     return 0

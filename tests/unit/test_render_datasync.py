@@ -511,6 +511,35 @@ def test_sync_containers_follow_the_defaults() -> None:
     assert the_container(pod)["image"] == "registry.example/trainer:2"
 
 
+@pytest.mark.parametrize(
+    ("job_resources", "init", "sidecar"),
+    [
+        # A small job: the pulls and restores fit in its share (a 2-CPU node runs it), the
+        # uploader beside the trainer keeps its own.
+        ({"cpu": "2", "memory": "3Gi"}, {"cpu": "2", "memory": "3Gi"}, {"cpu": "1", "memory": "1Gi"}),
+        ({"cpu": "500m", "memory": "1536Mi"}, {"cpu": "500m", "memory": "1536Mi"}, {"cpu": "1", "memory": "1Gi"}),
+        # Equal or larger: the defaults, as written.
+        ({"cpu": "4000m", "memory": "4Gi"}, {"cpu": "4", "memory": "4Gi"}, {"cpu": "1", "memory": "1Gi"}),
+        ({"cpu": "96", "memory": "1Ti"}, {"cpu": "4", "memory": "4Gi"}, {"cpu": "1", "memory": "1Gi"}),
+        # Decimal units compare by value: 4G is less than 4Gi.
+        ({"cpu": "8", "memory": "4G"}, {"cpu": "4", "memory": "4G"}, {"cpu": "1", "memory": "1Gi"}),
+    ],
+)
+def test_pulls_and_restores_ask_no_more_than_the_trainer(
+    job_resources: dict[str, str], init: dict[str, str], sidecar: dict[str, str]
+) -> None:
+    """A pod asks its node for the larger of its biggest init container and its containers' sum:
+    a pull asking 4 CPUs made a 2-CPU job unschedulable on a 2-CPU node (found on real nodes)."""
+    pod = pod_of({**MIXED_REFS, "spec.resources": {**job_resources, "shm": "64Mi"}}, mounts=MIXED_MOUNTS)
+    assert the_container(pod)["resources"]["requests"]["cpu"] == job_resources["cpu"]
+    seen = set()
+    for name, container in inits(pod).items():
+        wanted = sidecar if name.startswith("checkpoints-") else init
+        assert container["resources"] == {"requests": wanted, "limits": wanted}, name
+        seen.add(name.split("-")[0])
+    assert {"data", "restore", "checkpoints"} <= seen, seen
+
+
 def test_sync_containers_run_the_trainer_image_not_the_jobs_image() -> None:
     pod = pod_of(
         {**refs(("data", "/data")), "spec.image": "registry.example/custom:1"},

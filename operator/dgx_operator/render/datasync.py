@@ -21,6 +21,7 @@ from typing import Any
 
 from dgx_operator.api.datamount import DGXDataMountSpec
 from dgx_operator.api.trainingjob import DataMountRef, DGXTrainingJobSpec
+from dgx_operator.render.quantity import smaller
 from dgx_operator.render.resolved import BuildContext, JobIdentity
 
 DATASYNC = ["python", "-m", "dgx_datasync"]
@@ -180,11 +181,24 @@ def _container(
 
 
 def sync_containers(
-    job: JobIdentity, spec: DGXTrainingJobSpec, plans: list[MountPlan], ctx: BuildContext
+    job: JobIdentity,
+    spec: DGXTrainingJobSpec,
+    plans: list[MountPlan],
+    ctx: BuildContext,
+    within: Mapping[str, str] | None = None,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(initContainers, extra volumes): pulls of input mounts, then checkpoint restores, then the
-    uploader sidecars, in that order (a sidecar starts once the init containers before it ended)."""
+    uploader sidecars, in that order (a sidecar starts once the init containers before it ended).
+
+    ``within``: the trainer's cpu and memory. A pull or restore gets the smaller of its default
+    and the trainer's share of each: it runs before the trainer, so then it adds nothing to what
+    the pod asks of its node (a pod's request is the larger of its biggest init container and its
+    containers' sum). Larger, it would: a 2-CPU job would ask for 4 and fit no 2-CPU node."""
     common = ["--workers", str(ctx.defaults.sync_workers), "--log-format", "json"]
+    init_resources = dict(ctx.defaults.sync_resources)
+    for key, limit in (within or {}).items():
+        if key in init_resources:
+            init_resources[key] = smaller(init_resources[key], limit)
     pulls: list[dict[str, Any]] = []
     restores: list[dict[str, Any]] = []
     sidecars: list[dict[str, Any]] = []
@@ -197,7 +211,7 @@ def sync_containers(
                 args += ["--expect-digest", digest]
                 if spec.data_cache == "preload":
                     args.append("--reuse")
-            container, extra = _container(f"{PULL_PREFIX}{p.index}", args, p, ctx, ctx.defaults.sync_resources)
+            container, extra = _container(f"{PULL_PREFIX}{p.index}", args, p, ctx, init_resources)
             pulls.append(container)
             volumes += extra
             continue
@@ -205,7 +219,7 @@ def sync_containers(
         checkpoints = checkpoint_uri(job, p.spec)
         if syncs_checkpoints(p.spec):
             args = ["restore", checkpoints, directory, *store_args(p.spec), *common]
-            container, extra = _container(f"{RESTORE_PREFIX}{p.index}", args, p, ctx, ctx.defaults.sync_resources)
+            container, extra = _container(f"{RESTORE_PREFIX}{p.index}", args, p, ctx, init_resources)
             restores.append(container)
             volumes += extra
         if not (syncs_checkpoints(p.spec) or archives(p.spec)):

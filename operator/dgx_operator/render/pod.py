@@ -330,7 +330,7 @@ def worker_pod(
     resources = {"cpu": r.cpu, "memory": r.memory, GPU_RESOURCE: str(r.gpus)}
     plans: list[MountPlan] = []
     volumes, mounts = volumes_and_mounts(job, spec, ctx, r, plans)
-    init_containers, sync_volumes = sync_containers(job, spec, plans, ctx)
+    init_containers, sync_volumes = sync_containers(job, spec, plans, ctx, within={"cpu": r.cpu, "memory": r.memory})
     prepare = prepare_cache_container(volumes, ctx)
     if prepare is not None:
         init_containers.insert(0, prepare)

@@ -42,7 +42,8 @@ class Defaults:
     datasync_image: str | None = None
     #: Parallel transfers of each sync container.
     sync_workers: int = 8
-    #: Pull and restore init containers (they run before the trainer, so they add nothing to its share).
+    #: Pull and restore init containers, at most (each gets the smaller of this and the trainer's cpu and
+    #: memory: they run before the trainer, so they add nothing to what the pod asks of its node).
     sync_resources: Mapping[str, str] = field(default_factory=lambda: {"cpu": "4", "memory": "4Gi"})
     #: The checkpoint uploader sidecar, which runs beside the trainer for the whole job.
     sidecar_resources: Mapping[str, str] = field(default_factory=lambda: {"cpu": "1", "memory": "1Gi"})
