@@ -135,10 +135,19 @@ def test_interactive_worker_takes_exec_and_trains_by_hand(ns: Kubectl, trainer: 
         "exec", pod, "-c", "trainer", "--", "python", "-m", "dgx_trainer", "launch", "--config",
         "/etc/kubedgx/trainer.yaml", timeout=600, check=False,
     )  # fmt: skip
-    assert ran.returncode == 0, (ran.stdout + ran.stderr)[-4000:]
+    assert ran.returncode == 0, _failure(ran.stdout + ran.stderr)
     assert '"status": "Succeeded"' in ran.stdout + ran.stderr, (ran.stdout + ran.stderr)[-4000:]
     still = get_job(ns, "debug")
     assert dig(still, "status", "phase") == "Running", still["status"]
+
+
+def _failure(output: str) -> str:
+    """Where a trainer's output says why it died (a crash's first lines, a traceback), and its end."""
+    for marker in ("Fatal Python error", "Traceback (most recent call last)"):
+        at = output.find(marker)
+        if at >= 0:
+            return output[at : at + 4000] + "\n...\n" + output[-1500:]
+    return output[-4000:]
 
 
 # -- data mounts -------------------------------------------------------------------------------------

@@ -159,7 +159,7 @@ class Debug(KubeModel):
 
     enabled: bool = Field(
         default=False,
-        description="Verbose NCCL and torch.distributed logging (NCCL_DEBUG=INFO, TORCH_DISTRIBUTED_DEBUG=DETAIL).",
+        description="Verbose NCCL and torch.distributed logging (NCCL_DEBUG=INFO, TORCH_DISTRIBUTED_DEBUG=INFO).",
     )
     interactive: bool = Field(
         default=False,

@@ -108,7 +108,10 @@ def kubedgx_env(
             {
                 "KUBEDGX_LOG_LEVEL": "DEBUG",
                 "NCCL_DEBUG": "INFO",
-                "TORCH_DISTRIBUTED_DEBUG": "DETAIL",
+                # INFO, not DETAIL: with DETAIL, torch 2.13's DistributedDataParallel segfaults in
+                # its constructor (gloo, CPU; found running an interactive worker on a real node;
+                # tests/trainer/test_debug_env.py). A job's own env may still set DETAIL.
+                "TORCH_DISTRIBUTED_DEBUG": "INFO",
                 "TORCH_CPP_LOG_LEVEL": "INFO",
                 "PYTHONFAULTHANDLER": "1",
             }
