@@ -136,10 +136,51 @@ async def cleanup(memo: Any, **_: Any) -> None:
         await memo.kube.close()
 
 
+#: Where a pod finds its ServiceAccount's credentials (the kubelet mounts them).
+SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+
+def in_cluster_login(
+    settings: kopf.OperatorSettings, environ: Any = None, directory: str = SERVICE_ACCOUNT_DIR
+) -> kopf.ConnectionInfo | None:
+    """The pod's ServiceAccount at the apiserver address the pod is given, as client-go's
+    InClusterConfig and the operator's own client (kube.py) read it: KUBERNETES_SERVICE_HOST and
+    KUBERNETES_SERVICE_PORT. kopf's own login goes to https://kubernetes.default.svc whatever they
+    say, so where they point elsewhere (an apiserver reached without kube-proxy, as on the real
+    test nodes) its watches failed while the operator's other calls worked. None where this is no
+    pod (no variables or no token): the kubeconfig then."""
+    env = os.environ if environ is None else environ
+    host, port = env.get("KUBERNETES_SERVICE_HOST", ""), env.get("KUBERNETES_SERVICE_PORT", "")
+    token_path = os.path.join(directory, "token")
+    if not host or not port or not os.path.exists(token_path):
+        return None
+    with open(token_path, encoding="utf-8") as f:
+        token = f.read().strip()
+    namespace = None
+    if os.path.exists(os.path.join(directory, "namespace")):
+        with open(os.path.join(directory, "namespace"), encoding="utf-8") as f:
+            namespace = f.read().strip() or None
+    ca_path = os.path.join(directory, "ca.crt")
+    server = f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
+    return kopf.ConnectionInfo(
+        server=server,
+        ca_path=ca_path if os.path.exists(ca_path) else None,
+        token=token or None,
+        default_namespace=namespace,
+        trust_env=settings.networking.trust_env,
+        priority=20,  # kopf's own service-account login's priority (PRIORITY_OF_SERVICE_ACCOUNT)
+    )
+
+
 @kopf.on.login()
-def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
-    """In-cluster service account when there is one, else the kubeconfig (tests, local runs)."""
-    return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+def login(settings: kopf.OperatorSettings, **kwargs: Any) -> kopf.ConnectionInfo | None:
+    """In-cluster: the ServiceAccount at KUBERNETES_SERVICE_HOST/PORT (:func:`in_cluster_login`);
+    else kopf's service-account login, else the kubeconfig (tests, local runs)."""
+    return (
+        in_cluster_login(settings)
+        or kopf.login_with_service_account(settings=settings, **kwargs)
+        or kopf.login_with_kubeconfig(settings=settings, **kwargs)
+    )
 
 
 @kopf.on.probe(id="jobs")

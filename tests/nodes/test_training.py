@@ -242,6 +242,8 @@ def test_data_in_and_out_through_the_sync_containers(ns: Kubectl, trainer: Train
     spec["trainer"]["dataset"]["path"] = "/data/corpus/instructions.jsonl"
     spec["trainer"]["training"]["saveSteps"] = 2
     spec["trainer"]["output"] = {"dir": "/output/run"}
+    # The checkpoint sidecar's 1 CPU runs beside the trainer: 1 + 1 is all a node of 2 cores has.
+    spec["resources"]["cpu"] = "1"
     ns.apply(job)
     done = wait_job(ns, "mounted", "phase Succeeded", phase_is("Succeeded"), timeout=QUICKSTART_TIMEOUT)
     done = wait_job(
