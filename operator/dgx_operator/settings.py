@@ -169,6 +169,9 @@ class OperatorConfig:
     #: leadership over at once, but goes on answering admission reviews while the endpoint's removal
     #: reaches the apiserver (a rolling update then refuses no write).
     shutdown_delay: float = 0.0
+    #: Seconds between the checkpoint sidecars' scans (KUBEDGX_CHECKPOINT_SYNC_INTERVAL): how long
+    #: a complete checkpoint may wait on the node before it starts uploading.
+    checkpoint_sync_interval: float = 30.0
     #: PEM of the private CAs that sign object stores' certificates (KUBEDGX_CA_BUNDLE names the file,
     #: read once at startup): added to the default trust of the operator's own listings and passed to
     #: every data sync container (dgx_datasync.trust). Certificates only; None: the defaults alone.
@@ -195,6 +198,7 @@ class OperatorConfig:
             bind_address=env.address("KUBEDGX_BIND_ADDRESS") or "0.0.0.0",
             leader_election=env.leader_election(),
             shutdown_delay=env.duration("KUBEDGX_SHUTDOWN_DELAY", 0.0),
+            checkpoint_sync_interval=env.duration("KUBEDGX_CHECKPOINT_SYNC_INTERVAL", 30.0, positive=True),
             ca_bundle=env.ca_bundle("KUBEDGX_CA_BUNDLE"),
         )
 
@@ -209,6 +213,7 @@ class OperatorConfig:
             priority_classes=dict(self.priority_classes),
             image_pull_policy=self.image_pull_policy,
             ca_bundle_pem=self.ca_bundle,
+            checkpoint_sync_interval=self.checkpoint_sync_interval,
         )
 
 

@@ -155,6 +155,12 @@ class Network:
 
     def down(self) -> None:
         if self.exists():
+            # A pod's veth whose sandbox was never torn down (its netns pinned by a killed
+            # containerd) stays after its bridge: delete the host ends first (the pair goes too).
+            listed = _run("ip", "-o", "link", "show", "master", self.bridge, check=False).stdout
+            for line in listed.splitlines():
+                name = line.split(":")[1].strip().split("@")[0]
+                _run("ip", "link", "del", name, check=False)
             _run("ip", "link", "del", self.bridge)
 
 
@@ -535,6 +541,11 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
                     wait_until(f"task {task} to die", partial(_task_gone, self, task), timeout=30)
                     self.ctr("tasks", "rm", task, timeout=30)
             stop_process_group(self.processes.pop("containerd"), timeout=15)
+        # A shim outlives its containerd by design, and so do its containers: whatever a stop
+        # in the middle of a pod's start left (a container created after the listing above) is
+        # killed here, shims by their containerd's socket, containers by the node's cgroups.
+        _kill_matching(f"-address {self.socket}")
+        kill_cgroup_tree(self.cgroup_root)
         for mount in sorted(_mounts_under(self.dir), reverse=True):
             _run("umount", "-l", mount, check=False)
         remove_cgroup_tree(self.cgroup_root)
@@ -584,6 +595,42 @@ def _is_mountpoint(path: Path) -> bool:
 
 def v1_hierarchies() -> list[Path]:
     return [h for h in sorted(CGROUP_V1.iterdir()) if (h / "tasks").exists()]
+
+
+def _kill_matching(pattern: str) -> None:
+    """SIGKILL every process whose command line contains ``pattern``."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if pattern in cmdline:
+            with contextlib.suppress(OSError):
+                os.kill(int(entry.name), signal.SIGKILL)
+
+
+def kill_cgroup_tree(name: str) -> None:
+    """SIGKILL every process in ``name``'s cgroups (any v1 hierarchy) and wait until they are gone,
+    so that :func:`remove_cgroup_tree` can remove them."""
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        pids: set[int] = set()
+        for hierarchy in CGROUP_V1.iterdir():
+            top = hierarchy / name
+            if not top.is_dir():
+                continue
+            for dirpath, _dirs, files in os.walk(top):
+                if "cgroup.procs" in files:
+                    with contextlib.suppress(OSError):
+                        pids.update(int(x) for x in (Path(dirpath) / "cgroup.procs").read_text().split())
+        if not pids:
+            return
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.2)
 
 
 def remove_cgroup_tree(name: str) -> None:
@@ -855,6 +902,11 @@ class RealNodes:
         """Pods first (their kubelets tear down sandboxes, volumes and CNI attachments), then each
         node, CoreDNS, the control plane and the bridge."""
         if self.plane is not None and self.nodes:
+            # No controller may recreate what is deleted now (a Deployment's ReplicaSet would start
+            # new pods while the kubelets stop, and their containers would outlive them).
+            manager = self.plane.components.get("kube-controller-manager")
+            if manager is not None:
+                manager.stop()
             with contextlib.suppress(OSError, StartError):
                 _delete_all_pods(self.plane)
         for node in reversed(self.nodes):

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +41,9 @@ from tests.nodes.fixtures import TrainerCluster
 from tests.s3 import REGION, S3, secret
 
 pytestmark = [pytest.mark.timeout(QUICKSTART_TIMEOUT + 300)]
+#: Steps of the data-mount job: long enough (seconds on a core) for the sidecar, looking every
+#: second (fixtures.chart_values), to stream a checkpoint while it trains.
+STREAMED_STEPS = 40
 
 
 def trainer_status(pod: dict[str, Any]) -> dict[str, Any]:
@@ -155,13 +160,15 @@ def _failure(output: str) -> str:
 
 class GatedMoto:
     """WSGI middleware in front of moto: holds the PUTs whose path contains ``pattern`` until
-    :meth:`release` (an upload kept in flight on purpose); ``held`` is set once one waits."""
+    :meth:`release` (an upload kept in flight on purpose); ``held`` is set once one waits.
+    ``puts`` records (path, wall-clock time answered) of every PUT."""
 
     def __init__(self, app: Any) -> None:
         self.app = app
         self.pattern: str | None = None
         self.held = threading.Event()
         self._open = threading.Event()
+        self.puts: list[tuple[str, float]] = []
 
     def gate(self, pattern: str) -> None:
         self.pattern = pattern
@@ -175,7 +182,10 @@ class GatedMoto:
         if self.pattern and environ["REQUEST_METHOD"] == "PUT" and self.pattern in environ.get("PATH_INFO", ""):
             self.held.set()
             self._open.wait(timeout=600)
-        return self.app(environ, start_response)
+        answer = self.app(environ, start_response)
+        if environ["REQUEST_METHOD"] == "PUT":
+            self.puts.append((environ.get("PATH_INFO", ""), time.time()))
+        return answer
 
 
 @pytest.fixture(scope="module")
@@ -236,24 +246,33 @@ def test_data_in_and_out_through_the_sync_containers(ns: Kubectl, trainer: Train
     runs, the adapter archived after, and status.artifacts naming what landed."""
     data = (Path(__file__).resolve().parents[2] / "examples" / "data" / "instructions.jsonl").read_bytes()
     _, out_bucket = mounts(ns, store, data={"train/instructions.jsonl": data})
-    job = quickstart_job("mounted", steps=4)
+    job = quickstart_job("mounted", steps=STREAMED_STEPS)
     spec = job["spec"]
     spec["dataMounts"] = [{"name": "corpus", "mountPath": "/data/corpus"}, {"name": "outputs", "mountPath": "/output"}]
     spec["trainer"]["dataset"]["path"] = "/data/corpus/instructions.jsonl"
-    spec["trainer"]["training"]["saveSteps"] = 2
+    spec["trainer"]["training"]["saveSteps"] = STREAMED_STEPS // 4
     spec["trainer"]["output"] = {"dir": "/output/run"}
     # The checkpoint sidecar's 1 CPU runs beside the trainer: 1 + 1 is all a node of 2 cores has.
     spec["resources"]["cpu"] = "1"
     ns.apply(job)
+    uid8 = dig(get_job(ns, "mounted"), "metadata", "uid")[:8]
+    prefix = f"runs/mounted-{uid8}/checkpoints"
     done = wait_job(ns, "mounted", "phase Succeeded", phase_is("Succeeded"), timeout=QUICKSTART_TIMEOUT)
     done = wait_job(
         ns, "mounted", "status.artifacts", lambda j: bool(dig(j, "status", "artifacts")), timeout=300, fail_on=()
     )
     assert condition_true(done, "Archived"), done["status"]
-    uid8 = dig(done, "metadata", "uid")[:8]
     keys = store.keys(out_bucket)
-    for step in (2, 4):
-        assert f"runs/mounted-{uid8}/checkpoints/checkpoint-{step}/kubedgx-complete.json" in keys, keys
+    streamed = [k for k in keys if k.startswith(prefix) and k.endswith("/kubedgx-complete.json")]
+    assert streamed, keys
+    # Streamed while training ran: the first marker was stored before the second in which the
+    # trainer exited (the kubelet's finishedAt, whole seconds: compared with its second).
+    gate: GatedMoto = store.app
+    landed = min(t for path, t in gate.puts if f"{prefix}/" in path and path.endswith("/kubedgx-complete.json"))
+    (worker,) = worker_pods(ns, "mounted")
+    finished = dig(trainer_status(worker), "state", "terminated", "finishedAt")
+    finished_at = datetime.fromisoformat(finished.replace("Z", "+00:00")).timestamp()
+    assert landed < finished_at, (landed, finished, sorted(gate.puts))
     assert f"runs/final/mounted-{uid8}/adapter/adapter_config.json" in keys, keys
     assert f"runs/final/mounted-{uid8}/summary.json" in keys, keys
     uris = {a["uri"] for a in done["status"]["artifacts"]}

@@ -540,6 +540,18 @@ def test_pulls_and_restores_ask_no_more_than_the_trainer(
     assert {"data", "restore", "checkpoints"} <= seen, seen
 
 
+def test_the_sidecar_scans_at_the_configured_interval() -> None:
+    """KUBEDGX_CHECKPOINT_SYNC_INTERVAL (the chart's dataMounts.checkpointSyncInterval) reaches
+    every checkpoint sidecar's --interval; 30 s by default."""
+    for interval, shown in ((30.0, "30"), (2.5, "2.5"), (120.0, "120")):
+        pod = pod_of(MIXED_REFS, mounts=MIXED_MOUNTS, defaults=Defaults(checkpoint_sync_interval=interval))
+        sidecars = [c for name, c in inits(pod).items() if name.startswith("checkpoints-")]
+        assert sidecars, inits(pod)
+        for container in sidecars:
+            args = container["args"]
+            assert args[args.index("--interval") + 1] == shown, args
+
+
 def test_sync_containers_run_the_trainer_image_not_the_jobs_image() -> None:
     pod = pod_of(
         {**refs(("data", "/data")), "spec.image": "registry.example/custom:1"},

@@ -59,6 +59,7 @@ def test_every_variable_reaches_the_config() -> None:
         KUBEDGX_WEBHOOK_PORT="9443",
         KUBEDGX_WEBHOOK_CERT="/tls/tls.crt",
         KUBEDGX_WEBHOOK_KEY="/tls/tls.key",
+        KUBEDGX_CHECKPOINT_SYNC_INTERVAL="1m30s",
     )
     assert config.namespaces == ("ml", "team-b")
     assert (config.metrics_port, config.health_port) == (9090, 0)
@@ -69,6 +70,7 @@ def test_every_variable_reaches_the_config() -> None:
     assert defaults.cache_root == "/local/nvme"
     assert defaults.priority_classes == {"low": "batch-low", "high": "batch.high"}  # normal: no priorityClassName
     assert defaults.image_pull_policy == "Always"
+    assert defaults.checkpoint_sync_interval == 90.0
     assert config.webhook == WebhookConfig(port=9443, certfile="/tls/tls.crt", pkeyfile="/tls/tls.key")
     assert config.webhook.mode == "certificate"
 
@@ -137,6 +139,8 @@ def test_insecure_mode_and_no_webhook_without_a_port() -> None:
         ({"KUBEDGX_PRIORITY_CLASSES": "low=a,low=b"}, "KUBEDGX_PRIORITY_CLASSES: priority 'low' is given twice"),
         ({"KUBEDGX_PRIORITY_CLASSES": "high=Big_One"}, "KUBEDGX_PRIORITY_CLASSES: 'Big_One' (for high) is not a"),
         ({"KUBEDGX_IMAGE_PULL_POLICY": "always"}, "KUBEDGX_IMAGE_PULL_POLICY: must be one of Always, IfNotPresent"),
+        ({"KUBEDGX_CHECKPOINT_SYNC_INTERVAL": "soon"}, "KUBEDGX_CHECKPOINT_SYNC_INTERVAL: must be a duration"),
+        ({"KUBEDGX_CHECKPOINT_SYNC_INTERVAL": "0s"}, "KUBEDGX_CHECKPOINT_SYNC_INTERVAL: must be longer than 0"),
         ({"KUBEDGX_CACHE_ROOT": "raid/kubedgx"}, "KUBEDGX_CACHE_ROOT: must be an absolute path, got 'raid/kubedgx'"),
         ({"KUBEDGX_TRAINER_IMAGE": "trainer :1"}, "KUBEDGX_TRAINER_IMAGE: an image reference has no spaces"),
         ({"KUBEDGX_DATASYNC_IMAGE": "a b"}, "KUBEDGX_DATASYNC_IMAGE: an image reference has no spaces"),

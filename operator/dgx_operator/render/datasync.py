@@ -34,8 +34,6 @@ GCS_KEY_DEFAULT = "service-account.json"
 PULL_PREFIX = "data-in-"
 RESTORE_PREFIX = "restore-"
 SIDECAR_PREFIX = "checkpoints-"
-#: How often the sidecar looks for new complete checkpoints.
-WATCH_INTERVAL_SECONDS = 30
 
 
 @dataclass(frozen=True)
@@ -224,7 +222,7 @@ def sync_containers(
             volumes += extra
         if not (syncs_checkpoints(p.spec) or archives(p.spec)):
             continue
-        args = ["watch", directory, checkpoints, "--interval", str(WATCH_INTERVAL_SECONDS)]
+        args = ["watch", directory, checkpoints, "--interval", f"{ctx.defaults.checkpoint_sync_interval:g}"]
         if not syncs_checkpoints(p.spec):
             args.append("--no-checkpoints")
         if archives(p.spec):

@@ -45,6 +45,8 @@ class Defaults:
     #: Pull and restore init containers, at most (each gets the smaller of this and the trainer's cpu and
     #: memory: they run before the trainer, so they add nothing to what the pod asks of its node).
     sync_resources: Mapping[str, str] = field(default_factory=lambda: {"cpu": "4", "memory": "4Gi"})
+    #: Seconds between the checkpoint uploader's scans of the trainer's output directory.
+    checkpoint_sync_interval: float = 30.0
     #: The checkpoint uploader sidecar, which runs beside the trainer for the whole job.
     sidecar_resources: Mapping[str, str] = field(default_factory=lambda: {"cpu": "1", "memory": "1Gi"})
     #: Grace period of workers whose sidecar archives the final model: SIGTERM reaches the sidecar when
