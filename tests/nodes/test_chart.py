@@ -123,9 +123,10 @@ def test_the_chart_runs_its_operator_image_on_the_real_nodes(installed: Installe
     # The topology spread constraint of the values: one replica per node.
     assert {dig(p, "spec", "nodeName") for p in pods} == {n.name for n in i.started.nodes.nodes}, pods
     names = {dig(p, "metadata", "name") for p in pods}
+    # The holder's identity is <pod>_<random> (the chart's README).
     wait_for(
         "a replica to hold the leader lease",
-        lambda: _holder(i) in names,
+        lambda: _holder(i).rsplit("_", 1)[0] in names,
         timeout=120,
         interval=1,
     )
@@ -134,10 +135,9 @@ def test_the_chart_runs_its_operator_image_on_the_real_nodes(installed: Installe
     vwc = i.admin.get("validatingwebhookconfiguration", f"{FULLNAME}-webhook")
     assert all(dig(w, "clientConfig", "caBundle") for w in vwc["webhooks"]), vwc
     assert all(dig(w, "clientConfig", "service", "name") for w in vwc["webhooks"]), vwc
-    with pytest.raises(KubectlError) as refused:
-        _apply_when_served(i.jobs, unknown_instance_job("bad-shape"))
-    assert "admission webhook" in str(refused.value), refused.value
-    assert "denied the request" in str(refused.value), refused.value
+    refused = _refusal_when_served(i.jobs, unknown_instance_job("bad-shape"))
+    assert "admission webhook" in refused, refused
+    assert "denied the request: spec.instance" in refused, refused
 
     # A job reconciled by the chart's operator (no other runs here), its worker on a real node.
     job = command_job("hello", script="echo kubedgx-on-real-nodes")
@@ -167,22 +167,20 @@ def _holder(i: Installed) -> str:
     return str(dig(lease, "spec", "holderIdentity", default="") or "")
 
 
-def _apply_when_served(k: Kubectl, obj: dict[str, Any]) -> None:
-    """Apply ``obj``, retried while the webhook is not reachable yet (a replica Ready a moment
-    before its endpoint is in the EndpointSlice the apiserver reads): the refusal this test wants is
-    the webhook's answer, not a failed call."""
-    last: KubectlError | None = None
+def _refusal_when_served(k: Kubectl, obj: dict[str, Any]) -> str:
+    """Apply ``obj`` and return the refusal, retried while the webhook is not reachable yet (a
+    replica Ready a moment before its endpoint is in the EndpointSlice the apiserver reads): the
+    refusal this test wants is the webhook's answer, not a failed call. "" where it was admitted."""
 
-    def attempt() -> bool:
-        nonlocal last
+    def attempt() -> str | None:
         try:
             k.apply(obj)
         except KubectlError as exc:
-            if "failed calling webhook" in str(exc) or "no endpoints available" in str(exc):
-                last = exc
-                return False
-            raise
-        return True
+            text = str(exc)
+            if "failed calling webhook" in text or "no endpoints available" in text:
+                return None  # look again
+            return text
+        return "admitted"
 
-    wait_for("the webhook to answer", attempt, timeout=120, interval=2)
-    raise AssertionError(f"the webhook admitted {obj['metadata']['name']} (last transient error: {last})")
+    answer = wait_for("the webhook to answer", attempt, timeout=120, interval=2)
+    return "" if answer == "admitted" else answer
