@@ -10,6 +10,7 @@ test (deleted after, the job's finalizer released by the operator).
 from __future__ import annotations
 
 import json
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -88,9 +89,11 @@ def test_two_node_quickstart_meets_through_per_pod_dns_and_succeeds(ns: Kubectl,
     assert dig(done, "status", "progress", "step") == QUICKSTART_STEPS, done["status"]
     assert dig(done, "status", "restarts", default=0) == 0, done["status"]
     pods = {dig(p, "metadata", "name"): p for p in worker_pods(ns, "qs2")}
-    # Finished workers are kept (their logs stay readable, as Kubeflow's default cleanPodPolicy
-    # does); both ran torchrun to its end, exit 0.
-    assert sorted(pods) == ["qs2-worker-0", "qs2-worker-1"], sorted(pods)
+    # Worker 0's exit 0 ends the job (docs/operator.md): it is kept, its logs readable. Worker 1
+    # is kept where it had exited too (0, as Kubeflow's default cleanPodPolicy keeps finished
+    # pods), and deleted where it was still ending its torchrun agent (a loaded machine).
+    assert "qs2-worker-0" in pods, sorted(pods)
+    assert set(pods) <= {"qs2-worker-0", "qs2-worker-1"}, sorted(pods)
     for name, pod in pods.items():
         assert dig(trainer_status(pod), "state", "terminated", "exitCode") == 0, (name, pod["status"])
     summary = termination_message(pods["qs2-worker-0"])["summary"]
@@ -340,6 +343,9 @@ def _pod_namespaces(node: Any) -> list[str]:
     """The pod namespace label of every container containerd still has."""
     out = []
     for container in node.ctr("containers", "ls", "-q").stdout.split():
-        info = json.loads(node.ctr("containers", "info", container).stdout or "{}")
+        try:
+            info = json.loads(node.ctr("containers", "info", container).stdout or "{}")
+        except subprocess.CalledProcessError:
+            continue  # removed since the listing
         out.append(str((info.get("Labels") or {}).get("io.kubernetes.pod.namespace", "")))
     return out
