@@ -16,16 +16,17 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, ClassVar
 
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from dgx_operator.api import DGXTrainingJob
 from dgx_operator.api.trainingjob import DGXTrainingJobStatus
+from dgx_operator.api.vocabulary import JobPhase, JobReason
 from dgx_operator.catalog import Catalog
 from dgx_operator.kube import ForeignObjectError, Kube, TransientError, refusal, status_of
-from dgx_operator.loop import RESYNC, Key, ReconcileLoop
+from dgx_operator.loop import RESYNC, EventSink, Key, ReconcileLoop, utcnow
 from dgx_operator.metrics import JOB_KIND, Metrics
 from dgx_operator.reconcile.mounts import mount_state, parse_mount
 from dgx_operator.reconcile.planner import UNREADABLE, Event, MountState, Observed, Plan, Refused, plan
@@ -43,6 +44,7 @@ from dgx_operator.reconcile.queueing import (
     WorkloadWrites,
     queue_of,
 )
+from dgx_operator.reconcile.status import merge_patch
 from dgx_operator.reconcile.stored import parse_stored
 from dgx_operator.render import BuildContext, JobIdentity, trainer_config
 from dgx_operator.render.names import FINALIZER, INDEX_LABEL, JOB_LABEL, detached_value, service_name
@@ -59,28 +61,6 @@ def namespace_terminating(exc: ApiException) -> bool:
 
 #: How long a create/delete is assumed in flight before its watch event must have arrived.
 EXPECTATION_TTL = 60.0
-
-
-def utcnow() -> datetime:
-    return datetime.now(UTC).replace(microsecond=0)
-
-
-def merge_patch(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, Any]:
-    """The RFC 7386 merge patch that turns ``before`` into ``after``: changed keys, nested objects
-    diffed recursively, removed keys as null (lists are replaced whole, as merge patches do)."""
-    patch: dict[str, Any] = {}
-    for key, value in after.items():
-        old = before.get(key)
-        if isinstance(value, Mapping) and isinstance(old, Mapping):
-            nested = merge_patch(old, value)
-            if nested:
-                patch[key] = nested
-        elif key not in before or old != value:
-            patch[key] = value
-    for key in before:
-        if key not in after:
-            patch[key] = None
-    return patch
 
 
 def status_patch(old: DGXTrainingJobStatus | None, new: DGXTrainingJobStatus) -> dict[str, Any] | None:
@@ -112,7 +92,6 @@ PodSource = Callable[[str, str], list[Mapping[str, Any]]]
 NamesSource = Callable[[str, str], bool]
 #: (namespace, job) -> [(name, controller owner uid)] of the job's ConfigMaps.
 ConfigMapSource = Callable[[str, str], list[tuple[str, str | None]]]
-EventSink = Callable[[Mapping[str, Any], str, str, str], None]
 #: (namespace, job) -> the Workloads that job controls (slim bodies, see queueing.slim_workload).
 WorkloadSource = Callable[[str, str], list[Mapping[str, Any]]]
 FlavorSource = Callable[[], Mapping[str, Flavor]]
@@ -172,7 +151,7 @@ class Controller(ReconcileLoop):
     async def step(self, key: Key) -> float | None:
         result = await self.reconcile(*key)
         delay = result.requeue_after if result is not None else None
-        if result is not None and result.status.phase not in ("Succeeded", "Failed"):
+        if result is not None and result.status.phase not in JobPhase.TERMINAL:
             delay = min(delay if delay is not None else RESYNC, RESYNC)
         return delay
 
@@ -195,7 +174,7 @@ class Controller(ReconcileLoop):
         namespace, name = key
         if key not in self.unreadable_jobs:
             self.unreadable_jobs.add(key)
-            self.post_event(body, "Warning", "InvalidSpec", why)
+            self.post_event(body, "Warning", JobReason.INVALID_SPEC, why)
         log.warning("DGXTrainingJob %s/%s: %s", namespace, name, why)
         finalizers = list(body["metadata"].get("finalizers") or [])
         if body["metadata"].get("deletionTimestamp") and FINALIZER in finalizers:
@@ -384,7 +363,7 @@ class Controller(ReconcileLoop):
                 await self.kube.patch_workload(api, namespace, name, rv, {"status": patch}, status=True)
         except ApiException as exc:
             what = f"Workload: HTTP {exc.status}: {status_of(exc)[1]}"
-            self.post_event(body, "Warning", "WorkloadWriteFailed", what[:1000])
+            self.post_event(body, "Warning", JobReason.WORKLOAD_WRITE_FAILED, what[:1000])
             raise TransientError(f"write Workload failed: HTTP {exc.status}") from exc
 
     async def act(
@@ -424,7 +403,7 @@ class Controller(ReconcileLoop):
                 # Worth a retry (RBAC being fixed, a webhook down): say so once per backoff, in the
                 # apiserver's words rather than the HTTP dump with its headers.
                 what = f"{obj['kind']} {obj['metadata']['name']}: HTTP {exc.status}: {status_of(exc)[1]}"
-                self.post_event(body, "Warning", "CreateFailed", what[:1000])
+                self.post_event(body, "Warning", JobReason.CREATE_FAILED, what[:1000])
                 raise TransientError(f"create {obj['kind']} failed: HTTP {exc.status}") from exc
             if outcome != "blocked":
                 # Only what PodView reads: a whole manifest per in-flight worker would be most of

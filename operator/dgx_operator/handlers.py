@@ -18,6 +18,7 @@ import kopf
 
 from dgx_operator import admission, metrics, priorities
 from dgx_operator.api.trainingjob import KIND
+from dgx_operator.api.vocabulary import JobPhase
 from dgx_operator.controller import Controller, KueueSettings
 from dgx_operator.kube import Kube
 from dgx_operator.leader import ElectionConfig, LeaderElector
@@ -224,7 +225,7 @@ async def job_event(name: Any, namespace: Any, type: Any, body: Any, memo: Any, 
         memo.controller.forget(namespace, name)
     else:
         memo.controller.trigger(namespace, name)
-    if type == "DELETED" or (body.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+    if type == "DELETED" or (body.get("status") or {}).get("phase") in JobPhase.TERMINAL:
         # A mount whose deletion waits for this job may go now.
         for ref in (body.get("spec") or {}).get("dataMounts") or []:
             memo.mounts.trigger(namespace, ref.get("name"))

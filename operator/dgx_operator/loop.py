@@ -7,7 +7,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, ClassVar
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import aiohttp
 
@@ -19,6 +21,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("kubedgx")
 
 Key = tuple[str, str]
+#: (object body, type, reason, message): posts a Kubernetes Event about an object (kopf.event in the
+#: operator, a list in tests). Both controllers report through one.
+EventSink = Callable[[Mapping[str, Any], str, str, str], None]
 #: Backoff after failed reconciles of one object: 1, 2, 4 ... 60 s.
 MAX_BACKOFF = 60.0
 #: An object that is not finished is looked at again at least this often, whatever events say: the
@@ -30,6 +35,12 @@ RESYNC = 60.0
 #: memory for the API client's few connections: most of the operator's peak memory, and no faster
 #: (docs/benchmarks.md, "Operator scale").
 MAX_CONCURRENT_RECONCILES = 32
+
+
+def utcnow() -> datetime:
+    """The controllers' clock: UTC to the second, as Kubernetes timestamps are (a status written
+    with microseconds would differ from its own read-back and be written again)."""
+    return datetime.now(UTC).replace(microsecond=0)
 
 
 class ReconcileLoop:

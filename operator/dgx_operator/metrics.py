@@ -34,7 +34,7 @@ from collections import Counter as Tally
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from importlib import metadata
-from typing import TYPE_CHECKING, get_args
+from typing import TYPE_CHECKING
 
 from prometheus_client import (
     CollectorRegistry,
@@ -49,8 +49,17 @@ from prometheus_client import (
     generate_latest,
 )
 
-from dgx_operator.api.datamount import MountPhase
-from dgx_operator.api.trainingjob import Phase
+from dgx_operator.api.vocabulary import (
+    JOB,
+    JOB_PHASES,
+    MOUNT,
+    MOUNT_PHASES,
+    JobCondition,
+    JobPhase,
+    JobReason,
+    reasons_of,
+)
+from dgx_operator.reconcile.status import find_condition
 
 if TYPE_CHECKING:
     import aiohttp.web
@@ -61,39 +70,25 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("kubedgx")
 
-JOB_KIND = "DGXTrainingJob"
-MOUNT_KIND = "DGXDataMount"
+JOB_KIND = JOB
+MOUNT_KIND = MOUNT
 OUTCOMES = ("ok", "retry", "error")
-TERMINAL = ("Succeeded", "Failed")
+TERMINAL = JobPhase.TERMINAL
 #: The phases a job's first start comes from. Not Restarting: that follows a run (or, rarely, a
 #: restart before the first run, which then is not observed), and the stored conditions cannot tell
 #: the two apart when they flipped within the same second (timestamps have seconds).
-STARTING = (None, "Pending", "WaitingForData")
+STARTING = (None, JobPhase.PENDING, JobPhase.WAITING_FOR_DATA)
 #: Why a worker was replaced (kubedgx_worker_restarts_total's reason): its program failed (the
 #: restart policy let it be replaced; the incident counts once against backoffLimit however many
 #: workers it took), the cluster disrupted it (eviction, preemption, a node that failed or shut
 #: down: its pod ended Failed with a disruption reason), an interactive worker exited, or it
 #: vanished without this operator deleting it (node loss: the pod garbage-collected or stuck
 #: Terminating on an unreachable node; a spot reclaim; someone's kubectl delete).
-RESTART_REASONS = ("WorkerRestarted", "WorkerDisrupted", "WorkerReplaced", "WorkerLost")
-#: The reasons the planner ends a job with (its Succeeded/Failed condition's reason): their series
-#: start at zero. A reason not listed here still counts; its series appears with its first job.
-FINISH_REASONS: dict[str, tuple[str, ...]] = {
-    "Succeeded": ("Completed",),
-    "Failed": (
-        "WorkerFailed",
-        "BackoffLimitExceeded",
-        "InvalidTrainerInput",
-        "DeadlineExceeded",
-        "PendingTimeout",
-        "DataMountFailed",
-        "ForeignObject",
-        "InvalidSpec",
-        "CreateRefused",
-        "InvalidImageName",
-        "ErrImageNeverPull",
-    ),
-}
+RESTART_REASONS = JobReason.RESTARTS
+#: The reasons a job ends with (its Succeeded/Failed condition's reason), as api.vocabulary declares
+#: them: their series start at zero. A reason not declared still counts; its series appears with its
+#: first job.
+FINISH_REASONS: dict[str, tuple[str, ...]] = {phase: reasons_of(JOB, phase) for phase in JobPhase.TERMINAL}
 #: Admission reviews: let through, refused as invalid (422), or not decided (the webhook could not
 #: check, 503, or failed: the apiserver applies the failurePolicy).
 WEBHOOK_RESULTS = ("allowed", "denied", "error")
@@ -144,7 +139,7 @@ def _seconds(start: datetime | None, end: datetime | None) -> float | None:
 
 
 def _condition(status: DGXTrainingJobStatus, type_: str) -> Condition | None:
-    return next((c for c in status.conditions if c.type == type_), None)
+    return find_condition(status.conditions, type_)
 
 
 def never_ran(status: DGXTrainingJobStatus | None) -> bool:
@@ -157,13 +152,15 @@ def never_ran(status: DGXTrainingJobStatus | None) -> bool:
     flipped to True and back, after them."""
     if status is None:
         return True
-    running = _condition(status, "Running")
+    running = _condition(status, JobCondition.RUNNING)
     if running is None:
         return True
     if running.status == "True":
         return False
     others = [
-        _utc(c.last_transition_time) for c in status.conditions if c.type in ("Restarting", "Suspended", "Finished")
+        _utc(c.last_transition_time)
+        for c in status.conditions
+        if c.type in (JobCondition.RESTARTING, JobCondition.SUSPENDED, JobCondition.FINISHED)
     ]
     return not others or _utc(running.last_transition_time) <= min(others)
 
@@ -285,10 +282,10 @@ class Metrics:
             for operation in WEBHOOK_OPERATIONS:
                 for result in WEBHOOK_RESULTS:
                     self.webhook_requests.labels(kind, operation, result)
-        for phase in get_args(Phase):
+        for phase in JOB_PHASES:
             self.gauges[JOB_KIND].labels(phase).set(0)
-        for phase in get_args(MountPhase):
-            self.gauges[MOUNT_KIND].labels(phase).set(0)
+        for mount_phase in MOUNT_PHASES:
+            self.gauges[MOUNT_KIND].labels(mount_phase).set(0)
         for reason in RESTART_REASONS:
             self.restarts.labels(reason)
         for outcome, reasons in FINISH_REASONS.items():
@@ -338,13 +335,13 @@ class Metrics:
         write the apiserver refused (409, 5xx) is planned and written again, and counted then."""
         before = old.phase if old is not None else None
         if new.phase in TERMINAL and before not in TERMINAL:
-            ended = _condition(new, new.phase) or _condition(new, "Finished")
+            ended = _condition(new, new.phase) or _condition(new, JobCondition.FINISHED)
             self.finished.labels(new.phase, ended.reason if ended is not None else new.phase).inc()
             ran = _seconds(new.start_time, new.completion_time)
             if ran is not None:
                 self.run_durations.labels(new.phase).observe(ran)
-        if new.phase == "Running" and before in STARTING and never_ran(old):
-            running = _condition(new, "Running")
+        if new.phase == JobPhase.RUNNING and before in STARTING and never_ran(old):
+            running = _condition(new, JobCondition.RUNNING)
             waited = _seconds(created, running.last_transition_time if running is not None else None)
             if waited is not None:
                 self.time_to_running.observe(waited)
@@ -358,19 +355,19 @@ class Metrics:
         and the job goes on; deleting running workers (scale-down) or workers of a job that ends,
         is suspended or is deleted replaces nothing. A pod counts once: once deleted, it shows as
         terminating and is never deleted again."""
-        if pod is None or pod.terminating or job_deleting or phase in (*TERMINAL, "Suspended"):
+        if pod is None or pod.terminating or job_deleting or phase in (*TERMINAL, JobPhase.SUSPENDED):
             return
         if pod.succeeded:
-            self.restarted("WorkerReplaced")
+            self.restarted(JobReason.WORKER_REPLACED)
         elif pod.failed:
-            self.restarted("WorkerDisrupted" if pod.disrupted else "WorkerRestarted")
+            self.restarted(JobReason.WORKER_DISRUPTED if pod.disrupted else JobReason.WORKER_RESTARTED)
 
     def event(self, reason: str, message: str) -> None:
         """An event of a plan that was carried out. Workers lost without this operator's doing are
         known only by the planner's count in its WorkerLost event."""
-        if reason == "WorkerLost":
+        if reason == JobReason.WORKER_LOST:
             found = _LOST.match(message)
-            self.restarted("WorkerLost", int(found.group(1)) if found else 1)
+            self.restarted(JobReason.WORKER_LOST, int(found.group(1)) if found else 1)
 
     # -- the webhook ----------------------------------------------------------------------------
 

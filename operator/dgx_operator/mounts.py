@@ -20,9 +20,9 @@ from datetime import datetime
 from typing import Any, ClassVar
 
 from dgx_operator.api.datamount import DGXDataMount, DGXDataMountSpec, DGXDataMountStatus
-from dgx_operator.controller import EventSink, merge_patch, utcnow
+from dgx_operator.api.vocabulary import MountPhase, MountReason
 from dgx_operator.kube import MOUNTS, Kube, TransientError
-from dgx_operator.loop import Key, ReconcileLoop
+from dgx_operator.loop import EventSink, Key, ReconcileLoop, utcnow
 from dgx_operator.metrics import MOUNT_KIND, Metrics
 from dgx_operator.reconcile.mounts import (
     MOUNT_FINALIZER,
@@ -34,6 +34,7 @@ from dgx_operator.reconcile.mounts import (
     syncing,
     users,
 )
+from dgx_operator.reconcile.status import merge_patch
 from dgx_operator.render.datasync import CA_BUNDLE_ENV, GCS_KEY_DEFAULT
 
 log = logging.getLogger("kubedgx")
@@ -42,7 +43,7 @@ log = logging.getLogger("kubedgx")
 Lister = Callable[[DGXDataMountSpec, Mapping[str, str]], Listed]
 AWS_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
 #: The Ready reason of a mount whose store's TLS certificate was not trusted (dgx_datasync's).
-UNTRUSTED = "CertificateUntrusted"
+UNTRUSTED = MountReason.CERTIFICATE_UNTRUSTED
 
 
 def list_store(spec: DGXDataMountSpec, env: Mapping[str, str]) -> Listed:
@@ -124,7 +125,7 @@ class MountController(ReconcileLoop):
         if mount is None:
             if key not in self.unreadable:
                 self.unreadable.add(key)
-                self.post_event(body, "Warning", "InvalidSpec", why)
+                self.post_event(body, "Warning", MountReason.INVALID_SPEC, why)
             log.warning("DGXDataMount %s/%s: %s", namespace, name, why)
             return None
         self.unreadable.discard(key)
@@ -146,7 +147,7 @@ class MountController(ReconcileLoop):
         each operator that starts: the CA bundle is read at startup, and the admin's fix (the chart's
         caBundle) arrives as a new operator, not as an edit of the mount's spec."""
         status = mount.status
-        if status is None or status.phase != "Failed" or key in self.rechecked:
+        if status is None or status.phase != MountPhase.FAILED or key in self.rechecked:
             return False
         reason = next((c.reason for c in status.conditions if c.type == READY), None)
         if reason != UNTRUSTED:
@@ -166,7 +167,7 @@ class MountController(ReconcileLoop):
                 return await asyncio.wait_for(asyncio.to_thread(self.lister, mount.spec, env), self.list_timeout)
             except TimeoutError:
                 return Listed(
-                    error="Unreachable",
+                    error=MountReason.UNREACHABLE,
                     message=f"listing {mount.spec.source} took longer than {self.list_timeout:.0f}s",
                     transient=True,
                 )
@@ -183,7 +184,7 @@ class MountController(ReconcileLoop):
         if data is None:
             # Retried: the Secret may be applied just after the mount (kubectl apply -f dir/).
             return {}, Listed(
-                error="CredentialsMissing",
+                error=MountReason.CREDENTIALS_MISSING,
                 message=f"Secret {namespace}/{ref.name} (spec.credentialsSecretRef) not found",
                 transient=True,
             )
@@ -191,7 +192,7 @@ class MountController(ReconcileLoop):
             key = ref.key or GCS_KEY_DEFAULT
             if key not in data:
                 return {}, Listed(
-                    error="CredentialsMissing",
+                    error=MountReason.CREDENTIALS_MISSING,
                     message=f"Secret {namespace}/{ref.name} has no key {key!r} (spec.credentialsSecretRef.key)",
                 )
             path = os.path.join(scratch, "key.json")
@@ -201,7 +202,7 @@ class MountController(ReconcileLoop):
         missing = [k for k in AWS_KEYS[:2] if k not in data]
         if missing:
             return {}, Listed(
-                error="CredentialsMissing",
+                error=MountReason.CREDENTIALS_MISSING,
                 message=f"Secret {namespace}/{ref.name} lacks {', '.join(missing)} (spec.credentialsSecretRef)",
             )
         return {k: data[k].decode("utf-8").strip() for k in AWS_KEYS if k in data}, None
@@ -231,7 +232,7 @@ class MountController(ReconcileLoop):
                 self.post_event(
                     body,
                     "Warning",
-                    "InUse",
+                    MountReason.IN_USE,
                     f"deletion waits until DGXTrainingJob {', '.join(using)} ended (delete the job to free it now)",
                 )
             return self.in_use_recheck

@@ -30,6 +30,7 @@ from dgx_api.text import printable
 from dgx_datasync.errors import SyncError
 from dgx_datasync.store import check_endpoint, check_region
 from dgx_operator.api import API_VERSION, GROUP, VERSION, DGXDataMount, DGXDataMountSpec, DGXTrainingJob
+from dgx_operator.api.vocabulary import JobPhase
 from dgx_operator.catalog import Catalog, UnknownInstanceError
 from dgx_operator.crdgen import KINDS, kind_by_name, openapi_schema
 from dgx_operator.objectmeta import (
@@ -414,7 +415,7 @@ def reference_problems(catalog: Catalog, objects: Iterable[tuple[Mapping[str, An
 #: Fields that define what a job runs: changing them under running workers would leave a
 #: half-old, half-new group. Suspend the job (or create a new one) to change them.
 IMMUTABLE_WHILE_RUNNING = ("instance", "trainer", "command", "args")
-ACTIVE_PHASES = ("Pending", "Running", "Restarting")
+ACTIVE_PHASES = (JobPhase.PENDING, JobPhase.RUNNING, JobPhase.RESTARTING)
 
 
 def immutable_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[Problem]:

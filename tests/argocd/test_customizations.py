@@ -7,13 +7,15 @@ file in testdata/ is used."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any
 
 import pytest
 from pydantic import BaseModel
 
+from dgx_operator.api.common import JOB_KIND, MOUNT_KIND
 from dgx_operator.api.datamount import DGXDataMount
-from dgx_operator.api.trainingjob import DGXTrainingJob, Phase
+from dgx_operator.api.trainingjob import DGXTrainingJob
+from dgx_operator.api.vocabulary import JOB_PHASES, MOUNT_PHASES, JobCondition, JobReason
 from tests.argocd.health import (
     ACTIONS,
     CUSTOMIZATIONS,
@@ -35,7 +37,7 @@ from tests.argocd.health import (
 HEALTH = health_cases()
 DISCOVERY_CASES = discovery_cases()
 ACTION_CASES = action_cases()
-MODELS: dict[str, type[BaseModel]] = {"DGXTrainingJob": DGXTrainingJob, "DGXDataMount": DGXDataMount}
+MODELS: dict[str, type[BaseModel]] = {JOB_KIND: DGXTrainingJob, MOUNT_KIND: DGXDataMount}
 #: Jobs in a phase a newer operator might add: the checks must not break on them.
 FUTURE_PHASE = {"unknown-phase.yaml", "finished-unknown-phase.yaml"}
 
@@ -91,10 +93,17 @@ def test_action_case(case: ActionCase) -> None:
     assert after["spec"]["suspend"] is (case.action == "suspend")
 
 
+@pytest.mark.parametrize(("kind", "phases"), [(JOB_KIND, JOB_PHASES), (MOUNT_KIND, MOUNT_PHASES)])
+def test_every_phase_the_operator_writes_has_a_health_case(kind: str, phases: tuple[str, ...]) -> None:
+    """A phase added to api.vocabulary needs its Argo CD health decided: a case in health_test.yaml."""
+    covered = {(load(c.input).get("status") or {}).get("phase") for c in HEALTH if c.input.parents[1].name == kind}
+    assert sorted(set(phases) - covered) == []
+
+
 def test_resume_is_never_offered_for_a_job_only_kueue_holds() -> None:
     """Suspended with one of Kueue's reasons and spec.suspend unset: resume would have nothing to lift (and would not
     admit the job). The cases that say so exist and pass."""
-    held = [c for c in DISCOVERY_CASES if _suspended_reason(load(c.input)) not in (None, "Suspended")]
+    held = [c for c in DISCOVERY_CASES if _suspended_reason(load(c.input)) not in (None, JobReason.SUSPENDED)]
     assert {c.input.name for c in held} >= {"queued-by-kueue.yaml", "resumed-waiting-for-kueue.yaml"}
     for case in held:
         assert not load(case.input)["spec"].get("suspend")
@@ -103,7 +112,7 @@ def test_resume_is_never_offered_for_a_job_only_kueue_holds() -> None:
 
 def _suspended_reason(obj: dict[str, Any]) -> str | None:
     for c in (obj.get("status") or {}).get("conditions") or []:
-        if c["type"] == "Suspended" and c["status"] == "True":
+        if c["type"] == JobCondition.SUSPENDED and c["status"] == "True":
             return str(c["reason"])
     return None
 
@@ -120,8 +129,8 @@ def test_every_test_object_is_one_the_operator_accepts(path: Path) -> None:
     assert obj["apiVersion"] == "kubedgx.io/v1alpha1"
     model = MODELS[obj["kind"]]
     if path.name in FUTURE_PHASE:
-        assert obj["status"]["phase"] not in get_args(Phase)
-        obj["status"]["phase"] = "Running"
+        assert obj["status"]["phase"] not in JOB_PHASES
+        obj["status"]["phase"] = JOB_PHASES[0]
     model.model_validate(obj)
 
 

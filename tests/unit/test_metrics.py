@@ -34,11 +34,11 @@ from prometheus_client.parser import text_string_to_metric_families
 import dgx_operator.handlers  # into kopf's default registry, as the operator's other tests expect
 from dgx_operator import admission
 from dgx_operator.api.trainingjob import DGXTrainingJobStatus
+from dgx_operator.api.vocabulary import JOB, JobPhase, reasons_of
 from dgx_operator.catalog import Catalog
-from dgx_operator.controller import Controller, merge_patch
+from dgx_operator.controller import Controller
 from dgx_operator.kube import TransientError
 from dgx_operator.metrics import (
-    FINISH_REASONS,
     JOB_KIND,
     MOUNT_KIND,
     RESTART_REASONS,
@@ -47,9 +47,10 @@ from dgx_operator.metrics import (
     serve,
 )
 from dgx_operator.reconcile.pods import PERMANENT_WAITING, PodView
+from dgx_operator.reconcile.status import merge_patch
 from dgx_operator.render.names import INDEX_LABEL, JOB_LABEL
 from dgx_operator.render.resolved import Defaults
-from tests.conftest import BASE_JOB, ROOT, with_changes
+from tests.conftest import BASE_JOB, with_changes
 from tests.unit.metrics_helpers import CREATED, populated, stamp, status_with
 from tests.unit.planner_sim import T0, UID, pod_status
 
@@ -479,15 +480,17 @@ def test_job_status_written_counts_only_transitions() -> None:
     assert value(m, "kubedgx_job_run_duration_seconds_bucket", outcome="Failed", le="172800.0") == 1
 
 
-def test_the_pre_initialised_outcome_reasons_are_the_planners() -> None:
-    """Every reason the planner ends a job with has its series from the start (so the first failure
-    of a kind shows in increase()); a new one in the planner fails this test until it is listed."""
-    source = (ROOT / "operator/dgx_operator/reconcile/planner.py").read_text()
-    literal = set(re.findall(r'finish\(\s*"(Succeeded|Failed)",\s*"(\w+)"', source))
-    planned = literal | {("Failed", reason) for reason in PERMANENT_WAITING}
-    listed = {(outcome, reason) for outcome, reasons in FINISH_REASONS.items() for reason in reasons}
-    assert ("Failed", "BackoffLimitExceeded") in planned
-    assert planned <= listed, sorted(planned - listed)
+def test_the_pre_initialised_outcome_reasons_are_the_vocabularys() -> None:
+    """Every reason a job can end with (api.vocabulary) has its series from the start, so the first
+    failure of a kind shows in increase(); the planner can only end a job with a declared reason
+    (tests/unit/test_vocabulary.py checks every finish() against the declarations)."""
+    m = Metrics()
+    declared = {(JobPhase.SUCCEEDED, r) for r in reasons_of(JOB, JobPhase.SUCCEEDED)}
+    declared |= {(JobPhase.FAILED, r) for r in reasons_of(JOB, JobPhase.FAILED)}
+    assert ("Failed", "BackoffLimitExceeded") in declared
+    assert {("Failed", r) for r in PERMANENT_WAITING} <= declared
+    for outcome, reason in declared:
+        assert ("kubedgx_jobs_finished_total", frozenset({("outcome", outcome), ("reason", reason)})) in samples_of(m)
 
 
 # -- phases, leadership, build info, process metrics ----------------------------------------------

@@ -14,6 +14,8 @@ from typing import Any, Final
 
 from flyteidl.core.execution_pb2 import TaskExecution
 
+from dgx_operator.api.vocabulary import JobCondition, JobPhase, JobReason
+
 QUEUED: Final = TaskExecution.QUEUED
 WAITING: Final = TaskExecution.WAITING_FOR_RESOURCES
 INITIALIZING: Final = TaskExecution.INITIALIZING
@@ -22,7 +24,7 @@ SUCCEEDED: Final = TaskExecution.SUCCEEDED
 FAILED: Final = TaskExecution.FAILED
 
 #: Running-condition reasons of a Pending job that mean "no room now" rather than "not looked at yet".
-NO_CAPACITY_REASONS: Final = frozenset({"Unschedulable", "QuotaExceeded"})
+NO_CAPACITY_REASONS: Final = frozenset({JobReason.UNSCHEDULABLE, JobReason.QUOTA_EXCEEDED})
 
 
 @dataclass(frozen=True)
@@ -88,36 +90,36 @@ def status_of(job: Mapping[str, Any] | None, log_template: str | None = None) ->
     info = {k: status[k] for k in ("phase", "nodes", "restarts", "attempt", "progress", "artifacts") if k in status}
     meta = job.get("metadata") or {}
     info["job"] = f"{meta.get('namespace')}/{meta.get('name')}"
-    running = _condition(job, "Running")
+    running = _condition(job, JobCondition.RUNNING)
 
     def done(p: int, msg: str) -> Status:
         return Status(p, msg, links, info)
 
-    if phase in (None, "Pending"):
+    if phase in (None, JobPhase.PENDING):
         why = _why(running)
-        quota = _condition(job, "WorkersPending")
+        quota = _condition(job, JobCondition.WORKERS_PENDING)
         if quota.get("status") == "True" and quota.get("reason") in NO_CAPACITY_REASONS:
             return done(WAITING, f"waiting for quota: {_why(quota)}")
         if running.get("reason") in NO_CAPACITY_REASONS:
             return done(WAITING, f"waiting for nodes: {why}")
         return done(QUEUED, f"pending: {why}" if why else "pending: the operator has not placed the workers yet")
-    if phase == "Suspended":
-        held = _condition(job, "Suspended")
-        if held.get("reason") == "Suspended":  # the user's spec.suspend, not Kueue
+    if phase == JobPhase.SUSPENDED:
+        held = _condition(job, JobCondition.SUSPENDED)
+        if held.get("reason") == JobReason.SUSPENDED:  # the user's spec.suspend, not Kueue
             return done(WAITING, f"suspended (spec.suspend): {_why(held)}")
         return done(WAITING, f"queued by Kueue: {_why(held)}")
-    if phase == "WaitingForData":
-        return done(INITIALIZING, f"syncing data to the nodes: {_why(_condition(job, 'DataReady'))}")
+    if phase == JobPhase.WAITING_FOR_DATA:
+        return done(INITIALIZING, f"syncing data to the nodes: {_why(_condition(job, JobCondition.DATA_READY))}")
     progress = _progress(status)
-    if phase == "Running":
+    if phase == JobPhase.RUNNING:
         return done(RUNNING, f"running: {progress}" if progress else "running")
-    if phase == "Restarting":
-        restarting = f"restarting: {_why(_condition(job, 'Restarting'))}"
+    if phase == JobPhase.RESTARTING:
+        restarting = f"restarting: {_why(_condition(job, JobCondition.RESTARTING))}"
         return done(RUNNING, f"{restarting} ({progress})" if progress else restarting)
-    if phase == "Succeeded":
-        archived = _condition(job, "Archived")
+    if phase == JobPhase.SUCCEEDED:
+        archived = _condition(job, JobCondition.ARCHIVED)
         extra = f"; {_why(archived)}" if archived else ""
-        return done(SUCCEEDED, f"succeeded: {progress or _why(_condition(job, 'Succeeded'))}{extra}")
-    if phase == "Failed":
-        return done(FAILED, f"failed: {_why(_condition(job, 'Failed')) or 'no reason recorded'}")
+        return done(SUCCEEDED, f"succeeded: {progress or _why(_condition(job, JobCondition.SUCCEEDED))}{extra}")
+    if phase == JobPhase.FAILED:
+        return done(FAILED, f"failed: {_why(_condition(job, JobCondition.FAILED)) or 'no reason recorded'}")
     return done(QUEUED, f"unknown phase {phase!r}")

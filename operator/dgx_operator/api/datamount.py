@@ -15,14 +15,16 @@ from dgx_api.schema import KubeModel, cel, pattern
 from dgx_api.trainer_config import AbsolutePath
 from dgx_operator.api.common import (
     API_VERSION,
+    MOUNT_KIND,
     Condition,
     ObjectMeta,
     ObjectName,
     Quantity,
     condition_list_field,
 )
+from dgx_operator.api.vocabulary import MountPhaseName
 
-KIND: Final = "DGXDataMount"
+KIND: Final = MOUNT_KIND
 
 SOURCE_PATTERN = pattern(
     r"^(s3|gs)://[a-z0-9][a-z0-9._-]{1,61}[a-z0-9](/[^\s]*)?$",
@@ -170,13 +172,10 @@ class DGXDataMountSpec(KubeModel):
     )
 
 
-MountPhase = Literal["Pending", "Syncing", "Ready", "Failed"]
-
-
 class DGXDataMountStatus(KubeModel):
     """The mount as last listed by the operator."""
 
-    phase: MountPhase | None = Field(default=None, description="Lifecycle phase.")
+    phase: MountPhaseName | None = Field(default=None, description="Lifecycle phase.")
     conditions: list[Condition] = condition_list_field(
         "Latest observations, one per condition type: Ready, True once the store was listed (In) or found "
         "writable (Out) for the current spec."

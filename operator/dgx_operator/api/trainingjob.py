@@ -18,6 +18,7 @@ from dgx_api.trainer_config import AbsolutePath, TrainerConfig
 from dgx_operator.api.common import (
     API_VERSION,
     DURATION_PATTERN,
+    JOB_KIND,
     Condition,
     Duration,
     EnvVar,
@@ -28,8 +29,9 @@ from dgx_operator.api.common import (
     Toleration,
     condition_list_field,
 )
+from dgx_operator.api.vocabulary import PhaseName
 
-KIND: Final = "DGXTrainingJob"
+KIND: Final = JOB_KIND
 
 INSTANCE_PATTERN = pattern(
     r"^dgx[a-z0-9]+\.[0-9]+g\.[0-9]+\.(norm|spot|debug)$",
@@ -362,9 +364,6 @@ class DGXTrainingJobSpec(KubeModel):
     )
 
 
-Phase = Literal["Pending", "WaitingForData", "Running", "Restarting", "Suspended", "Succeeded", "Failed"]
-
-
 class WorkerCounts(KubeModel):
     """Worker pods by state, as last observed."""
 
@@ -416,7 +415,7 @@ class Artifact(KubeModel):
 class DGXTrainingJobStatus(KubeModel):
     """What the operator observed, never what it hopes: written only by the operator."""
 
-    phase: Phase | None = Field(default=None, description="Lifecycle phase.")
+    phase: PhaseName | None = Field(default=None, description="Lifecycle phase.")
     conditions: list[Condition] = condition_list_field(
         "Latest observations, one per condition type. Running, Restarting, Suspended and Finished are always "
         "present (Finished is True once the job has succeeded or failed, with the reason it ended: wait for it "

@@ -15,14 +15,15 @@ from datetime import datetime
 from typing import Any
 
 from dgx_operator.api.datamount import DGXDataMount, DGXDataMountStatus
-from dgx_operator.reconcile.planner import set_condition
+from dgx_operator.api.vocabulary import JobPhase, MountCondition, MountPhase, MountReason
+from dgx_operator.reconcile.status import set_condition
 from dgx_operator.reconcile.stored import parse_stored
 
-READY = "Ready"
+READY = MountCondition.READY
 #: Held on every DGXDataMount so that deleting one a running job uses waits for the job to end.
 MOUNT_FINALIZER = "kubedgx.io/data-mount-in-use"
 #: Phases of a job after which its mounts are no longer in use.
-JOB_DONE = ("Succeeded", "Failed")
+JOB_DONE = JobPhase.TERMINAL
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,7 @@ def needs_listing(mount: DGXDataMount) -> bool:
     """Never listed, or listed for an older generation of the spec, or still mid-listing (an
     operator that restarted while Syncing)."""
     status = mount.status
-    if status is None or status.phase in (None, "Pending", "Syncing"):
+    if status is None or status.phase in (None, MountPhase.PENDING, MountPhase.SYNCING):
         return True
     return status.observed_generation != (mount.metadata.generation or 0)
 
@@ -61,9 +62,9 @@ def syncing(mount: DGXDataMount, now: datetime) -> DGXDataMountStatus:
     """The status written before a listing starts, so `kubectl get` shows the work in progress."""
     status = (mount.status or DGXDataMountStatus()).model_copy(deep=True)
     generation = mount.metadata.generation or 0
-    status.phase = "Syncing"
+    status.phase = MountPhase.SYNCING
     verb = "listing" if mount.spec.direction == "In" else "checking"
-    _set(status, False, "Syncing", f"{verb} {mount.spec.source}", generation, now)
+    _set(status, False, MountReason.SYNCING, f"{verb} {mount.spec.source}", generation, now)
     return status
 
 
@@ -84,22 +85,22 @@ def plan_mount(mount: DGXDataMount, listed: Listed, now: datetime) -> MountPlan:
     old_phase = status.phase
     plan = MountPlan(status=status)
     if listed.error is not None and listed.transient:
-        status.phase = "Syncing"
+        status.phase = MountPhase.SYNCING
         _set(status, False, listed.error, f"{listed.message} (retrying)", generation, now)
         plan.retry = True
         return plan
     if listed.error is not None:
-        status.phase = "Failed"
+        status.phase = MountPhase.FAILED
         status.observed_generation = generation
         status.objects = status.total_bytes = status.manifest_digest = None
         _set(status, False, listed.error, listed.message, generation, now)
         old_reason = next(
             (c.reason for c in (mount.status.conditions if mount.status else []) if c.type == READY), None
         )
-        if old_phase != "Failed" or old_reason != listed.error:
+        if old_phase != MountPhase.FAILED or old_reason != listed.error:
             plan.events.append(("Warning", listed.error, listed.message))
         return plan
-    status.phase = "Ready"
+    status.phase = MountPhase.READY
     status.observed_generation = generation
     status.last_sync_time = now
     if mount.spec.direction == "In":
@@ -112,9 +113,18 @@ def plan_mount(mount: DGXDataMount, listed: Listed, now: datetime) -> MountPlan:
     else:
         status.objects = status.total_bytes = status.manifest_digest = None
         message = f"{mount.spec.source} is writable"
-    _set(status, True, "Listed" if mount.spec.direction == "In" else "Writable", message, generation, now)
-    if old_phase != "Ready" or status.manifest_digest != (mount.status.manifest_digest if mount.status else None):
-        plan.events.append(("Normal", "Ready", message))
+    _set(
+        status,
+        True,
+        MountReason.LISTED if mount.spec.direction == "In" else MountReason.WRITABLE,
+        message,
+        generation,
+        now,
+    )
+    if old_phase != MountPhase.READY or status.manifest_digest != (
+        mount.status.manifest_digest if mount.status else None
+    ):
+        plan.events.append(("Normal", MountReason.READY, message))
     return plan
 
 
@@ -137,12 +147,14 @@ def mount_state(mount: DGXDataMount) -> tuple[str, str, str | None]:
     spec the user just fixed must not fail a job that sees it before the operator lists again)."""
     status = mount.status
     if status is None or status.phase is None:
-        return "Pending", "", None
+        return MountPhase.PENDING, "", None
     ready = next((c for c in status.conditions if c.type == READY), None)
     message = ready.message if ready is not None else ""
-    if status.phase in ("Ready", "Failed") and status.observed_generation != (mount.metadata.generation or 0):
-        return "Syncing", "the spec changed; listing again", None
-    return status.phase, message, status.manifest_digest if status.phase == "Ready" else None
+    if status.phase in (MountPhase.READY, MountPhase.FAILED) and status.observed_generation != (
+        mount.metadata.generation or 0
+    ):
+        return MountPhase.SYNCING, "the spec changed; listing again", None
+    return status.phase, message, status.manifest_digest if status.phase == MountPhase.READY else None
 
 
 def parse_mount(body: Mapping[str, Any]) -> tuple[DGXDataMount | None, str]:

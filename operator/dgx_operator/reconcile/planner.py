@@ -37,6 +37,7 @@ from dgx_operator.api.trainingjob import (
     Progress,
     WorkerCounts,
 )
+from dgx_operator.api.vocabulary import JobCondition, JobPhase, JobReason, MountPhase, PhaseName
 from dgx_operator.catalog import UnknownInstanceError
 from dgx_operator.reconcile.pods import PERMANENT_WAITING, STUCK_AFTER, PodView, artifacts_of, read_progress
 from dgx_operator.reconcile.queueing import (
@@ -48,6 +49,7 @@ from dgx_operator.reconcile.queueing import (
     pod_set,
     pods_ready_status,
 )
+from dgx_operator.reconcile.status import find_condition, set_condition
 from dgx_operator.render import BuildContext, BuildError, JobIdentity, headless_service, trainer_config_map, worker_pod
 from dgx_operator.render.datasync import archives
 from dgx_operator.render.names import replacement_name
@@ -57,21 +59,17 @@ EventType = Literal["Normal", "Warning"]
 #: A condition reason the CRD's schema takes (api.common.Condition).
 REASON = re.compile(r"[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?")
 
-RUNNING, RESTARTING, SUSPENDED, SUCCEEDED, FAILED, DATA_READY = (
-    "Running",
-    "Restarting",
-    "Suspended",
-    "Succeeded",
-    "Failed",
-    "DataReady",
-)
-#: Whether the job has ended, either way (Kueue's Workload says the same with its own ``Finished``):
-#: True on Succeeded and Failed with the reason it ended, so `kubectl wait --for=condition=Finished`
-#: returns for a failed job too; False before, with the phase as its reason.
-FINISHED = "Finished"
-#: Whether the final model reached the job's direction: Out mounts (set when the job succeeds).
-ARCHIVED = "Archived"
-TERMINAL = ("Succeeded", "Failed")
+# The condition types (api.vocabulary.JobCondition), by the short names the ladder reads best with.
+RUNNING = JobCondition.RUNNING
+RESTARTING = JobCondition.RESTARTING
+SUSPENDED = JobCondition.SUSPENDED
+SUCCEEDED = JobCondition.SUCCEEDED
+FAILED = JobCondition.FAILED
+DATA_READY = JobCondition.DATA_READY
+FINISHED = JobCondition.FINISHED
+ARCHIVED = JobCondition.ARCHIVED
+WORKERS_PENDING = JobCondition.WORKERS_PENDING
+TERMINAL = JobPhase.TERMINAL
 
 
 #: How long after a restart a failure of a worker from an older attempt still belongs to it: the
@@ -112,9 +110,6 @@ class Refused:
 #: How often a job whose workers a ResourceQuota refused tries again (nothing else tells it that
 #: the quota has room: the other jobs ending are not its events).
 QUOTA_RETRY_SECONDS = 30.0
-
-#: The condition that says workers cannot even be created (a ResourceQuota is exhausted).
-WORKERS_PENDING = "WorkersPending"
 
 
 @dataclass(frozen=True)
@@ -163,26 +158,8 @@ class Plan:
     workloads: WorkloadWrites = field(default_factory=WorkloadWrites)
 
 
-def set_condition(
-    conditions: list[Condition], type_: str, status: bool, reason: str, message: str, now: datetime, generation: int
-) -> list[Condition]:
-    """Replace the condition of ``type_``; lastTransitionTime moves only when its status flips."""
-    value: Literal["True", "False"] = "True" if status else "False"
-    old = next((c for c in conditions if c.type == type_), None)
-    since = old.last_transition_time if old is not None and old.status == value else now
-    new = Condition(
-        type=type_,
-        status=value,
-        reason=reason,
-        message=message,
-        last_transition_time=since,
-        observed_generation=generation,
-    )
-    return [*(c for c in conditions if c.type != type_), new]
-
-
 def condition(status: DGXTrainingJobStatus, type_: str) -> Condition | None:
-    return next((c for c in status.conditions if c.type == type_), None)
+    return find_condition(status.conditions, type_)
 
 
 class _Planner:
@@ -231,43 +208,43 @@ class _Planner:
             if not pod.terminating and pod.name not in self.plan.delete:
                 self.plan.delete.append(pod.name)
 
-    def set_phase(self, phase: str, reason: str, message: str) -> None:
+    def set_phase(self, phase: PhaseName, reason: str, message: str) -> None:
         """Phase plus the conditions that mirror it; an event whenever the phase changes."""
-        self.status.phase = phase  # type: ignore[assignment]
-        running = phase == "Running"
+        self.status.phase = phase
+        running = phase == JobPhase.RUNNING
         self.cond(RUNNING, running, reason, message)
         self.cond(
             RESTARTING,
-            phase == "Restarting",
-            reason if phase == "Restarting" else "NotRestarting",
-            message if phase == "Restarting" else "",
+            phase == JobPhase.RESTARTING,
+            reason if phase == JobPhase.RESTARTING else JobReason.NOT_RESTARTING,
+            message if phase == JobPhase.RESTARTING else "",
         )
         self.cond(
             SUSPENDED,
-            phase == "Suspended",
-            reason if phase == "Suspended" else "NotSuspended",
-            message if phase == "Suspended" else "",
+            phase == JobPhase.SUSPENDED,
+            reason if phase == JobPhase.SUSPENDED else JobReason.NOT_SUSPENDED,
+            message if phase == JobPhase.SUSPENDED else "",
         )
         if phase in TERMINAL:
             self.cond(
                 SUCCEEDED,
-                phase == "Succeeded",
-                reason if phase == "Succeeded" else "NotSucceeded",
-                message if phase == "Succeeded" else "",
+                phase == JobPhase.SUCCEEDED,
+                reason if phase == JobPhase.SUCCEEDED else JobReason.NOT_SUCCEEDED,
+                message if phase == JobPhase.SUCCEEDED else "",
             )
             self.cond(
                 FAILED,
-                phase == "Failed",
-                reason if phase == "Failed" else "NotFailed",
-                message if phase == "Failed" else "",
+                phase == JobPhase.FAILED,
+                reason if phase == JobPhase.FAILED else JobReason.NOT_FAILED,
+                message if phase == JobPhase.FAILED else "",
             )
         ended = phase in TERMINAL
         self.cond(FINISHED, ended, reason if ended else phase, message if ended else "")
         if phase != self.old_phase:
-            warning = phase in ("Failed", "Restarting")
+            warning = phase in (JobPhase.FAILED, JobPhase.RESTARTING)
             self.event("Warning" if warning else "Normal", reason, message or phase)
 
-    def finish(self, phase: str, reason: str, message: str) -> Plan:
+    def finish(self, phase: PhaseName, reason: str, message: str) -> Plan:
         """End the job: Succeeded or Failed, every remaining worker deleted."""
         self.set_phase(phase, reason, message)
         self.status.completion_time = self.status.completion_time or self.now
@@ -330,33 +307,35 @@ class _Planner:
         if self.status.phase in TERMINAL:
             self.delete([p for p in self.pods if not p.finished])
             self.backfill_finished()
-            if self.status.phase == "Succeeded":
+            if self.status.phase == JobPhase.SUCCEEDED:
                 self.collect_artifacts()  # a report that arrived after the job ended
             return self.done(desired=0)
         if self.observed.foreign:
-            return self.finish("Failed", "ForeignObject", "; ".join(self.observed.foreign))
+            return self.finish(JobPhase.FAILED, JobReason.FOREIGN_OBJECT, "; ".join(self.observed.foreign))
         permanent = [r for r in self.observed.refused if r.permanent]
         if permanent:
             # Retrying would meet the same answer: the spec (or the namespace's policy) must change.
-            return self.finish("Failed", "CreateRefused", "; ".join(r.describe() for r in permanent)[:1000])
+            return self.finish(
+                JobPhase.FAILED, JobReason.CREATE_REFUSED, "; ".join(r.describe() for r in permanent)[:1000]
+            )
         squatters = [p for p in self.strangers if not self._previous_incarnation(p)]
         if squatters:
             names = ", ".join(f"pod {self.ident.namespace}/{p.name}" for p in squatters)
             return self.finish(
-                "Failed",
-                "ForeignObject",
+                JobPhase.FAILED,
+                JobReason.FOREIGN_OBJECT,
                 f"{names} carries this job's label but another owner; delete it or rename the job",
             )
         try:
             r = resolve(self.spec, self.ctx.catalog)
         except UnknownInstanceError as exc:
-            return self.finish("Failed", "InvalidSpec", f"spec.instance: {exc.message}")
+            return self.finish(JobPhase.FAILED, JobReason.INVALID_SPEC, f"spec.instance: {exc.message}")
         gate = self.kueue(r)
         if self.spec.suspend:
             return self.suspended()
         if gate is not None and gate.placement is None:
             return self.queued(gate)
-        if self.old_phase == "Suspended":
+        if self.old_phase == JobPhase.SUSPENDED:
             self.status.start_time = None  # resuming: maxDuration counts afresh
         if self.status.start_time is None:
             waiting = self.waiting_for_data()
@@ -367,7 +346,9 @@ class _Planner:
             return succeeded  # before the deadline: a success first seen late is still a success
         if self.deadline_passed(r):
             return self.finish(
-                "Failed", "DeadlineExceeded", f"the job ran longer than spec.maxDuration ({self.spec.max_duration})"
+                JobPhase.FAILED,
+                JobReason.DEADLINE_EXCEEDED,
+                f"the job ran longer than spec.maxDuration ({self.spec.max_duration})",
             )
         # Losses first: a survivor's failure seen in the same pass belongs to the lost worker's
         # incident and must find the attempt already moved on.
@@ -382,7 +363,7 @@ class _Planner:
             result = self.keep_running(r)
         except BuildError as exc:  # a spec only the cluster can check, e.g. outputs into an input mount
             self.plan.create.clear()
-            return self.finish("Failed", "InvalidSpec", f"{exc.path}: {exc.message}")
+            return self.finish(JobPhase.FAILED, JobReason.INVALID_SPEC, f"{exc.path}: {exc.message}")
         self.quota()
         return result
 
@@ -411,16 +392,16 @@ class _Planner:
         before = condition(self.status, WORKERS_PENDING)
         if not refused:
             if before is not None:  # set on every pass once it exists: the conditions keep their order
-                self.cond(WORKERS_PENDING, False, "WorkersCreated", "every worker the job needs exists")
+                self.cond(WORKERS_PENDING, False, JobReason.WORKERS_CREATED, "every worker the job needs exists")
             return
         message = "; ".join(r.describe() for r in refused)[:1000]
         if before is None or before.status != "True":
-            self.event("Warning", "QuotaExceeded", message)
-        self.cond(WORKERS_PENDING, True, "QuotaExceeded", message)
-        if self.status.phase == "Pending":
+            self.event("Warning", JobReason.QUOTA_EXCEEDED, message)
+        self.cond(WORKERS_PENDING, True, JobReason.QUOTA_EXCEEDED, message)
+        if self.status.phase == JobPhase.PENDING:
             running = condition(self.status, RUNNING)
             counts = f"{running.message}; " if running is not None else ""
-            self.cond(RUNNING, False, "QuotaExceeded", f"{counts}{message}"[:1000])
+            self.cond(RUNNING, False, JobReason.QUOTA_EXCEEDED, f"{counts}{message}"[:1000])
         self.plan.requeue_after = min(self.plan.requeue_after or QUOTA_RETRY_SECONDS, QUOTA_RETRY_SECONDS)
 
     def _previous_incarnation(self, pod: PodView) -> bool:
@@ -489,7 +470,7 @@ class _Planner:
             uid=self.ident.uid,
             podset=None,
             user_suspended=self.spec.suspend,
-            finished=(self.status.phase == "Succeeded", message),
+            finished=(self.status.phase == JobPhase.SUCCEEDED, message),
             workers_active=0,
             now=self.stamp,
         )
@@ -501,14 +482,16 @@ class _Planner:
         self.delete([p for p in self.pods if not p.finished])
         self.status.start_time = None
         # Kueue's reasons are CamelCase; anything else would fail the condition's schema.
-        reason = gate.reason if REASON.fullmatch(gate.reason) else "Queued"
-        self.set_phase("Suspended", reason, gate.message[:32768])
+        reason = gate.reason if REASON.fullmatch(gate.reason) else JobReason.QUEUED
+        self.set_phase(JobPhase.SUSPENDED, reason, gate.message[:32768])
         return self.done(desired=0)
 
     def suspended(self) -> Plan:
         self.delete([p for p in self.pods if not p.finished])
         self.status.start_time = None
-        self.set_phase("Suspended", "Suspended", "spec.suspend is true: workers deleted, the job is kept")
+        self.set_phase(
+            JobPhase.SUSPENDED, JobReason.SUSPENDED, "spec.suspend is true: workers deleted, the job is kept"
+        )
         return self.done(desired=0)
 
     def waiting_for_data(self) -> Plan | None:
@@ -517,21 +500,23 @@ class _Planner:
         waiting: list[str] = []
         for ref in self.spec.data_mounts:
             state = self.observed.mounts.get(ref.name, MountState(None))
-            if state.phase == "Failed":
-                self.cond(DATA_READY, False, "DataMountFailed", f"{ref.name}: {state.message}")
-                return self.finish("Failed", "DataMountFailed", f"DGXDataMount {ref.name} failed: {state.message}")
+            if state.phase == MountPhase.FAILED:
+                self.cond(DATA_READY, False, JobReason.DATA_MOUNT_FAILED, f"{ref.name}: {state.message}")
+                return self.finish(
+                    JobPhase.FAILED, JobReason.DATA_MOUNT_FAILED, f"DGXDataMount {ref.name} failed: {state.message}"
+                )
             if state.phase is None:
                 waiting.append(f"{ref.name} (not found)")
             elif state.phase == UNREADABLE:
                 waiting.append(f"{ref.name} ({state.message})")
-            elif state.phase != "Ready":
+            elif state.phase != MountPhase.READY:
                 waiting.append(f"{ref.name} ({state.phase})")
         if waiting:
             message = "waiting for DGXDataMount " + ", ".join(waiting)
-            self.cond(DATA_READY, False, "DataNotReady", message)
-            self.set_phase("WaitingForData", "DataNotReady", message)
+            self.cond(DATA_READY, False, JobReason.DATA_NOT_READY, message)
+            self.set_phase(JobPhase.WAITING_FOR_DATA, JobReason.DATA_NOT_READY, message)
             return self.done(desired=0)
-        self.cond(DATA_READY, True, "DataReady", "every referenced DGXDataMount is Ready")
+        self.cond(DATA_READY, True, JobReason.DATA_READY, "every referenced DGXDataMount is Ready")
         return None
 
     def deadline_passed(self, r: Resolved) -> bool:
@@ -558,15 +543,17 @@ class _Planner:
             # of an earlier attempt (a restart replaces only the failed workers; the others keep
             # their attempt label and stay in the group), and excludes workers that never started
             # (phase Pending: an elastic job's spares may be unschedulable for ever and hold nothing).
-            busy = [p for p in self.pods if p.active and p.phase == "Running"]
+            busy = [p for p in self.pods if p.active and p.phase == "Running"]  # the Pod's phase
             if busy:
                 names = ", ".join(p.name for p in busy)
                 # Phase and condition agree (Running, reason Finishing) even if the last pass saw
                 # the job Pending or Restarting: the training is over, uploads are running.
-                self.set_phase("Running", "Finishing", f"{worker0.name} completed; waiting for {names} to end")
+                self.set_phase(
+                    JobPhase.RUNNING, JobReason.FINISHING, f"{worker0.name} completed; waiting for {names} to end"
+                )
                 self.plan.requeue_after = 30.0
                 return self.done(desired=len(busy))
-        self.finish("Succeeded", "Completed", f"{worker0.name} exited 0: training completed")
+        self.finish(JobPhase.SUCCEEDED, JobReason.COMPLETED, f"{worker0.name} exited 0: training completed")
         self.collect_artifacts()
         return self.plan
 
@@ -600,14 +587,14 @@ class _Planner:
         if artifacts:
             message = f"{len(artifacts)} artifact(s) archived to {targets}"
             if before is None or before.status != "True":
-                self.event("Normal", "Archived", message)
-            self.cond(ARCHIVED, True, "Archived", message)
+                self.event("Normal", JobReason.ARCHIVED, message)
+            self.cond(ARCHIVED, True, JobReason.ARCHIVED, message)
         elif before is None or before.status != "True":
             detail = "; ".join(errors) if errors else "no uploader reported an archive (see the checkpoints-* logs)"
             message = f"the final model was not archived to {targets}: {detail}"[:1000]
             if before is None:
-                self.event("Warning", "ArchiveFailed", message)
-            self.cond(ARCHIVED, False, "ArchiveFailed", message)
+                self.event("Warning", JobReason.ARCHIVE_FAILED, message)
+            self.cond(ARCHIVED, False, JobReason.ARCHIVE_FAILED, message)
 
     def failures(self, r: Resolved) -> Plan | None:
         """A failure the restart policy does not absorb ends the job; others restart workers.
@@ -618,16 +605,16 @@ class _Planner:
         failures = [p for p in current if not p.disrupted]
         ended = [p for p in self.pods if r.interactive and p.succeeded and not p.terminating]
         if ended and any(p.attempt >= self.status.attempt for p in ended):
-            self.restart(ended, counted=False, reason="WorkerReplaced")
+            self.restart(ended, counted=False, reason=JobReason.WORKER_REPLACED)
         if not failures:
             disrupted = [p for p in current if p.disrupted]
             if disrupted:
-                self.restart(disrupted, counted=False, reason="WorkerDisrupted")
+                self.restart(disrupted, counted=False, reason=JobReason.WORKER_DISRUPTED)
             return None
         first = failures[0].describe_failure()
         policy = self.spec.restart_policy
         if policy == "Never":
-            return self.finish("Failed", "WorkerFailed", f"{first}; restartPolicy is Never")
+            return self.finish(JobPhase.FAILED, JobReason.WORKER_FAILED, f"{first}; restartPolicy is Never")
         if policy == "OnFailure" and self.spec.trainer is not None:
             # The built-in trainer's exit 2 is its pre-launch check refusing the config, the data
             # or the model (docs/trainer.md, Exit codes): the same files fail the same way on every
@@ -635,8 +622,8 @@ class _Planner:
             invalid = [p for p in failures if p.failed_init is None and p.exit_code == TRAINER_INVALID_EXIT]
             if invalid:
                 return self.finish(
-                    "Failed",
-                    "InvalidTrainerInput",
+                    JobPhase.FAILED,
+                    JobReason.INVALID_TRAINER_INPUT,
                     f"{invalid[0].describe_failure()}; exit code {TRAINER_INVALID_EXIT}: the trainer refused its "
                     "config, data or model, which no restart can change (fix the field it names and apply again)",
                 )
@@ -645,17 +632,17 @@ class _Planner:
             if permanent:
                 code = permanent[0].exit_code
                 return self.finish(
-                    "Failed",
-                    "WorkerFailed",
+                    JobPhase.FAILED,
+                    JobReason.WORKER_FAILED,
                     f"{permanent[0].describe_failure()}; exit code {code} is not in retryableExitCodes",
                 )
         if self.status.restarts + 1 > self.spec.backoff_limit:
             return self.finish(
-                "Failed",
-                "BackoffLimitExceeded",
+                JobPhase.FAILED,
+                JobReason.BACKOFF_LIMIT_EXCEEDED,
                 f"{first}; backoffLimit {self.spec.backoff_limit} reached after {self.status.restarts} restart(s)",
             )
-        self.restart(current, counted=True, reason="WorkerFailed")
+        self.restart(current, counted=True, reason=JobReason.WORKER_FAILED)
         return None
 
     def new_incident(self, pod: PodView) -> bool:
@@ -678,7 +665,7 @@ class _Planner:
             self.status.restarts += 1
             self.event(
                 "Warning",
-                "WorkerRestarted",
+                JobReason.WORKER_RESTARTED,
                 f"{what}; restart {self.status.restarts} of {self.spec.backoff_limit} (attempt {self.status.attempt})",
             )
         else:
@@ -733,7 +720,7 @@ class _Planner:
         says how many workers were active after the operator's own deletions, so fewer pods
         (not being deleted) now means the difference went away by other hands."""
         old = self.job.status
-        if old is None or old.workers is None or self.status.start_time is None or self.old_phase == "Suspended":
+        if old is None or old.workers is None or self.status.start_time is None or self.old_phase == JobPhase.SUSPENDED:
             return
         # Failed pods the last pass kept do not exist: it deleted every one of them (they show as
         # terminating until gone), so what it kept is exactly its active and succeeded workers.
@@ -744,7 +731,7 @@ class _Planner:
             self.status.last_restart_time = self.now
             self.event(
                 "Normal",
-                "WorkerLost",
+                JobReason.WORKER_LOST,
                 f"{lost} worker(s) disappeared or were deleted by someone else; replacing them in attempt "
                 f"{self.status.attempt}, not counted against backoffLimit",
             )
@@ -793,19 +780,23 @@ class _Planner:
             if ending:
                 count += f", {len(ending)} exited (pod ending)"
             if held >= desired:
-                self.set_phase("Running", "AllWorkersRunning", count)
+                self.set_phase(JobPhase.RUNNING, JobReason.ALL_WORKERS_RUNNING, count)
             else:
-                self.set_phase("Running", "ElasticMinimumRunning", f"{count} (minNodes {need}); the rest are pending")
+                self.set_phase(
+                    JobPhase.RUNNING,
+                    JobReason.ELASTIC_MINIMUM_RUNNING,
+                    f"{count} (minNodes {need}); the rest are pending",
+                )
             return self.done(desired)
-        was_running = self.old_phase in ("Running", "Restarting") or self.restarted
+        was_running = self.old_phase in (JobPhase.RUNNING, JobPhase.RESTARTING) or self.restarted
         pending = [p for p in self.pods if p.active and not p.running and not p.ending and p.name not in gone]
         why, blocker = self.why_pending(pending)
         if was_running:
             # One reason whatever the cause (the restart itself is an event): re-planning the same
             # observations must give the same status.
             self.set_phase(
-                "Restarting",
-                "NodesBelowMinimum",
+                JobPhase.RESTARTING,
+                JobReason.NODES_BELOW_MINIMUM,
                 f"{len(running)}/{desired} workers running, below minNodes {need}; recreating{why}",
             )
         else:
@@ -815,8 +806,8 @@ class _Planner:
             unscheduled = sum(1 for p in pending if not p.scheduled and p.unschedulable is None) + created
             detail = f" ({unscheduled} not scheduled yet)" if unscheduled else ""
             self.set_phase(
-                "Pending",
-                blocker or "WorkersPending",
+                JobPhase.PENDING,
+                blocker or JobReason.WORKERS_PENDING,
                 f"{len(running)}/{desired} workers running, need {need}{detail}{why}",
             )
         timeout = self.pending_timeout(r)
@@ -836,7 +827,7 @@ class _Planner:
                 reason, detail = waiting
                 parts.append(f"{p.name}: {reason} ({detail})")
             elif p.unschedulable is not None:
-                reason = "Unschedulable"
+                reason = JobReason.UNSCHEDULABLE
                 parts.append(f"{p.name}: Unschedulable: {p.unschedulable}")
             else:
                 continue
@@ -855,7 +846,7 @@ class _Planner:
             for container, reason, message in p.waiting:
                 if reason in PERMANENT_WAITING:
                     detail = f": {message}" if message else ""
-                    return self.finish("Failed", reason, f"{p.name}: container {container}: {reason}{detail}")
+                    return self.finish(JobPhase.FAILED, reason, f"{p.name}: container {container}: {reason}{detail}")
         return None
 
     def pending_timeout(self, r: Resolved) -> Plan | None:
@@ -875,8 +866,8 @@ class _Planner:
         expiry = since + timedelta(seconds=r.max_pending_s)
         if self.now >= expiry:
             return self.finish(
-                "Failed",
-                "PendingTimeout",
+                JobPhase.FAILED,
+                JobReason.PENDING_TIMEOUT,
                 f"fewer than minNodes workers ran for spec.maxPending ({self.spec.max_pending}): {not_running.message}",
             )
         self.wakeups.append(expiry)

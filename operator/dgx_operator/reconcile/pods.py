@@ -12,6 +12,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from dgx_api.progress import loads_finite
+from dgx_operator.api.vocabulary import JobReason
 from dgx_operator.render.datasync import SIDECAR_PREFIX
 from dgx_operator.render.names import (
     ATTEMPT_LABEL,
@@ -48,20 +49,9 @@ DISRUPTION_CONDITION = "DisruptionTarget"
 STUCK_AFTER = timedelta(seconds=60)
 
 #: Waiting reasons of a container that waiting cannot heal: the job ends with them.
-PERMANENT_WAITING = frozenset({"InvalidImageName", "ErrImageNeverPull"})
-#: Waiting reasons worth reporting while a worker is not running yet (the others, such as
-#: ContainerCreating and PodInitializing, are the normal path).
-REPORTED_WAITING = frozenset(
-    {
-        *PERMANENT_WAITING,
-        "ErrImagePull",
-        "ImagePullBackOff",
-        "CreateContainerConfigError",
-        "CreateContainerError",
-        "RunContainerError",
-        "CrashLoopBackOff",
-    }
-)
+PERMANENT_WAITING = JobReason.PERMANENT_WAITING
+#: Waiting reasons worth reporting while a worker is not running yet (api.vocabulary).
+REPORTED_WAITING = JobReason.REPORTED_WAITING
 
 
 def parse_time(value: Any) -> datetime | None:

@@ -30,6 +30,7 @@ from typing import Any
 
 from dgx_operator.api.common import API_VERSION
 from dgx_operator.api.trainingjob import KIND
+from dgx_operator.api.vocabulary import JobReason
 from dgx_operator.render.resolved import Placement
 
 GROUP = "kueue.x-k8s.io"
@@ -471,16 +472,16 @@ def decide(
         return (
             Gate(
                 None,
-                "KueueNotInstalled",
+                JobReason.KUEUE_NOT_INSTALLED,
                 f"the job names the Kueue LocalQueue {queue!r} (label {QUEUE_LABEL}) but this cluster "
                 f"serves no {GROUP} API: install Kueue, or remove the label to run the job without queueing",
             ),
             writes,
         )
     if q.priority_error is not None:
-        return Gate(None, "PriorityClassNotFound", q.priority_error), writes
+        return Gate(None, JobReason.PRIORITY_CLASS_NOT_FOUND, q.priority_error), writes
     if podset is None:
-        return Gate(None, "InvalidSpec", "the job's workers cannot be built"), writes
+        return Gate(None, JobReason.INVALID_SPEC, "the job's workers cannot be built"), writes
     wanted = podset_hash(podset, q.priority)
     # An admitted Workload is kept while it runs, even if the job changed shape since (an elastic
     # job's new maxNodes, other requests): the job runs on what was admitted, and the change takes
@@ -500,7 +501,7 @@ def decide(
     if not current:
         if any(w.deleting for w in ours) or stale:
             why = "the job's pod set changed: waiting for its old Workload to go"
-            return Gate(None, "WorkloadRecreated", why), writes
+            return Gate(None, JobReason.WORKLOAD_RECREATED, why), writes
         writes.create = workload(
             api_version=q.api_version,
             job=job,
@@ -513,7 +514,7 @@ def decide(
         )
         return Gate(
             None,
-            "Queued",
+            JobReason.QUEUED,
             f"created Workload {writes.create['metadata']['name']} in LocalQueue {queue!r}: "
             "waiting for Kueue to admit it",
         ), writes
@@ -545,7 +546,7 @@ def decide(
         return (
             Gate(
                 None,
-                ev.reason or "Evicted",
+                ev.reason or JobReason.EVICTED,
                 f"Kueue evicted Workload {wl.name} ({ev.reason}): {ev.message}; the workers are stopped "
                 "and the job waits to be admitted again",
                 evicted=True,
@@ -555,17 +556,17 @@ def decide(
     if wl.admitted:
         placement, why = _placement(wl, q.flavors)
         if placement is None:
-            return Gate(None, "FlavorUnknown", why), writes
+            return Gate(None, JobReason.FLAVOR_UNKNOWN, why), writes
         return Gate(placement, workload=wl), writes
     reserved = wl.conditions.get("QuotaReserved")
     if not wl.active and not user_suspended and not wl.deactivated_by_us:  # ours is reactivated above
         why = f"Kueue deactivated Workload {wl.name}: {reserved.message if reserved else ''}"
-        return Gate(None, "Deactivated", why), writes
-    reason = reserved.reason if reserved is not None and reserved.reason else "Queued"
+        return Gate(None, JobReason.DEACTIVATED, why), writes
+    reason = reserved.reason if reserved is not None and reserved.reason else JobReason.QUEUED
     detail = reserved.message if reserved is not None and reserved.message else "not admitted yet"
     if wl.holds("QuotaReserved"):
         admitted = wl.conditions.get("Admitted")
-        reason = admitted.reason if admitted is not None and admitted.reason else "QuotaReserved"
+        reason = admitted.reason if admitted is not None and admitted.reason else JobReason.QUOTA_RESERVED
         detail = admitted.message if admitted is not None and admitted.message else "quota reserved, checks pending"
     message = f"waiting for Kueue to admit Workload {wl.name} in LocalQueue {queue!r}: {detail}"
     return Gate(None, reason, message), writes
