@@ -32,6 +32,7 @@ from pydantic import ValidationError
 from dgx_api.schema import Problem, join_path
 from dgx_operator.api import GROUP, VERSION, DGXDataMount, DGXTrainingJob
 from dgx_operator.catalog import UnknownInstanceError
+from dgx_operator.crdgen import DATA_MOUNTS, TRAINING_JOBS
 from dgx_operator.kube import Kube, Refusal, TransientError, refusal, status_of
 from dgx_operator.render import (
     BuildContext,
@@ -52,12 +53,12 @@ log = logging.getLogger("kubedgx")
 
 #: kopf serves each validating handler at ``/<its id>``: these ids are the webhook paths (stable:
 #: the chart's ValidatingWebhookConfiguration names them).
-JOB_WEBHOOK = "validate-dgxtrainingjob"
-MOUNT_WEBHOOK = "validate-dgxdatamount"
+JOB_WEBHOOK = f"validate-{TRAINING_JOBS.singular}"
+MOUNT_WEBHOOK = f"validate-{DATA_MOUNTS.singular}"
 #: (webhook name, resource, path) of each webhook in the configuration.
 WEBHOOKS = (
-    ("dgxtrainingjobs.kubedgx.io", "dgxtrainingjobs", f"/{JOB_WEBHOOK}"),
-    ("dgxdatamounts.kubedgx.io", "dgxdatamounts", f"/{MOUNT_WEBHOOK}"),
+    (f"{TRAINING_JOBS.plural}.{GROUP}", TRAINING_JOBS.plural, f"/{JOB_WEBHOOK}"),
+    (f"{DATA_MOUNTS.plural}.{GROUP}", DATA_MOUNTS.plural, f"/{MOUNT_WEBHOOK}"),
 )
 MANAGED_BY = {"app.kubernetes.io/managed-by": "kubedgx-operator"}
 #: Which requests reach the webhook at all; the apiserver evaluates these before calling it. Not an
@@ -160,7 +161,7 @@ async def _review(
     outcome = validator.validate(new, old=previous if operation == "UPDATE" else None)
     problems = list(outcome.problems)
     unchecked: list[str] = []
-    if outcome.ok and body.get("kind") == "DGXTrainingJob":
+    if outcome.ok and body.get("kind") == TRAINING_JOBS.kind:
         if operation == "UPDATE" and old is not None:
             # Only a status the operator wrote makes fields immutable; one of another shape says
             # nothing about running workers.

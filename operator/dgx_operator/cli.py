@@ -21,6 +21,7 @@ from dgx_api.schema import Problem
 from dgx_api.text import printable
 from dgx_operator import __version__
 from dgx_operator.api import API_VERSION, DGXDataMount, DGXDataMountSpec, DGXTrainingJob
+from dgx_operator.api.common import JOB_KIND, MOUNT_KIND
 from dgx_operator.catalog import Catalog, CatalogError
 from dgx_operator.crdgen import KINDS
 from dgx_operator.crdgen import render as render_crd
@@ -188,7 +189,7 @@ def cmd_render(args: argparse.Namespace, out: TextIO, err: TextIO, stdin: TextIO
             for p in outcome.problems:
                 print(_line(doc, p), file=err)
             continue
-        if doc.obj["kind"] == "DGXDataMount":
+        if doc.obj["kind"] == MOUNT_KIND:
             mount = DGXDataMount.model_validate(doc.obj)
             mounts[(args.namespace or mount.metadata.namespace or "default", mount.metadata.name)] = mount.spec
         else:
@@ -280,7 +281,7 @@ def cmd_run(args: argparse.Namespace, out: TextIO, err: TextIO, stdin: TextIO) -
     validator, docs = loaded
     jobs = []
     for doc in docs:
-        if isinstance(doc.obj, dict) and doc.obj.get("kind") == "DGXTrainingJob":
+        if isinstance(doc.obj, dict) and doc.obj.get("kind") == JOB_KIND:
             outcome = validator.validate(doc.obj)
             if not outcome.ok:
                 for problem in outcome.problems:

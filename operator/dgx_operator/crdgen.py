@@ -18,6 +18,7 @@ from pydantic import BaseModel
 from dgx_api.schema import structural_schema
 from dgx_operator import apidoc
 from dgx_operator.api import GROUP, VERSION
+from dgx_operator.api.common import JOB_KIND, MOUNT_KIND
 from dgx_operator.api.datamount import DGXDataMountSpec, DGXDataMountStatus
 from dgx_operator.api.trainingjob import (
     JOB_NAME_PATTERN,
@@ -40,10 +41,15 @@ class Kind:
     #: Restrictions on metadata.name (the only metadata field a CRD schema may restrict).
     name_schema: dict[str, Any] | None = None
 
+    @property
+    def resource(self) -> tuple[str, str, str]:
+        """(group, version, plural): how kopf's decorators and the cluster client name the kind."""
+        return GROUP, VERSION, self.plural
+
 
 KINDS: tuple[Kind, ...] = (
     Kind(
-        kind="DGXTrainingJob",
+        kind=JOB_KIND,
         plural="dgxtrainingjobs",
         singular="dgxtrainingjob",
         short_names=("dgxjob",),
@@ -125,7 +131,7 @@ KINDS: tuple[Kind, ...] = (
         },
     ),
     Kind(
-        kind="DGXDataMount",
+        kind=MOUNT_KIND,
         plural="dgxdatamounts",
         singular="dgxdatamount",
         short_names=("dgxmount",),
@@ -194,6 +200,12 @@ def kind_by_name(kind: str) -> Kind:
         if k.kind == kind:
             return k
     raise KeyError(kind)
+
+
+#: The two kinds' identities, for everything that names them (kopf's handlers and webhooks, the
+#: cluster client, the metrics): one source, so a rename or a new version cannot miss a place.
+TRAINING_JOBS: Kind = kind_by_name(JOB_KIND)
+DATA_MOUNTS: Kind = kind_by_name(MOUNT_KIND)
 
 
 def openapi_schema(kind: Kind) -> dict[str, Any]:

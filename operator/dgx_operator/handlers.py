@@ -20,6 +20,7 @@ from dgx_operator import admission, metrics, priorities
 from dgx_operator.api.trainingjob import KIND
 from dgx_operator.api.vocabulary import JobPhase
 from dgx_operator.controller import Controller, KueueSettings
+from dgx_operator.crdgen import DATA_MOUNTS, TRAINING_JOBS
 from dgx_operator.kube import Kube
 from dgx_operator.leader import ElectionConfig, LeaderElector
 from dgx_operator.loop import ReconcileLoop
@@ -32,8 +33,8 @@ from dgx_operator.render.names import JOB_LABEL
 from dgx_operator.settings import OperatorConfig, configure
 from dgx_operator.validation import Validator
 
-JOB = ("kubedgx.io", "v1alpha1", "dgxtrainingjobs")
-MOUNT = ("kubedgx.io", "v1alpha1", "dgxdatamounts")
+JOB = TRAINING_JOBS.resource
+MOUNT = DATA_MOUNTS.resource
 OURS = {JOB_LABEL: kopf.PRESENT}
 
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from dgx_operator.api import API_VERSION, GROUP, VERSION
+from dgx_operator.api.common import JOB_KIND
 from dgx_operator.catalog import Catalog, CatalogError
 
 #: The validating webhook's name for DGXTrainingJobs (the chart's and admission.webhook_configuration's).
@@ -51,7 +52,7 @@ def probe_job(name: str, instance: str) -> dict[str, Any]:
     """The smallest job every installation must accept: one worker that would run `true`."""
     return {
         "apiVersion": API_VERSION,
-        "kind": "DGXTrainingJob",
+        "kind": JOB_KIND,
         "metadata": {"name": name, "labels": {"app.kubernetes.io/managed-by": "kubedgx-check-install"}},
         "spec": {"instance": instance, "command": ["true"], "maxDuration": "1m"},
     }

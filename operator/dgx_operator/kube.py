@@ -21,9 +21,10 @@ from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from dgx_operator.api import GROUP, VERSION
+from dgx_operator.crdgen import DATA_MOUNTS, TRAINING_JOBS
 
-JOBS = "dgxtrainingjobs"
-MOUNTS = "dgxdatamounts"
+JOBS = TRAINING_JOBS.plural
+MOUNTS = DATA_MOUNTS.plural
 MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
 WEBHOOK_CONFIGURATIONS = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations"

@@ -52,13 +52,13 @@ from prometheus_client import (
 from dgx_operator.api.vocabulary import (
     JOB,
     JOB_PHASES,
-    MOUNT,
     MOUNT_PHASES,
     JobCondition,
     JobPhase,
     JobReason,
     reasons_of,
 )
+from dgx_operator.crdgen import DATA_MOUNTS, TRAINING_JOBS
 from dgx_operator.reconcile.status import find_condition
 
 if TYPE_CHECKING:
@@ -70,8 +70,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("kubedgx")
 
-JOB_KIND = JOB
-MOUNT_KIND = MOUNT
+JOB_KIND = TRAINING_JOBS.kind
+MOUNT_KIND = DATA_MOUNTS.kind
 OUTCOMES = ("ok", "retry", "error")
 TERMINAL = JobPhase.TERMINAL
 #: The phases a job's first start comes from. Not Restarting: that follows a run (or, rarely, a

@@ -30,6 +30,7 @@ from dgx_api.text import printable
 from dgx_datasync.errors import SyncError
 from dgx_datasync.store import check_endpoint, check_region
 from dgx_operator.api import API_VERSION, GROUP, VERSION, DGXDataMount, DGXDataMountSpec, DGXTrainingJob
+from dgx_operator.api.common import JOB_KIND, MOUNT_KIND
 from dgx_operator.api.vocabulary import JobPhase
 from dgx_operator.catalog import Catalog, UnknownInstanceError
 from dgx_operator.crdgen import KINDS, kind_by_name, openapi_schema
@@ -178,7 +179,7 @@ class Validator:
             return Outcome(tuple(sorted(set(problems))))
         try:
             model: DGXTrainingJob | DGXDataMount = (
-                DGXTrainingJob.model_validate(obj) if kind == "DGXTrainingJob" else DGXDataMount.model_validate(obj)
+                DGXTrainingJob.model_validate(obj) if kind == JOB_KIND else DGXDataMount.model_validate(obj)
             )
         except ValidationError as exc:  # the schema accepted what the model refuses: a bug, say so
             return Outcome(tuple(_pydantic_problems(exc)))
@@ -394,10 +395,10 @@ def reference_problems(catalog: Catalog, objects: Iterable[tuple[Mapping[str, An
     for obj, key in objects:
         if obj.get("apiVersion") != API_VERSION:
             continue
-        if obj.get("kind") == "DGXDataMount":
+        if obj.get("kind") == MOUNT_KIND:
             mount = DGXDataMount.model_validate(obj)
             mounts[(mount.metadata.namespace or "default", mount.metadata.name)] = mount.spec
-        elif obj.get("kind") == "DGXTrainingJob":
+        elif obj.get("kind") == JOB_KIND:
             jobs.append((key, DGXTrainingJob.model_validate(obj)))
     out: list[tuple[Any, Problem]] = []
     for key, job in jobs:

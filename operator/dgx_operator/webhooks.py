@@ -16,7 +16,7 @@ from typing import Any
 import kopf
 
 from dgx_operator import admission
-from dgx_operator.handlers import JOB, MOUNT
+from dgx_operator.crdgen import DATA_MOUNTS, TRAINING_JOBS
 from dgx_operator.metrics import JOB_KIND, MOUNT_KIND, Metrics
 
 
@@ -46,14 +46,14 @@ async def reviewed(kind: str, body: Any, memo: Any, old: Any, operation: Any, wa
             metrics.admission(kind, operation, result_of(error), time.perf_counter() - started)
 
 
-@kopf.on.validate(*JOB, id=admission.JOB_WEBHOOK)
+@kopf.on.validate(*TRAINING_JOBS.resource, id=admission.JOB_WEBHOOK)
 async def validate_job(
     body: Any, memo: Any, old: Any = None, operation: Any = None, warnings: Any = None, **_: Any
 ) -> None:
     await reviewed(JOB_KIND, body, memo, old, operation, warnings)
 
 
-@kopf.on.validate(*MOUNT, id=admission.MOUNT_WEBHOOK)
+@kopf.on.validate(*DATA_MOUNTS.resource, id=admission.MOUNT_WEBHOOK)
 async def validate_mount(
     body: Any, memo: Any, old: Any = None, operation: Any = None, warnings: Any = None, **_: Any
 ) -> None:

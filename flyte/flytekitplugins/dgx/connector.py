@@ -34,6 +34,7 @@ from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from dgx_operator.api import GROUP, VERSION
+from dgx_operator.crdgen import DATA_MOUNTS, TRAINING_JOBS
 from flytekitplugins.dgx.manifest import (
     FUNCTION_TASK,
     KEY_LABEL,
@@ -47,8 +48,8 @@ from flytekitplugins.dgx.phases import FAILED, SUCCEEDED, status_of
 
 log = logging.getLogger(__name__)
 
-JOBS = "dgxtrainingjobs"
-MOUNTS = "dgxdatamounts"
+JOBS = TRAINING_JOBS.plural
+MOUNTS = DATA_MOUNTS.plural
 #: The QLoRA task's output: the URI of the archived adapter (status.artifacts[name=adapter]).
 ADAPTER_OUTPUT = "adapter"
 

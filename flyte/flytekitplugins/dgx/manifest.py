@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from dgx_operator.api import API_VERSION
+from dgx_operator.api.common import JOB_KIND, MOUNT_KIND
 from dgx_operator.api.trainingjob import MAX_JOB_NAME, RESERVED_ENV_NAMES, RESERVED_ENV_PREFIXES
 from dgx_operator.catalog import Catalog
 from dgx_operator.validation import Validator, object_label, reference_problems
@@ -226,7 +227,7 @@ def _mount(source: str, direction: str, data: DGXDataConfig, namespace: str) -> 
         )
     return {
         "apiVersion": API_VERSION,
-        "kind": "DGXDataMount",
+        "kind": MOUNT_KIND,
         "metadata": {
             "name": f"flyte-{direction.lower()}-{digest(identity, 12)}",
             "namespace": namespace,
@@ -356,7 +357,7 @@ def build(
     }
     job = {
         "apiVersion": API_VERSION,
-        "kind": "DGXTrainingJob",
+        "kind": JOB_KIND,
         "metadata": {"name": name, "namespace": namespace, "labels": labels, "annotations": annotations},
         "spec": spec,
     }
