@@ -17,53 +17,10 @@ import asyncio
 import re
 import socket
 import ssl
-from typing import Final, Literal, get_args
 
-from dgx_api.text import printable
+from dgx_api.stores import REASONS, Reason, SyncError, shown
 
-Reason = Literal[
-    "InvalidURI",
-    "CredentialsMissing",
-    "CredentialsInvalid",
-    "AccessDenied",
-    "BucketNotFound",
-    "Unreachable",
-    "CertificateUntrusted",
-    "SourceChanged",
-    "LocalError",
-]
-
-REASONS: Final[tuple[str, ...]] = get_args(Reason)
-
-
-class SyncError(Exception):
-    """A problem the user (or a retry) can fix, with a one-line message that says how.
-
-    ``transient`` is true only for ``Unreachable`` (network trouble, 5xx): callers retry those and
-    exit 1 when retries run out; every other reason exits 2 because retrying would not help.
-    """
-
-    def __init__(self, reason: str, message: str, transient: bool = False) -> None:
-        if reason not in REASONS:
-            raise ValueError(f"unknown SyncError reason {reason!r}")
-        self.reason = reason
-        # One line: it goes into a termination message and a Kubernetes condition.
-        self.message = printable(" ".join(message.split()))
-        self.transient = transient
-        super().__init__(self.message)
-
-    def __str__(self) -> str:
-        return self.message
-
-    def __repr__(self) -> str:
-        return f"SyncError({self.reason!r}, {self.message!r}, transient={self.transient})"
-
-
-def shown(value: object) -> str:
-    """An untrusted name as a message quotes it: in quotes (so it cannot pose as the message's own
-    words), escaped as ``repr`` escapes (then as :func:`printable` does, for what repr leaves)."""
-    return printable(repr(str(value)))
-
+__all__ = ["REASONS", "Reason", "SyncError", "bucket_not_found", "classify", "shown"]
 
 # S3 error codes (as in the XML body; HEAD responses carry only the status, e.g. "403").
 _BUCKET_MISSING = {"NoSuchBucket"}

@@ -21,7 +21,6 @@ import base64
 import contextlib
 import fnmatch
 import hashlib
-import ipaddress
 import json
 import math
 import mimetypes
@@ -32,10 +31,10 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Se
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
-from urllib.parse import urlsplit
 
+from dgx_api.stores import check_endpoint, check_region
 from dgx_datasync.beneath import fd_path
-from dgx_datasync.errors import SyncError, bucket_not_found, classify, shown
+from dgx_datasync.errors import SyncError, bucket_not_found, classify
 
 SCHEMES: Final = ("s3", "gs")
 #: The same bucket rule as the DGXDataMount CRD's ``spec.source`` pattern.
@@ -60,10 +59,6 @@ _READ_CHUNK: Final = 2**20
 _HASH_CHUNK: Final = 2**22
 #: The longest object name S3 and GCS take, in bytes of UTF-8.
 MAX_KEY: Final = 1024
-#: botocore's rules (utils.is_valid_endpoint_url, validate_region_name): what they refuse fails
-#: later, inside a request, as an exception nobody can read.
-_HOST = re.compile(r"^((?!-)[A-Za-z\d-]{1,63}(?<!-)\.)*((?!-)[A-Za-z\d-]{1,63}(?<!-))\.?$")
-_REGION = re.compile(r"^(?![0-9]+$)(?!-)[a-zA-Z0-9-]{1,63}(?<!-)$")
 
 
 @dataclass(frozen=True)
@@ -146,52 +141,6 @@ class StoreOptions:
             check_endpoint(self.endpoint_url)
         if self.region:
             check_region(self.region)
-
-
-def check_endpoint(url: str) -> None:
-    """Refuse an endpoint no request can go to, as a SyncError no retry fixes (exit 2), before
-    botocore refuses it as a ValueError or an endpoint-resolution error in the middle of a call."""
-    hint = "give an http(s) URL such as https://minio.storage.svc:9000 (--endpoint-url / spec.endpoint)"
-
-    # A password in the URL must not reach a termination message or a condition.
-    display = re.sub(r"^([^:/?#]*://)[^/?#]*@", r"\1***@", url)
-
-    def bad(why: str) -> SyncError:
-        return SyncError("InvalidURI", f"invalid endpoint URL {shown(display)}: {why}: {hint}")
-
-    if not url.isprintable() or any(c.isspace() for c in url):
-        raise bad("it contains whitespace or control characters")
-    try:
-        parts = urlsplit(url)
-        port = parts.port
-        host = parts.hostname
-    except ValueError as exc:
-        raise bad(str(exc)) from None
-    if parts.scheme not in ("http", "https"):
-        raise bad("the scheme must be http:// or https://")
-    if not host:
-        raise bad("it names no host")
-    if parts.username is not None or parts.password is not None:
-        raise bad("credentials do not belong in it (they go into the credentials Secret)")
-    if parts.query or parts.fragment:
-        raise bad("it has a query or a fragment")
-    if port == 0:
-        raise bad("port 0 is not a port")
-    if parts.netloc.rpartition("@")[2].startswith("["):
-        try:
-            ipaddress.IPv6Address(host.partition("%")[0])
-        except ValueError:
-            raise bad(f"{shown(host)} is not an IPv6 address") from None
-    elif len(host) > 255 or not _HOST.match(host):
-        raise bad(f"{shown(host)} is not a host name (letters, digits, '-' and '.') or an IPv4 address")
-
-
-def check_region(region: str) -> None:
-    if not _REGION.match(region):
-        raise SyncError(
-            "InvalidURI",
-            f"invalid region {shown(region)} (--region / spec.region): letters, digits and '-', such as us-east-1",
-        )
 
 
 @dataclass(frozen=True)

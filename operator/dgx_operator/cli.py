@@ -355,9 +355,33 @@ def operator_environment(args: argparse.Namespace, environ: Mapping[str, str]) -
     return env
 
 
+#: What the daemon's verbs (operator, check-install) import beyond the CLI's own dependencies: the
+#: distributions of the ``operator`` extra. ``pip install kubedgx`` (validate, render, crds, ...) in
+#: someone else's CI pulls none of them.
+DAEMON_MODULES = ("kopf", "kubernetes_asyncio", "aiohttp", "prometheus_client", "cryptography", "dgx_datasync")
+
+
+def missing_daemon_modules(verb: str, err: TextIO) -> bool:
+    """Whether a daemon verb cannot run here: then it says which module is missing and how to get
+    it, instead of a traceback from deep inside an import."""
+    import importlib.util
+
+    missing = [m for m in DAEMON_MODULES if importlib.util.find_spec(m) is None]
+    if missing:
+        print(
+            f"kubedgx {verb}: needs the operator's dependencies, and {', '.join(missing)} is not installed: "
+            "pip install 'kubedgx[operator]' (the operator image has them)",
+            file=err,
+        )
+    return bool(missing)
+
+
 def cmd_operator(args: argparse.Namespace, out: TextIO, err: TextIO, stdin: TextIO) -> int:
     """Run the kopf operator. kopf is imported here only, so validate/render stay light."""
     import os
+
+    if missing_daemon_modules("operator", err):
+        return 2
 
     import kopf
 
@@ -391,6 +415,8 @@ def cmd_check_install(args: argparse.Namespace, out: TextIO, err: TextIO, stdin:
     only, as kopf is for `operator`."""
     import asyncio
 
+    if missing_daemon_modules("check-install", err):
+        return 2
     from dgx_operator import installcheck
 
     namespace = args.namespace or installcheck.own_namespace() or "default"

@@ -26,9 +26,8 @@ import referencing
 from pydantic import ValidationError
 
 from dgx_api.schema import Problem, explain, join_path, json_type, validate
+from dgx_api.stores import SyncError, check_endpoint, check_region
 from dgx_api.text import printable
-from dgx_datasync.errors import SyncError
-from dgx_datasync.store import check_endpoint, check_region
 from dgx_operator.api import API_VERSION, GROUP, VERSION, DGXDataMount, DGXDataMountSpec, DGXTrainingJob
 from dgx_operator.api.common import JOB_KIND, MOUNT_KIND
 from dgx_operator.api.vocabulary import JobPhase

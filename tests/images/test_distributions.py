@@ -121,7 +121,10 @@ def ours_imported(package: str) -> set[str]:
 @pytest.mark.parametrize("d", DISTRIBUTIONS, ids=lambda d: d.name)
 def test_a_distribution_requires_exactly_the_kubedgx_layers_its_package_imports(d: Distribution) -> None:
     imported = {BY_PACKAGE[m].name for m in top_level_imports(d.package) if m in BY_PACKAGE}
-    declared = {canonicalize_name(r.name) for r in d.requires} & OURS
+    # The operator extra is part of the package's imports (the daemon's modules); the trainer extra
+    # is not: `kubedgx run --local` finds the trainer with find_spec and runs it in a subprocess.
+    daemon = d.extras.get("operator", ())
+    declared = {canonicalize_name(r.name) for r in d.requires + daemon} & OURS
     assert declared == imported, f"{d.name}: requires {sorted(declared)}, its package imports {sorted(imported)}"
 
 
@@ -175,8 +178,18 @@ def test_every_third_party_import_comes_with_the_distribution(d: Distribution) -
 def test_the_closure_check_can_fail() -> None:
     """kopf is not in the trainer's closure: a trainer importing it would be caught above."""
     assert "kopf" not in _closure(BY_NAME["kubedgx-trainer"].requires)
-    assert "kopf" in _closure(BY_NAME["kubedgx"].requires)
+    assert "kopf" in _closure(BY_NAME["kubedgx"].extras["operator"])
     assert "torch" not in _closure(BY_NAME["kubedgx"].requires)
+
+
+def test_the_user_cli_pulls_no_daemon_dependency() -> None:
+    """`pip install kubedgx` (no extra) in someone else's CI: the CLI's validate, render and crds,
+    with no kopf, async cluster client, object-storage client or torch (the `operator` extra has
+    the daemon's; tests/unit/test_cli_without_daemon.py runs the CLI without them)."""
+    base = _closure(BY_NAME["kubedgx"].requires)
+    daemon = {"kopf", "kubernetes-asyncio", "kubedgx-datasync", "fsspec", "s3fs", "gcsfs", "torch"}
+    assert base & daemon == set(), sorted(base & daemon)
+    assert {"kopf", "kubedgx-datasync", "s3fs", "gcsfs"} <= _closure(BY_NAME["kubedgx"].extras["operator"])
 
 
 # --------------------------------------------------------------------------------------------
@@ -198,8 +211,12 @@ def installed_distributions(dockerfile: str) -> set[str]:
     ((_base, args),) = list(_pip_installs(dockerfile))
     out = set()
     for arg in args:
-        assert "[" not in arg, f"{dockerfile}: pip install {arg}: no extras, each layer by its own folder"
-        folder = "." if arg.strip("\"'") == "." else arg.strip("\"'").removeprefix("./").rstrip("/")
+        arg, _, extras = arg.strip("\"'").partition("[")
+        # Each layer by its own folder; the one extra an image may name is the operator's own
+        # daemon dependencies (never the trainer extra: the operator image has no torch).
+        assert extras in ("", "operator]"), f"{dockerfile}: pip install {arg}[{extras}: only the operator extra"
+        assert not extras or dockerfile == OPERATOR, f"{dockerfile}: the operator extra is the operator image's"
+        folder = "." if arg == "." else arg.removeprefix("./").rstrip("/")
         (d,) = [d for d in DISTRIBUTIONS if d.folder == folder]
         out.add(d.name)
     return out

@@ -284,12 +284,15 @@ def test_the_operator_final_stage_has_no_compilers_and_only_the_venv() -> None:
         assert f"org.opencontainers.image.{key}=" in labels
 
 
-def test_the_operator_builder_installs_no_extras() -> None:
+def test_the_operator_builder_installs_the_operator_extra_only() -> None:
+    """The daemon's dependencies are kubedgx's ``operator`` extra; no other extra (the trainer's
+    would bring torch)."""
     (builder, *_rest) = stages(OPERATOR)
     installs = [r.args for r in builder.all("RUN") if "pip install" in r.args]
     assert len(installs) == 1
-    assert re.search(r"pip install (?:--\S+ )*(?:\./\S+ )*\.(?:\s|$)", installs[0]), installs[0]
-    assert "[" not in installs[0].split("&&")[0], "no extras: the operator image has no torch"
+    first = installs[0].split("&&")[0]
+    assert re.search(r"pip install (?:--\S+ )*(?:\./\S+ )*\"\.\[operator\]\"(?:\s|$)", first), first
+    assert re.findall(r"\[[^\]]*\]", first) == ["[operator]"], "only the operator extra: no torch in this image"
     # Which distributions it installs, and why those: tests/images/test_distributions.py.
 
 
