@@ -379,7 +379,7 @@ SETTINGS: tuple[Setting, ...] = (
         True,
         "webhook.dry_run",
         'dry-run a job\'s children against the apiserver at admission ("The children, dry-run" above)',
-        flag="--webhook-dry-run",
+        flag="--[no-]webhook-dry-run",
     ),
     Setting(
         "KUBEDGX_KUEUE",
@@ -405,7 +405,7 @@ SETTINGS: tuple[Setting, ...] = (
         "leader_election",
         'elect one replica on a Lease to reconcile; every replica serves admission ("High availability" below)',
         chart="leaderElection.enabled",
-        flag="--leader-elect",
+        flag="--[no-]leader-elect",
     ),
     Setting(
         "KUBEDGX_LEADER_ELECTION_ID",
