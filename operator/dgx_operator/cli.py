@@ -385,7 +385,6 @@ def cmd_operator(args: argparse.Namespace, out: TextIO, err: TextIO, stdin: Text
 
     import kopf
 
-    from dgx_operator import handlers  # noqa: F401  (registers the handlers with kopf)
     from dgx_operator.settings import ConfigError, OperatorConfig
 
     try:
@@ -397,6 +396,10 @@ def cmd_operator(args: argparse.Namespace, out: TextIO, err: TextIO, stdin: Text
     except (OSError, CatalogError) as exc:
         print(f"kubedgx operator: KUBEDGX_CATALOG: {exc}", file=err)
         return 2
+    # After the settings are checked: importing the handlers reads KUBEDGX_KUEUE, which would
+    # otherwise refuse a bad value with a traceback instead of the one line above.
+    from dgx_operator import handlers  # noqa: F401  (registers the handlers with kopf)
+
     if config.webhook is not None:
         from dgx_operator import webhooks  # noqa: F401  (registers the validating webhook)
     kopf.configure(

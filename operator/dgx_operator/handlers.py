@@ -265,7 +265,12 @@ def _job_owner(meta: Any) -> str | None:
 
 
 def kueue_watched(environ: Any = os.environ) -> bool:
-    return str(environ.get("KUBEDGX_KUEUE") or "true").strip().lower() not in ("0", "false", "no", "off")
+    """KUBEDGX_KUEUE, read at import (the watches are registered then) by the parser
+    OperatorConfig.from_env uses: a value it refuses is refused here with the same ConfigError,
+    rather than read as on."""
+    from dgx_operator.settings import read_flag
+
+    return read_flag("KUBEDGX_KUEUE", environ)
 
 
 if kueue_watched():

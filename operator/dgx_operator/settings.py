@@ -1,10 +1,14 @@
 """The operator's own settings: what the Helm chart passes (flags or KUBEDGX_* variables), and
 how they become kopf settings. Kept apart from handlers.py so that file stays wiring only.
 
-Every setting is an environment variable (what the chart sets) and a flag of `kubedgx operator`
-(flags win: `kubedgx operator` writes the flags given over the environment it parses). One
-parser, :meth:`OperatorConfig.from_env`, checks them all and raises :class:`ConfigError` naming
-the variable of the first bad value. docs/operator.md ("Running the operator") lists them.
+Every setting is declared once, in :data:`SETTINGS`: its variable, type, default, the
+:class:`OperatorConfig` field it fills, what it means, the chart value that sets it and its flag of
+`kubedgx operator` (flags win: `kubedgx operator` writes the flags given over the environment it
+parses). One parser, :meth:`OperatorConfig.from_env`, reads them all through that table and raises
+:class:`ConfigError` naming the variable of the first bad value; :func:`read_flag` reads one flag
+through the same parser. docs/operator.md's table ("Running the operator") is generated from the
+table (``python -m dgx_operator.settings docs/operator.md``), and tests/unit/test_settings_declared_once.py
+checks the chart, the CLI and the sources against it.
 """
 
 from __future__ import annotations
@@ -13,9 +17,11 @@ import ipaddress
 import logging
 import os
 import re
-from collections.abc import Mapping
+import sys
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Literal, cast
+from pathlib import Path
+from typing import Any, Literal
 
 import kopf
 
@@ -71,6 +77,427 @@ class ConfigError(ValueError):
     def __init__(self, variable: str, problem: str) -> None:
         super().__init__(f"{variable}: {problem}")
         self.variable = variable
+
+
+# -- the settings, each declared once ------------------------------------------------------------
+
+#: How a kind reads its variable: (environment, variable, default) -> value; unset or empty gives the
+#: default, a bad value raises ConfigError naming the variable.
+Reader = Callable[["_Env", str, Any], Any]
+
+
+def _code(value: Any) -> str:
+    return f"`{value}`"
+
+
+@dataclass(frozen=True)
+class Kind:
+    """A type of setting: how its docs row names it, how a value of it is read (one parser per type:
+    every variable of a type is refused with the same words) and how its default is shown."""
+
+    name: str
+    read: Reader
+    show: Callable[[Any], str] = _code
+
+
+def _port(*, allow_zero: bool = True) -> Kind:
+    return Kind(
+        "port" if allow_zero else "port (1-65535)",
+        lambda env, name, default: env.port(name, default, allow_zero=allow_zero),
+    )
+
+
+def _duration(*, positive: bool = False) -> Kind:
+    return Kind(
+        "duration > 0" if positive else "duration",
+        lambda env, name, default: env.duration(name, default, positive=positive),
+        lambda seconds: f"`{seconds:g}s`",
+    )
+
+
+def _choice(choices: tuple[str, ...]) -> Kind:
+    return Kind(" or ".join(choices), lambda env, name, default: env.choice(name, choices, default))
+
+
+def _name(pattern: re.Pattern[str], limit: int, what: str) -> Kind:
+    return Kind(what, lambda env, name, default: env.name(name, pattern, limit, what) or default)
+
+
+FLAG = Kind("flag", lambda env, name, default: env.flag(name, default=default), lambda on: "`1`" if on else "`0`")
+FILE = Kind("file", lambda env, name, default: env.text(name) or default)
+IMAGE = Kind("image", lambda env, name, default: env.image(name) or default)
+ABSOLUTE_PATH = Kind("absolute path", lambda env, name, default: env.absolute_path(name) or default)
+ADDRESS = Kind("IP address", lambda env, name, default: env.address(name) or default)
+NAMESPACES = Kind("namespaces, comma-separated", lambda env, name, default: env.namespaces(name) or default)
+PRIORITY_MAP = Kind(
+    "low=CLASS,normal=CLASS,high=CLASS",
+    lambda env, name, default: env.priority_classes(name, default),
+    lambda mapping: _code(",".join(f"{k}={v}" for k, v in mapping.items())),
+)
+PEM_FILE = Kind("PEM file (absolute path)", lambda env, name, default: env.ca_bundle(name) or default)
+WEBHOOK_SECONDS = Kind("seconds (1-30)", lambda env, name, default: env.webhook_timeout(name, default))
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One setting of the operator, declared once: the variable the chart sets, its kind (which parser
+    reads it), its default (what the field gets when the variable is unset or empty), the
+    :class:`OperatorConfig` field it fills, a one-line description, the chart value that sets it and
+    the `kubedgx operator` flag that overrides it.
+
+    ``field`` is a field of OperatorConfig, or ``group.field`` for a field of the WebhookConfig or
+    ElectionConfig that fills the field ``group`` (:data:`_COMBINE` builds those), or ``group`` alone
+    for the flag that turns the group on. ``chart``: the value of charts/kubedgx/values.yaml that
+    decides what the chart's Deployment sets (None: the chart never sets it; ``extraEnv`` can).
+    ``unset``: what an unset variable means, for the docs, where the default value does not say it."""
+
+    variable: str
+    kind: Kind
+    default: Any
+    field: str
+    description: str
+    chart: str | None = None
+    flag: str | None = None
+    unset: str | None = None
+
+    def read(self, env: _Env) -> Any:
+        return self.kind.read(env, self.variable, self.default)
+
+    @property
+    def shown_default(self) -> str:
+        if self.unset is not None:
+            return self.unset
+        return "—" if self.default is None else self.kind.show(self.default)
+
+
+#: Every setting, in the order :meth:`OperatorConfig.from_env` checks them (the first bad one is the
+#: one reported), which is also the order of docs/operator.md's table.
+SETTINGS: tuple[Setting, ...] = (
+    Setting(
+        "KUBEDGX_CATALOG",
+        FILE,
+        None,
+        "catalog_path",
+        "instance catalog YAML (the chart mounts its `catalog` value, a ConfigMap, at"
+        " `/etc/kubedgx/catalog/catalog.yaml`)",
+        chart="catalog",
+        flag="--catalog",
+        unset="built-in catalog",
+    ),
+    Setting(
+        "KUBEDGX_TRAINER_IMAGE",
+        IMAGE,
+        DEFAULT_TRAINER_IMAGE,
+        "trainer_image",
+        "trainer image of jobs without `spec.image`",
+        chart="trainer.image",
+        flag="--trainer-image",
+    ),
+    Setting(
+        "KUBEDGX_DATASYNC_IMAGE",
+        IMAGE,
+        None,
+        "datasync_image",
+        "image of the data sync containers",
+        chart="dataSync.image",
+        flag="--datasync-image",
+        unset="the trainer image",
+    ),
+    Setting(
+        "KUBEDGX_CACHE_ROOT",
+        ABSOLUTE_PATH,
+        Defaults.cache_root,
+        "cache_root",
+        "node-local data cache: `<root>/<namespace>/<mount>/`",
+        chart="dataMounts.cacheRoot",
+        flag="--cache-root",
+    ),
+    Setting(
+        "KUBEDGX_PRIORITY_CLASSES",
+        PRIORITY_MAP,
+        DEFAULT_PRIORITY_CLASSES,
+        "priority_classes",
+        '`spec.priority` -> PriorityClass; a priority left out, or `""` for all, gets no `priorityClassName`'
+        ' (the chart: `""` with `priorityClasses.enabled: false`)',
+        chart="priorityClasses.enabled",
+        flag="--priority-classes",
+    ),
+    Setting(
+        "KUBEDGX_IMAGE_PULL_POLICY",
+        _choice(PULL_POLICIES),
+        "IfNotPresent",
+        "image_pull_policy",
+        "`imagePullPolicy` of every container the operator creates",
+        chart="trainer.imagePullPolicy",
+        flag="--image-pull-policy",
+    ),
+    Setting(
+        "KUBEDGX_WATCH_NAMESPACES",
+        NAMESPACES,
+        (),
+        "namespaces",
+        "namespaces to watch; empty: clusterwide (the flag is repeatable; `-A`: every namespace)",
+        chart="watchNamespaces",
+        flag="--namespace",
+        unset="all namespaces",
+    ),
+    Setting(
+        "KUBEDGX_METRICS_PORT",
+        _port(),
+        DEFAULT_METRICS_PORT,
+        "metrics_port",
+        "Prometheus `/metrics` on this port; `0`: off (the chart: `0` with `metrics.enabled: false`)",
+        chart="metrics.port",
+        flag="--metrics-port",
+    ),
+    Setting(
+        "KUBEDGX_HEALTH_PORT",
+        _port(),
+        DEFAULT_HEALTH_PORT,
+        "health_port",
+        "`GET /healthz` (liveness) and `GET /readyz` (readiness) on this port; `0`: off",
+        chart="health.port",
+        flag="--health-port",
+    ),
+    Setting(
+        "KUBEDGX_WEBHOOK_PORT",
+        _port(allow_zero=False),
+        0,
+        "webhook.port",
+        "serve the validating webhook on this port; needs one of the modes: `KUBEDGX_WEBHOOK_CERT` and"
+        ' `KUBEDGX_WEBHOOK_KEY`, `KUBEDGX_WEBHOOK_SELF_SIGNED` or `KUBEDGX_WEBHOOK_INSECURE` ("Webhook modes" below)',
+        chart="webhook.port",
+        flag="--webhook-port",
+        unset="no webhook",
+    ),
+    Setting(
+        "KUBEDGX_WEBHOOK_CERT",
+        FILE,
+        None,
+        "webhook.certfile",
+        "certificate mode: the TLS certificate, with `KUBEDGX_WEBHOOK_KEY` (the chart: cert-manager's, with"
+        " `webhook.certManager.enabled`)",
+        chart="webhook.certManager.enabled",
+        flag="--webhook-cert",
+    ),
+    Setting(
+        "KUBEDGX_WEBHOOK_KEY",
+        FILE,
+        None,
+        "webhook.pkeyfile",
+        "certificate mode: the certificate's private key",
+        chart="webhook.certManager.enabled",
+        flag="--webhook-key",
+    ),
+    Setting(
+        "KUBEDGX_WEBHOOK_SELF_SIGNED",
+        FLAG,
+        False,
+        "webhook.self_signed",
+        "self-signed mode: the replicas share a CA and certificate and set the `caBundle` (the chart: unless"
+        " `webhook.certManager.enabled`)",
+        chart="webhook.certManager.enabled",
+        flag="--webhook-self-signed",
+    ),
+    Setting(
+        "KUBEDGX_WEBHOOK_INSECURE",
+        FLAG,
+        False,
+        "webhook.insecure",
+        "plain HTTP, for tests or a TLS-terminating proxy",
+        flag="--webhook-insecure",
+    ),
+    Setting(
+        "KUBEDGX_WEBHOOK_FAILURE_POLICY",
+        _choice(FAILURE_POLICIES),
+        "Fail",
+        "webhook.failure_policy",
+        "self-signed mode: its `failurePolicy` when the operator has to create the configuration (run"
+        " without the chart)",
+        chart="webhook.failurePolicy",
+        flag="--webhook-failure-policy",
+    ),
+    Setting(
+        "KUBEDGX_WEBHOOK_CONFIGURATION",
+        _name(_DNS_SUBDOMAIN, 253, "ValidatingWebhookConfiguration name"),
+        DEFAULT_WEBHOOK_CONFIGURATION,
+        "webhook.configuration",
+        "self-signed mode: the ValidatingWebhookConfiguration whose `caBundle` the replicas set (the chart:"
+        " `<fullname>-webhook`, which it renders)",
+        chart="webhook.certManager.enabled",
+        flag="--webhook-configuration",
+    ),
+    Setting(
+        "KUBEDGX_WEBHOOK_SERVICE",
+        _name(_DNS_LABEL, 63, "Service name"),
+        None,
+        "webhook.service",
+        "self-signed mode (required): the webhook's Service, whose DNS names the certificate covers",
+        chart="webhook.certManager.enabled",
+        flag="--webhook-service",
+    ),
+    Setting(
+        "KUBEDGX_WEBHOOK_NAMESPACE",
+        _name(_DNS_LABEL, 63, "namespace name"),
+        None,
+        "webhook.namespace",
+        "self-signed mode: the Service's namespace",
+        chart="webhook.certManager.enabled",
+        flag="--webhook-namespace",
+        unset="the pod's namespace",
+    ),
+    Setting(
+        "KUBEDGX_WEBHOOK_SECRET",
+        _name(_DNS_SUBDOMAIN, 253, "Secret name"),
+        None,
+        "webhook.secret",
+        "self-signed mode: the Secret the replicas share the certificate in",
+        chart="webhook.certManager.enabled",
+        flag="--webhook-secret",
+        unset="`<service>-tls`",
+    ),
+    Setting(
+        "KUBEDGX_WEBHOOK_TIMEOUT_SECONDS",
+        WEBHOOK_SECONDS,
+        DEFAULT_WEBHOOK_TIMEOUT_SECONDS,
+        "webhook.timeout_seconds",
+        "the configuration's `timeoutSeconds`: the review's own lookups are fitted inside it",
+        chart="webhook.timeoutSeconds",
+        flag="--webhook-timeout-seconds",
+    ),
+    Setting(
+        "KUBEDGX_BIND_ADDRESS",
+        ADDRESS,
+        "0.0.0.0",
+        "bind_address",
+        "the address the health, metrics and webhook servers listen on",
+        flag="--bind-address",
+    ),
+    Setting(
+        "KUBEDGX_WEBHOOK_DRY_RUN",
+        FLAG,
+        True,
+        "webhook.dry_run",
+        'dry-run a job\'s children against the apiserver at admission ("The children, dry-run" above)',
+        flag="--[no-]webhook-dry-run",
+    ),
+    Setting(
+        "KUBEDGX_KUEUE",
+        FLAG,
+        True,
+        "kueue",
+        "Kueue's job integration ([kueue.md](kueue.md)); `0`: Kueue's objects are not watched",
+        chart="kueue.enabled",
+    ),
+    Setting(
+        "KUBEDGX_KUEUE_MANAGE_JOBS_WITHOUT_QUEUE_NAME",
+        FLAG,
+        False,
+        "kueue_manage_without_queue_name",
+        "queue jobs without the `kueue.x-k8s.io/queue-name` label too, in the LocalQueue `default` of their"
+        " namespace (Kueue's manageJobsWithoutQueueName)",
+        chart="kueue.manageJobsWithoutQueueName",
+    ),
+    Setting(
+        "KUBEDGX_LEADER_ELECTION",
+        FLAG,
+        False,
+        "leader_election",
+        'elect one replica on a Lease to reconcile; every replica serves admission ("High availability" below)',
+        chart="leaderElection.enabled",
+        flag="--[no-]leader-elect",
+    ),
+    Setting(
+        "KUBEDGX_LEADER_ELECTION_ID",
+        _name(_DNS_SUBDOMAIN, 253, "Lease name"),
+        DEFAULT_LEADER_ELECTION_ID,
+        "leader_election.name",
+        "the Lease's name (the chart: `<fullname>-leader`, which it renders)",
+        chart="leaderElection.enabled",
+        flag="--leader-election-id",
+    ),
+    Setting(
+        "KUBEDGX_LEADER_ELECTION_NAMESPACE",
+        _name(_DNS_LABEL, 63, "namespace name"),
+        None,
+        "leader_election.namespace",
+        "the Lease's namespace (the chart: the release namespace)",
+        chart="leaderElection.enabled",
+        flag="--leader-election-namespace",
+        unset="the pod's namespace",
+    ),
+    Setting(
+        "KUBEDGX_LEADER_ELECTION_LEASE_DURATION",
+        _duration(positive=True),
+        15.0,
+        "leader_election.lease_duration",
+        "how long a Lease lasts unrenewed; client-go's rule: lease duration > renew deadline > 1.2 × retry"
+        " period, else exit 2 naming this variable",
+        chart="leaderElection.leaseDuration",
+        flag="--leader-election-lease-duration",
+    ),
+    Setting(
+        "KUBEDGX_LEADER_ELECTION_RENEW_DEADLINE",
+        _duration(positive=True),
+        10.0,
+        "leader_election.renew_deadline",
+        "a leader that could not renew for this long stops reconciling",
+        chart="leaderElection.renewDeadline",
+        flag="--leader-election-renew-deadline",
+    ),
+    Setting(
+        "KUBEDGX_LEADER_ELECTION_RETRY_PERIOD",
+        _duration(positive=True),
+        2.0,
+        "leader_election.retry_period",
+        "time between a candidate's attempts and a leader's renewals",
+        chart="leaderElection.retryPeriod",
+        flag="--leader-election-retry-period",
+    ),
+    Setting(
+        "KUBEDGX_SHUTDOWN_DELAY",
+        _duration(),
+        0.0,
+        "shutdown_delay",
+        "after SIGTERM: not ready, no reconciling, Lease released at once, admission answered this long more",
+        chart="shutdownDelay",
+        flag="--shutdown-delay",
+    ),
+    Setting(
+        "KUBEDGX_CHECKPOINT_SYNC_INTERVAL",
+        _duration(positive=True),
+        30.0,
+        "checkpoint_sync_interval",
+        "how often each checkpoint sidecar scans the trainer's output directory for new complete checkpoints:"
+        " the longest a finished checkpoint waits on the node before its upload starts",
+        chart="dataMounts.checkpointSyncInterval",
+    ),
+    Setting(
+        "KUBEDGX_CA_BUNDLE",
+        PEM_FILE,
+        None,
+        "ca_bundle",
+        "private CAs that sign object stores' certificates (MinIO, Ceph RGW), read once at startup (certificates"
+        " only, ≤ 64 KiB, else exit 2 naming this variable): added to the default trust of the operator's"
+        " listings and passed to every data sync container as `KUBEDGX_CA_BUNDLE_PEM`; a mount Failed with"
+        " `CertificateUntrusted` is listed again at each start (the chart: set only when `caBundle` gives one)",
+        chart="caBundle",
+        flag="--ca-bundle",
+    ),
+)
+
+#: The settings by variable.
+SETTING: Mapping[str, Setting] = {s.variable: s for s in SETTINGS}
+
+
+def read_flag(variable: str, environ: Mapping[str, str] | None = None) -> bool:
+    """One flag setting read by the parser :meth:`OperatorConfig.from_env` uses, for code that needs it
+    before the configuration exists (handlers.py decides at import which resources to watch): a value
+    from_env refuses is refused here with the same ConfigError."""
+    setting = SETTING[variable]
+    if setting.kind is not FLAG:
+        raise TypeError(f"{variable} is a {setting.kind.name}, not a flag")
+    return bool(setting.read(_Env(os.environ if environ is None else environ)))
 
 
 @dataclass(frozen=True)
@@ -182,25 +609,15 @@ class OperatorConfig:
         """The configuration the KUBEDGX_* variables describe (unset or empty: the default).
         Raises :class:`ConfigError` for the first bad value."""
         env = _Env(os.environ if environ is None else environ)
-        return cls(
-            catalog_path=env.text("KUBEDGX_CATALOG"),
-            trainer_image=env.image("KUBEDGX_TRAINER_IMAGE") or DEFAULT_TRAINER_IMAGE,
-            datasync_image=env.image("KUBEDGX_DATASYNC_IMAGE"),
-            cache_root=env.absolute_path("KUBEDGX_CACHE_ROOT") or Defaults.cache_root,
-            priority_classes=env.priority_classes("KUBEDGX_PRIORITY_CLASSES"),
-            image_pull_policy=cast(PullPolicy, env.choice("KUBEDGX_IMAGE_PULL_POLICY", PULL_POLICIES, "IfNotPresent")),
-            namespaces=env.namespaces("KUBEDGX_WATCH_NAMESPACES"),
-            metrics_port=env.port("KUBEDGX_METRICS_PORT", DEFAULT_METRICS_PORT),
-            health_port=env.port("KUBEDGX_HEALTH_PORT", DEFAULT_HEALTH_PORT),
-            webhook=env.webhook(),
-            kueue=env.flag("KUBEDGX_KUEUE", default=True),
-            kueue_manage_without_queue_name=env.flag("KUBEDGX_KUEUE_MANAGE_JOBS_WITHOUT_QUEUE_NAME"),
-            bind_address=env.address("KUBEDGX_BIND_ADDRESS") or "0.0.0.0",
-            leader_election=env.leader_election(),
-            shutdown_delay=env.duration("KUBEDGX_SHUTDOWN_DELAY", 0.0),
-            checkpoint_sync_interval=env.duration("KUBEDGX_CHECKPOINT_SYNC_INTERVAL", 30.0, positive=True),
-            ca_bundle=env.ca_bundle("KUBEDGX_CA_BUNDLE"),
-        )
+        values: dict[str, Any] = {}
+        for setting in SETTINGS:
+            values[setting.field] = setting.read(env)
+            group = _group(setting)
+            if group is not None and _LAST_OF_GROUP[group] is setting:
+                # Checked together as soon as the last of them is read, so that the first bad value
+                # is still the one reported (a setting read later waits its turn).
+                values[group] = _COMBINE[group](env, values)
+        return cls(**{name: value for name, value in values.items() if "." not in name})
 
     def catalog(self) -> Catalog:
         return Catalog.load(self.catalog_path)
@@ -297,39 +714,6 @@ class _Env:
         except ValueError as exc:
             raise ConfigError(name, f"{path} {exc}") from None
 
-    def leader_election(self) -> ElectionConfig | None:
-        """Only with KUBEDGX_LEADER_ELECTION=1; the Lease is in the operator's own namespace unless
-        KUBEDGX_LEADER_ELECTION_NAMESPACE names another."""
-        on = self.flag("KUBEDGX_LEADER_ELECTION")
-        name = self.name("KUBEDGX_LEADER_ELECTION_ID", _DNS_SUBDOMAIN, 253, "Lease name")
-        namespace = self.name("KUBEDGX_LEADER_ELECTION_NAMESPACE", _DNS_LABEL, 63, "namespace name")
-        durations = {
-            field: self.duration(f"KUBEDGX_LEADER_ELECTION_{suffix}", default, positive=True)
-            for field, suffix, default in (
-                ("lease_duration", "LEASE_DURATION", 15.0),
-                ("renew_deadline", "RENEW_DEADLINE", 10.0),
-                ("retry_period", "RETRY_PERIOD", 2.0),
-            )
-        }
-        if not on:
-            return None
-        namespace = namespace or _own_namespace()
-        if namespace is None:
-            raise ConfigError(
-                "KUBEDGX_LEADER_ELECTION_NAMESPACE",
-                f"required with KUBEDGX_LEADER_ELECTION=1 (no {SERVICE_ACCOUNT_NAMESPACE}: not in a pod)",
-            )
-        config = ElectionConfig(
-            namespace=namespace,
-            name=name or DEFAULT_LEADER_ELECTION_ID,
-            identity=default_identity(self.environ),
-            **durations,
-        )
-        problems = config.problems()
-        if problems:
-            raise ConfigError("KUBEDGX_LEADER_ELECTION_LEASE_DURATION", "; ".join(problems))
-        return config
-
     def choice(self, name: str, choices: tuple[str, ...], default: str) -> str:
         value = self.text(name)
         if value is None:
@@ -354,11 +738,12 @@ class _Env:
                 found.append(item)
         return tuple(found)
 
-    def priority_classes(self, name: str) -> dict[str, str]:
-        """``low=a,normal=b,high=c``; a priority left out gets no priorityClassName; "" for none at all."""
+    def priority_classes(self, name: str, default: Mapping[str, str]) -> dict[str, str]:
+        """``low=a,normal=b,high=c``; a priority left out gets no priorityClassName; "" for none at all
+        (so unset, not empty, means the default)."""
         value = self.environ.get(name)
         if value is None:
-            return dict(DEFAULT_PRIORITY_CLASSES)
+            return dict(default)
         mapping: dict[str, str] = {}
         for item in filter(None, (part.strip() for part in value.split(","))):
             key, sep, class_name = (s.strip() for s in item.partition("="))
@@ -373,70 +758,166 @@ class _Env:
             mapping[key] = class_name
         return mapping
 
-    def webhook(self) -> WebhookConfig | None:
-        port = self.port("KUBEDGX_WEBHOOK_PORT", 0, allow_zero=False)
-        certfile, pkeyfile = self.text("KUBEDGX_WEBHOOK_CERT"), self.text("KUBEDGX_WEBHOOK_KEY")
-        self_signed, insecure = self.flag("KUBEDGX_WEBHOOK_SELF_SIGNED"), self.flag("KUBEDGX_WEBHOOK_INSECURE")
-        policy = self.choice("KUBEDGX_WEBHOOK_FAILURE_POLICY", FAILURE_POLICIES, "Fail")
-        configuration = self.name(
-            "KUBEDGX_WEBHOOK_CONFIGURATION", _DNS_SUBDOMAIN, 253, "ValidatingWebhookConfiguration name"
+    def webhook_timeout(self, name: str, default: int) -> int:
+        value = self.text(name)
+        if value is None:
+            return default
+        if not value.isdigit() or not 1 <= int(value) <= 30:
+            raise ConfigError(name, f"must be 1-30 (the apiserver's bounds), got {value!r}")
+        return int(value)
+
+
+def _webhook(env: _Env, values: Mapping[str, Any]) -> WebhookConfig | None:
+    """The webhook's settings (read, each checked alone) checked together: a port needs exactly one
+    TLS mode, and self-signed mode a Service and a namespace. None without a port."""
+    port: int = values["webhook.port"]
+    certfile, pkeyfile = values["webhook.certfile"], values["webhook.pkeyfile"]
+    self_signed, insecure = values["webhook.self_signed"], values["webhook.insecure"]
+    service, namespace = values["webhook.service"], values["webhook.namespace"]
+    if not port:
+        return None
+    if bool(certfile) != bool(pkeyfile):
+        missing = "KUBEDGX_WEBHOOK_KEY" if certfile else "KUBEDGX_WEBHOOK_CERT"
+        raise ConfigError(missing, "must be set too: the certificate and its key go together")
+    modes = [
+        mode
+        for mode, chosen in (
+            ("KUBEDGX_WEBHOOK_CERT/KEY", certfile is not None),
+            ("KUBEDGX_WEBHOOK_SELF_SIGNED=1", self_signed),
+            ("KUBEDGX_WEBHOOK_INSECURE=1", insecure),
         )
-        service = self.name("KUBEDGX_WEBHOOK_SERVICE", _DNS_LABEL, 63, "Service name")
-        namespace = self.name("KUBEDGX_WEBHOOK_NAMESPACE", _DNS_LABEL, 63, "namespace name")
-        secret = self.name("KUBEDGX_WEBHOOK_SECRET", _DNS_SUBDOMAIN, 253, "Secret name")
-        timeout = self.text("KUBEDGX_WEBHOOK_TIMEOUT_SECONDS")
-        if timeout is not None and (not timeout.isdigit() or not 1 <= int(timeout) <= 30):
-            raise ConfigError(
-                "KUBEDGX_WEBHOOK_TIMEOUT_SECONDS", f"must be 1-30 (the apiserver's bounds), got {timeout!r}"
-            )
-        host = self.address("KUBEDGX_BIND_ADDRESS") or "0.0.0.0"
-        dry_run = self.flag("KUBEDGX_WEBHOOK_DRY_RUN") if self.text("KUBEDGX_WEBHOOK_DRY_RUN") else True
-        if not port:
-            return None
-        if bool(certfile) != bool(pkeyfile):
-            missing = "KUBEDGX_WEBHOOK_KEY" if certfile else "KUBEDGX_WEBHOOK_CERT"
-            raise ConfigError(missing, "must be set too: the certificate and its key go together")
-        modes = [
-            mode
-            for mode, chosen in (
-                ("KUBEDGX_WEBHOOK_CERT/KEY", certfile is not None),
-                ("KUBEDGX_WEBHOOK_SELF_SIGNED=1", self_signed),
-                ("KUBEDGX_WEBHOOK_INSECURE=1", insecure),
-            )
-            if chosen
-        ]
-        if len(modes) != 1:
-            problem = "choose one of" if modes else "is set, so choose how to serve it:"
-            raise ConfigError(
-                "KUBEDGX_WEBHOOK_PORT",
-                f"{problem} KUBEDGX_WEBHOOK_CERT and KUBEDGX_WEBHOOK_KEY (files), KUBEDGX_WEBHOOK_SELF_SIGNED=1"
-                + " or KUBEDGX_WEBHOOK_INSECURE=1"
-                + (f" (got {' and '.join(modes)})" if modes else ""),
-            )
-        if self_signed:
-            if service is None:
-                raise ConfigError("KUBEDGX_WEBHOOK_SERVICE", "required with KUBEDGX_WEBHOOK_SELF_SIGNED=1")
-            namespace = namespace or _own_namespace()
-            if namespace is None:
-                raise ConfigError(
-                    "KUBEDGX_WEBHOOK_NAMESPACE",
-                    f"required with KUBEDGX_WEBHOOK_SELF_SIGNED=1 (no {SERVICE_ACCOUNT_NAMESPACE}: not in a pod)",
-                )
-        return WebhookConfig(
-            port=port,
-            host=host,
-            certfile=certfile,
-            pkeyfile=pkeyfile,
-            insecure=insecure,
-            self_signed=self_signed,
-            service=service,
-            namespace=namespace,
-            configuration=configuration or DEFAULT_WEBHOOK_CONFIGURATION,
-            failure_policy=cast(FailurePolicy, policy),
-            secret=(secret or f"{service}-tls") if self_signed else None,
-            timeout_seconds=int(timeout) if timeout is not None else DEFAULT_WEBHOOK_TIMEOUT_SECONDS,
-            dry_run=dry_run,
+        if chosen
+    ]
+    if len(modes) != 1:
+        problem = "choose one of" if modes else "is set, so choose how to serve it:"
+        raise ConfigError(
+            "KUBEDGX_WEBHOOK_PORT",
+            f"{problem} KUBEDGX_WEBHOOK_CERT and KUBEDGX_WEBHOOK_KEY (files), KUBEDGX_WEBHOOK_SELF_SIGNED=1"
+            + " or KUBEDGX_WEBHOOK_INSECURE=1"
+            + (f" (got {' and '.join(modes)})" if modes else ""),
         )
+    if self_signed:
+        if service is None:
+            raise ConfigError("KUBEDGX_WEBHOOK_SERVICE", "required with KUBEDGX_WEBHOOK_SELF_SIGNED=1")
+        namespace = namespace or _own_namespace()
+        if namespace is None:
+            raise ConfigError(
+                "KUBEDGX_WEBHOOK_NAMESPACE",
+                f"required with KUBEDGX_WEBHOOK_SELF_SIGNED=1 (no {SERVICE_ACCOUNT_NAMESPACE}: not in a pod)",
+            )
+    return WebhookConfig(
+        port=port,
+        host=values["bind_address"],
+        certfile=certfile,
+        pkeyfile=pkeyfile,
+        insecure=insecure,
+        self_signed=self_signed,
+        service=service,
+        namespace=namespace,
+        configuration=values["webhook.configuration"],
+        failure_policy=values["webhook.failure_policy"],
+        secret=(values["webhook.secret"] or f"{service}-tls") if self_signed else None,
+        timeout_seconds=values["webhook.timeout_seconds"],
+        dry_run=values["webhook.dry_run"],
+    )
+
+
+def _leader_election(env: _Env, values: Mapping[str, Any]) -> ElectionConfig | None:
+    """Only with KUBEDGX_LEADER_ELECTION=1; the Lease is in the operator's own namespace unless
+    KUBEDGX_LEADER_ELECTION_NAMESPACE names another. Its timings are checked even when off."""
+    if not values["leader_election"]:
+        return None
+    namespace = values["leader_election.namespace"] or _own_namespace()
+    if namespace is None:
+        raise ConfigError(
+            "KUBEDGX_LEADER_ELECTION_NAMESPACE",
+            f"required with KUBEDGX_LEADER_ELECTION=1 (no {SERVICE_ACCOUNT_NAMESPACE}: not in a pod)",
+        )
+    config = ElectionConfig(
+        namespace=namespace,
+        name=values["leader_election.name"],
+        identity=default_identity(env.environ),
+        lease_duration=values["leader_election.lease_duration"],
+        renew_deadline=values["leader_election.renew_deadline"],
+        retry_period=values["leader_election.retry_period"],
+    )
+    problems = config.problems()
+    if problems:
+        raise ConfigError("KUBEDGX_LEADER_ELECTION_LEASE_DURATION", "; ".join(problems))
+    return config
+
+
+#: The OperatorConfig fields several settings fill together, and how (with their checks across settings).
+_COMBINE: Mapping[str, Callable[[_Env, Mapping[str, Any]], Any]] = {
+    "webhook": _webhook,
+    "leader_election": _leader_election,
+}
+
+
+def _group(setting: Setting) -> str | None:
+    group = setting.field.partition(".")[0]
+    return group if group in _COMBINE else None
+
+
+#: The last setting of each group in table order: the group is built as soon as that one is read.
+_LAST_OF_GROUP: Mapping[str, Setting] = {group: s for s in SETTINGS if (group := _group(s)) is not None}
+
+
+# -- docs/operator.md's table, generated ----------------------------------------------------------
+
+DOCS_BEGIN = "<!-- settings:begin (generated: python -m dgx_operator.settings docs/operator.md) -->"
+DOCS_END = "<!-- settings:end -->"
+
+
+def docs_table() -> str:
+    """The Markdown table of every setting, one row each, in table order."""
+    rows = [
+        "| Variable | Flag | Chart value | Type | Default | Meaning |",
+        "|---|---|---|---|---|---|",
+    ]
+    for s in SETTINGS:
+        cells = (
+            _code(s.variable),
+            _code(s.flag) if s.flag else "—",
+            _code(s.chart) if s.chart else "—",
+            s.kind.name,
+            s.shown_default,
+            s.description,
+        )
+        rows.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
+    return "\n".join(rows)
+
+
+def with_docs_table(text: str) -> str:
+    """``text`` (docs/operator.md) with the table between the markers replaced by :func:`docs_table`."""
+    if text.count(DOCS_BEGIN) != 1 or text.count(DOCS_END) != 1:
+        raise ValueError(f"the markers {DOCS_BEGIN!r} and {DOCS_END!r} must each appear once")
+    head, rest = text.split(DOCS_BEGIN)
+    _, tail = rest.split(DOCS_END)
+    return f"{head}{DOCS_BEGIN}\n{docs_table()}\n{DOCS_END}{tail}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m dgx_operator.settings docs/operator.md [--check]``: regenerate the docs table (or
+    exit 1 if it is stale)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m dgx_operator.settings", description=main.__doc__)
+    parser.add_argument("doc", type=Path, help="the Markdown file holding the markers (docs/operator.md)")
+    parser.add_argument("--check", action="store_true", help="exit 1 if the table in it is stale")
+    args = parser.parse_args(argv)
+    path: Path = args.doc
+    text = path.read_text(encoding="utf-8")
+    fresh = with_docs_table(text)
+    if args.check:
+        if fresh != text:
+            print(
+                f"{path}: the settings table is stale (run `python -m dgx_operator.settings {path}`)", file=sys.stderr
+            )
+            return 1
+        return 0
+    path.write_text(fresh, encoding="utf-8")
+    return 0
 
 
 def _own_namespace() -> str | None:
@@ -482,3 +963,7 @@ def configure(settings: kopf.OperatorSettings, config: OperatorConfig) -> None:
     settings.networking.connect_timeout = 10
     settings.networking.error_backoffs = config.error_backoffs
     settings.queueing.error_delays = (*config.error_backoffs, 60)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
