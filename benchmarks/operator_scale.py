@@ -339,7 +339,7 @@ async def operator(n: int, unrelated: int) -> dict[str, float]:
                 [
                     sys.executable,
                     "-m",
-                    "dgx_operator.cli",
+                    "dgx_operator.cli.main",
                     "operator",
                     "--standalone",
                     "-A",

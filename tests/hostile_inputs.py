@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 
 from dgx_api.manifests import load_documents
 from dgx_api.text import is_printable
-from dgx_operator.cli import main
+from dgx_operator.cli.main import main
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 EXAMPLE_FILES = sorted(EXAMPLES.glob("*.yaml"))

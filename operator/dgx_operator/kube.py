@@ -21,7 +21,7 @@ from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from dgx_operator.api import GROUP, VERSION
-from dgx_operator.crdgen import DATA_MOUNTS, TRAINING_JOBS
+from dgx_operator.api.crdgen import DATA_MOUNTS, TRAINING_JOBS
 
 JOBS = TRAINING_JOBS.plural
 MOUNTS = DATA_MOUNTS.plural

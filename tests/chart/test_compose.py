@@ -20,8 +20,8 @@ import pytest
 import yaml
 
 from dgx_datasync import trust
-from dgx_operator.cli import build_parser, cmd_check_install
-from dgx_operator.settings import OperatorConfig
+from dgx_operator.cli.main import build_parser, cmd_check_install
+from dgx_operator.runtime.settings import OperatorConfig
 from tests.chart.conftest import CHART, KUBE_VERSION, NAMESPACE, find, is_hook, notes, one, render
 from tests.chart.render_helpers import container, deployment, env, restricted_violations
 from tests.private_ca import PrivateCA

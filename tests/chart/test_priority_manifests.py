@@ -1,4 +1,4 @@
-"""The PriorityClasses of the no-Helm path (`kubedgx manifests`, dgx_operator.priorities) are the chart's:
+"""The PriorityClasses of the no-Helm path (`kubedgx manifests`, dgx_operator.runtime.priorities) are the chart's:
 same names, values and fields, so that a job has the same scheduling order however kubedgx was installed,
 and an operator configured by either finds the classes it names."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from dgx_operator.priorities import CHART_CLASSES, priority_class_manifests
-from dgx_operator.settings import DEFAULT_PRIORITY_CLASSES
+from dgx_operator.runtime.priorities import CHART_CLASSES, priority_class_manifests
+from dgx_operator.runtime.settings import DEFAULT_PRIORITY_CLASSES
 from tests.chart.conftest import chart_values, find, one, render
 
 

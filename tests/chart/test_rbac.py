@@ -1,6 +1,6 @@
 """The chart's RBAC: no wildcards, a purpose comment on every rule, and exactly what the operator calls.
 
-The last part runs the real operator (dgx_operator.handlers and its validating webhook, configured from
+The last part runs the real operator (dgx_operator.runtime.handlers and its validating webhook, configured from
 the environment the chart renders) against the in-memory API server of tests/integration, through a
 scenario that touches every API path it has: a job's whole life up to its TTL deletion, children whose
 create meets a 409 (the operator reads them to see whose they are), a data mount listed with its
@@ -29,7 +29,7 @@ import kopf
 import pytest
 import yaml
 
-from dgx_operator.settings import OperatorConfig
+from dgx_operator.runtime.settings import OperatorConfig
 from tests.chart.conftest import CHART, NAMESPACE, OPERATOR_SA, SCENARIOS, Rendered, one, render, render_raw
 from tests.conftest import BASE_JOB, with_changes
 from tests.integration.admission_helpers import JOB_PATH, MOUNT_PATH, operator_registry, review_request, stored
@@ -300,7 +300,7 @@ def install_webhook_configuration_api(emulator: Emulator, tmp_path: Path) -> Non
 async def start(
     emulator: Emulator, run_operator: RunOperator, config: OperatorConfig, namespaces: tuple[str, ...]
 ) -> Operator:
-    """The operator with its webhook (dgx_operator.handlers + webhooks in a registry of their own), and the
+    """The operator with its webhook (dgx_operator.runtime.handlers + webhooks in a registry of their own), and the
     test's clock on its controller (for the TTL)."""
     module = types.ModuleType("kubedgx_operator_for_rbac")
     module.registry = operator_registry()  # type: ignore[attr-defined]

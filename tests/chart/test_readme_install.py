@@ -27,8 +27,8 @@ from typing import Any
 import helm_python as helm
 import pytest
 
-from dgx_operator.cli import build_parser, operator_environment
-from dgx_operator.settings import OperatorConfig
+from dgx_operator.cli.main import build_parser, operator_environment
+from dgx_operator.runtime.settings import OperatorConfig
 from tests.chart.conftest import one, render
 from tests.conftest import ROOT
 

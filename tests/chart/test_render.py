@@ -13,8 +13,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from dgx_operator import admission
 from dgx_operator.catalog import Catalog
+from dgx_operator.webhook import admission
 from tests.chart.conftest import (
     CHART,
     KUBE_VERSION,
@@ -249,7 +249,7 @@ def test_two_replicas_roll_and_one_leads_with_the_documented_interface() -> None
 
 def test_the_operator_accepts_the_environment_the_chart_gives_it(monkeypatch: pytest.MonkeyPatch) -> None:
     """The chart's KUBEDGX_* variables, as the operator parses them (settings.OperatorConfig.from_env)."""
-    from dgx_operator.settings import OperatorConfig
+    from dgx_operator.runtime.settings import OperatorConfig
 
     for scenario, values in SCENARIOS:
         for name in [n for n in os.environ if n.startswith("KUBEDGX_")]:
@@ -523,7 +523,7 @@ def test_self_signed_mode_renders_the_configuration_the_operator_would_and_an_em
 ) -> None:
     """The configuration is the release's: exactly admission.webhook_configuration's body (what the operator
     writes when run without the chart), with no caBundle (the replicas set it from the Secret)."""
-    from dgx_operator.settings import WebhookConfig
+    from dgx_operator.runtime.settings import WebhookConfig
 
     objects = render({"watchNamespaces": namespaces, "webhook": {"timeoutSeconds": 7, "failurePolicy": "Ignore"}})
     vwc = one(objects, "ValidatingWebhookConfiguration")

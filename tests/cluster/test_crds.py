@@ -339,7 +339,7 @@ def test_explicit_nulls_are_pruned_and_accepted(control_plane: ControlPlane, crd
     """``backoffLimit: null`` and ``nodeSelector: null``: the apiserver drops null fields that are not
     nullable (then defaults them) and accepts the job; so does ``kubedgx validate``, which refused them
     as "must be of type integer, got null" before."""
-    from dgx_operator.validation import Validator
+    from dgx_operator.validation.validator import Validator
 
     doc = json.loads(json.dumps(BASE_JOB))
     doc["spec"]["backoffLimit"] = None

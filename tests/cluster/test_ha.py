@@ -643,7 +643,7 @@ def test_cert_manager_mode_serves_what_cert_manager_issues(ha: Ha) -> None:
     Certificate's Secret; its cainjector copies the CA into the configuration named by
     ``cert-manager.io/inject-ca-from``): the replicas mount and serve that Secret, the release's
     configuration reaches them through the Service, and they write neither."""
-    from dgx_operator.webhookcert import self_signed  # a CA and a certificate, as cert-manager's would be
+    from dgx_operator.webhook.certificates import self_signed  # a CA and a certificate, as cert-manager's would be
     from tests.cluster.chart_helpers import stub_crd
 
     namespace, release = "kubedgx-cm", "cm"

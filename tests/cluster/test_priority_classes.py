@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from dgx_operator.priorities import APPLY_COMMAND
+from dgx_operator.runtime.priorities import APPLY_COMMAND
 from tests.chart.conftest import Rendered
 from tests.cluster.controlplane import ControlPlane
 from tests.cluster.operator import Operator, chart_operator, install
@@ -124,7 +124,7 @@ def test_kubedgx_manifests_is_accepted_by_the_apiserver(kubectl: Kubectl) -> Non
     """The no-Helm path's `kubedgx manifests | kubectl apply -f -`, dry-run on the server (the CRDs and
     classes exist already: an update; the apiserver still validates every object in full)."""
     printed = subprocess.run(
-        [sys.executable, "-m", "dgx_operator.cli", "manifests"], capture_output=True, text=True, check=True
+        [sys.executable, "-m", "dgx_operator.cli.main", "manifests"], capture_output=True, text=True, check=True
     ).stdout
     out = kubectl.run("apply", "--dry-run=server", "-f", "-", input=printed).stdout
     assert "customresourcedefinition.apiextensions.k8s.io/dgxtrainingjobs.kubedgx.io" in out

@@ -11,7 +11,7 @@ The webhook dry-runs each job's children against this apiserver, with PodSecurit
 ResourceQuota admission on: what they refuse for good is refused at `kubectl apply`, what the
 cluster may lift (quota) is admitted with a warning. The chart maps spec.priority high to a
 PriorityClass of this module's own (``ABSENT_CLASS``), which exists when the operator starts (a class
-missing then is dropped with a warning: dgx_operator/priorities.py) and is deleted by the test that
+missing then is dropped with a warning: dgx_operator/runtime/priorities.py) and is deleted by the test that
 needs it missing, so that no cluster-scoped object other tests use is changed.
 """
 
@@ -26,10 +26,10 @@ from typing import Any
 
 import pytest
 
-from dgx_operator import admission
 from dgx_operator.api import DGXTrainingJob
 from dgx_operator.catalog import Catalog
 from dgx_operator.render import BuildContext, Defaults
+from dgx_operator.webhook import admission
 from tests.chart.conftest import Rendered
 from tests.cluster.controlplane import ControlPlane
 from tests.cluster.operator import (

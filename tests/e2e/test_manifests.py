@@ -27,7 +27,7 @@ from dgx_api.schema import validate as schema_validate
 from dgx_operator.api import DGXTrainingJob
 from dgx_operator.catalog import Catalog
 from dgx_operator.render import BuildContext, build_children
-from dgx_operator.validation import Validator, crd_schema
+from dgx_operator.validation.validator import Validator, crd_schema
 from tests.e2e import cluster as gate
 from tests.e2e import fakegpu
 from tests.e2e.jobs import (

@@ -17,7 +17,7 @@ import pytest
 import yaml
 from flytekit import Resources, task
 
-from dgx_operator import cli
+from dgx_operator.cli import main as cli
 from flytekitplugins.dgx import DGXConfig, DGXConfigError, DGXDataConfig, DGXQLoRATask, DGXTorchElastic
 from flytekitplugins.dgx.config import from_custom, to_custom
 from flytekitplugins.dgx.manifest import KEY_LABEL, Options, Plan, build, digest, job_name

@@ -322,7 +322,7 @@ def test_the_operator_entrypoint_is_the_console_script() -> None:
     assert entrypoint(OPERATOR) == ["kubedgx", "operator"]
     assert cmd(OPERATOR) == []
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["scripts"]
-    assert scripts["kubedgx"] == "dgx_operator.cli:main"
+    assert scripts["kubedgx"] == "dgx_operator.cli.main:main"
     binary = shutil.which("kubedgx")
     assert binary is not None, "the kubedgx console script is not installed (pip install -e .)"
     result = run([binary, "operator", "--help"])
@@ -336,7 +336,7 @@ def test_the_operator_command_runs_without_torch() -> None:
         "import sys\n"
         "for name in ('torch', 'transformers', 'peft', 'trl', 'bitsandbytes', 'accelerate', 'datasets'):\n"
         "    sys.modules[name] = None  # importing any of them raises ImportError\n"
-        "from dgx_operator.cli import main\n"
+        "from dgx_operator.cli.main import main\n"
         "sys.argv = ['kubedgx', 'operator', '--help']\n"
         "main()\n"
     )

@@ -3,10 +3,10 @@ objects as the API server hands them over, and :class:`Webhook`, kopf's server i
 (the ``webhook`` fixture in conftest.py starts it). Shared by test_admission.py, test_webhook_tls.py,
 test_metrics.py and the chart's tests.
 
-The operator gets a registry of its own (:func:`operator_registry`): ``dgx_operator.handlers`` and
-``dgx_operator.webhooks`` are (re)imported while kopf's default registry points at a fresh one.
-Importing ``dgx_operator.webhooks`` into kopf's default registry instead would make every later test
-of this session that runs ``dgx_operator.handlers`` without a webhook server crash at startup
+The operator gets a registry of its own (:func:`operator_registry`): ``dgx_operator.runtime.handlers`` and
+``dgx_operator.runtime.webhooks`` are (re)imported while kopf's default registry points at a fresh one.
+Importing ``dgx_operator.runtime.webhooks`` into kopf's default registry instead would make every later test
+of this session that runs ``dgx_operator.runtime.handlers`` without a webhook server crash at startup
 ("Admission handlers exist, but no admission server/tunnel is configured").
 """
 
@@ -22,7 +22,7 @@ from typing import Any
 import aiohttp
 import kopf
 
-import dgx_operator.handlers
+import dgx_operator.runtime.handlers
 from tests.conftest import with_changes
 
 Body = dict[str, Any]
@@ -40,12 +40,12 @@ def operator_registry() -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
     kopf.set_default_registry(registry)
     try:
-        importlib.reload(dgx_operator.handlers)
+        importlib.reload(dgx_operator.runtime.handlers)
         # The validating handlers: on first import, or again now that the default registry is this one.
-        if "dgx_operator.webhooks" in sys.modules:
-            importlib.reload(sys.modules["dgx_operator.webhooks"])
+        if "dgx_operator.runtime.webhooks" in sys.modules:
+            importlib.reload(sys.modules["dgx_operator.runtime.webhooks"])
         else:
-            importlib.import_module("dgx_operator.webhooks")
+            importlib.import_module("dgx_operator.runtime.webhooks")
     finally:
         kopf.set_default_registry(saved)
     return registry

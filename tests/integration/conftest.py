@@ -47,7 +47,7 @@ here, and pyproject.toml is not changed for it). Every test in this directory ge
 sets its own. Example::
 
     async def test_job_gets_a_running_worker(emulator, run_operator):
-        await run_operator("dgx_operator.handlers", wait_for=("dgxtrainingjobs", "pods"))
+        await run_operator("dgx_operator.runtime.handlers", wait_for=("dgxtrainingjobs", "pods"))
         emulator.create("dgxtrainingjobs", job, namespace="ml")
         await emulator.wait_for_object("pods", "ml", "job-worker-0")
         emulator.patch_status("pods", "ml", "job-worker-0", {"phase": "Running"})
@@ -75,8 +75,8 @@ import pytest_asyncio
 import yaml
 from kubernetes_asyncio import client, config
 
-from dgx_operator import admission
-from dgx_operator.settings import OperatorConfig, WebhookConfig
+from dgx_operator.runtime.settings import OperatorConfig, WebhookConfig
+from dgx_operator.webhook import admission
 from tests.conftest import CRDS
 from tests.integration.admission_helpers import READY_TIMEOUT_S, Webhook, operator_registry
 from tests.integration.emulator import Emulator
@@ -238,7 +238,7 @@ async def run_operator(emulator: Emulator, kubeconfig: Path) -> AsyncIterator[Ru
 async def webhook(
     emulator: Emulator, run_operator: RunOperator, monkeypatch: pytest.MonkeyPatch
 ) -> AsyncIterator[Webhook]:
-    """The operator (dgx_operator.handlers and its validating webhook, a registry of their own) with a
+    """The operator (dgx_operator.runtime.handlers and its validating webhook, a registry of their own) with a
     plain-HTTP webhook server on a free loopback port, once that server listens (an event, not a poll:
     kopf's server yields its client config right after its socket listens)."""
     port = free_port()

@@ -1,5 +1,5 @@
 """The operator's scenarios against the in-memory API server (tests/integration/emulator.py): the real
-operator (dgx_operator.handlers, kopf) runs in the test's event loop, and the test plays everyone else:
+operator (dgx_operator.runtime.handlers, kopf) runs in the test's event loop, and the test plays everyone else:
 the user (jobs created, edited, deleted), the scheduler and the kubelet (pod status patches), the node
 that dies. Shared by the integration tests (test_operator.py, test_resilience.py, test_datamounts.py,
 test_metrics.py...), the chart's RBAC test and the Argo CD health checks.
@@ -21,10 +21,10 @@ from typing import Any
 
 import kopf
 
-from dgx_operator.controller import Controller
+from dgx_operator.controllers.job import Controller
 from dgx_operator.reconcile.planner import Plan
 from dgx_operator.reconcile.pods import PodView
-from dgx_operator.settings import OperatorConfig
+from dgx_operator.runtime.settings import OperatorConfig
 from tests.conftest import BASE_JOB, with_changes
 from tests.integration.conftest import OperatorRun, RunOperator
 from tests.integration.emulator import Emulator
@@ -149,9 +149,9 @@ def operator_config() -> OperatorConfig:
 
 
 async def start_operator(emulator: Emulator, run_operator: RunOperator, clock: Clock | None = None) -> Operator:
-    """Run dgx_operator.handlers until the test ends, with short backoffs and the test's clock."""
+    """Run dgx_operator.runtime.handlers until the test ends, with short backoffs and the test's clock."""
     memo = kopf.Memo(config=operator_config())
-    run = await run_operator("dgx_operator.handlers", wait_for=(JOBS, "pods"), memo=memo)
+    run = await run_operator("dgx_operator.runtime.handlers", wait_for=(JOBS, "pods"), memo=memo)
     # A restarted operator: the stopped one's watches may still count as open for a moment, so the
     # wait above can end before this one's startup handler has made its controller. Its own list
     # and watch requests come after that handler, and each request re-checks this.

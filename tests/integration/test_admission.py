@@ -11,10 +11,10 @@ Readiness is an event, not a poll: the ``webhook`` fixture's (conftest.py) ``adm
 subclass resolves a future with the client config kopf's server yields, which it does right after its
 socket is listening.
 
-The operator gets a registry of its own (admission_helpers.py): ``dgx_operator.handlers`` and
-``dgx_operator.webhooks`` are (re)imported while kopf's default registry points at a fresh one. Importing
-``dgx_operator.webhooks`` into kopf's default registry instead would make every later test of this session
-that runs ``dgx_operator.handlers`` without a webhook server crash at startup ("Admission handlers exist, but no
+The operator gets a registry of its own (admission_helpers.py): ``dgx_operator.runtime.handlers`` and
+``dgx_operator.runtime.webhooks`` are (re)imported while kopf's default registry points at a fresh one. Importing
+``dgx_operator.runtime.webhooks`` into kopf's default registry instead would make every later test of this session
+that runs ``dgx_operator.runtime.handlers`` without a webhook server crash at startup ("Admission handlers exist, but no
 admission server/tunnel is configured").
 """
 
@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from dgx_operator import admission
+from dgx_operator.webhook import admission
 from tests.conftest import BASE_JOB, BASE_MOUNT, DELETE, with_changes
 from tests.integration.admission_helpers import JOB_PATH, MIB, MOUNT_PATH, Body, Webhook, padded, review_request, stored
 from tests.integration.emulator import ApiError, Emulator

@@ -1,5 +1,5 @@
 """A DGXDataMount on an S3-compatible store behind a private CA (MinIO, Ceph RGW on premises): the
-real operator (kopf, dgx_operator.handlers) against the emulator, listing moto's S3 served over HTTPS
+real operator (kopf, dgx_operator.runtime.handlers) against the emulator, listing moto's S3 served over HTTPS
 with a certificate of a CA no default trust store has (tests/s3.py's ``s3_private_ca``).
 
 Without the CA the listing fails with CertificateUntrusted, whose message names the fix (the chart's
@@ -14,7 +14,7 @@ import kopf
 import pytest
 
 from dgx_datasync import trust
-from dgx_operator.settings import OperatorConfig
+from dgx_operator.runtime.settings import OperatorConfig
 from tests.conftest import BASE_MOUNT, with_changes
 from tests.integration.conftest import OperatorRun, RunOperator
 from tests.integration.emulator import Emulator
@@ -26,10 +26,10 @@ pytestmark = pytest.mark.asyncio
 
 
 async def start(emulator: Emulator, run_operator: RunOperator, ca_bundle: str | None) -> OperatorRun:
-    """dgx_operator.handlers as the chart runs it, with KUBEDGX_CA_BUNDLE's PEM (or none)."""
+    """dgx_operator.runtime.handlers as the chart runs it, with KUBEDGX_CA_BUNDLE's PEM (or none)."""
     config = OperatorConfig(error_backoffs=(0.1, 0.2, 0.5, 1.0), retry_base=0.1, ca_bundle=ca_bundle)
     memo = kopf.Memo(config=config)
-    run = await run_operator("dgx_operator.handlers", wait_for=(JOBS, MOUNTS, "pods"), memo=memo)
+    run = await run_operator("dgx_operator.runtime.handlers", wait_for=(JOBS, MOUNTS, "pods"), memo=memo)
     await emulator.wait_for(lambda: memo.get("mounts"), timeout=10, message="the operator's startup handler ran")
     return run
 

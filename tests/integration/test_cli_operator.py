@@ -27,7 +27,7 @@ pytestmark = pytest.mark.asyncio
 async def operator_process(emulator: Emulator, kubeconfig: Path) -> AsyncIterator[tuple[OperatorProcess, int, int]]:
     liveness, webhook = free_port(), free_port()
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "dgx_operator.cli", "operator",
+        sys.executable, "-m", "dgx_operator.cli.main", "operator",
         "--standalone", "-n", "ml", "--log-format", "json",
         "--liveness", f"http://127.0.0.1:{liveness}/healthz",
         "--webhook-port", str(webhook), "--webhook-insecure", "--metrics-port", "0",

@@ -144,7 +144,7 @@ async def test_a_queued_job_on_a_cluster_without_kueue_says_so_and_never_starts(
 ) -> None:
     """The integration on (KUBEDGX_KUEUE), the queue label set, and no kueue.x-k8s.io API served: the
     job waits Suspended with a condition that names the label and the fix, instead of silently."""
-    from dgx_operator.controller import KueueSettings
+    from dgx_operator.controllers.job import KueueSettings
 
     op = await start_operator(emulator, run_operator)
     op.controller.kueue = KueueSettings()

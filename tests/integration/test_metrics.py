@@ -3,7 +3,7 @@ reconcile counts and phases of jobs and data mounts, restarts the planner decide
 settings as the chart passes them (KUBEDGX_* variables only) reaching `kubedgx operator`: watched namespaces,
 the metrics port and the health port.
 
-The in-process scenarios run ``dgx_operator.handlers`` through scenarios.py's ``start_operator``, with the
+The in-process scenarios run ``dgx_operator.runtime.handlers`` through scenarios.py's ``start_operator``, with the
 metrics server on a free port; the last one runs the CLI in a subprocess, as the chart's Deployment does.
 """
 
@@ -21,10 +21,10 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-import dgx_operator.handlers
+import dgx_operator.runtime.handlers
 import tests.integration.scenarios as scenarios
-from dgx_operator.metrics import Metrics, serve
-from dgx_operator.settings import OperatorConfig
+from dgx_operator.controllers.metrics import Metrics, serve
+from dgx_operator.runtime.settings import OperatorConfig
 from tests.conftest import BASE_JOB, BASE_MOUNT, with_changes
 from tests.integration.admission_helpers import JOB_PATH, MOUNT_PATH, Webhook, operator_registry, stored
 from tests.integration.conftest import RunOperator
@@ -194,7 +194,7 @@ async def test_the_cli_takes_namespaces_and_ports_from_the_environment(emulator:
         "KUBEDGX_HEALTH_PORT": str(health),
     }
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "dgx_operator.cli", "operator", "--standalone",
+        sys.executable, "-m", "dgx_operator.cli.main", "operator", "--standalone",
         env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     running = OperatorProcess(proc)
@@ -245,7 +245,7 @@ async def test_a_taken_metrics_port_is_an_error() -> None:
 @pytest.fixture
 def operator_metrics(monkeypatch: pytest.MonkeyPatch) -> list[Metrics]:
     """The Metrics the operator makes at startup, as they are made (request before the operator's fixture)."""
-    operator_registry()  # reloads dgx_operator.handlers once, which would undo the patch below
+    operator_registry()  # reloads dgx_operator.runtime.handlers once, which would undo the patch below
     made: list[Metrics] = []
 
     class Recorded(Metrics):
@@ -253,7 +253,7 @@ def operator_metrics(monkeypatch: pytest.MonkeyPatch) -> list[Metrics]:
             super().__post_init__()
             made.append(self)
 
-    monkeypatch.setattr(dgx_operator.handlers, "Metrics", Recorded)
+    monkeypatch.setattr(dgx_operator.runtime.handlers, "Metrics", Recorded)
     return made
 
 

@@ -1,4 +1,4 @@
-"""The operator's behaviour (docs/operator.md), end to end: the real kopf operator (``dgx_operator.handlers``)
+"""The operator's behaviour (docs/operator.md), end to end: the real kopf operator (``dgx_operator.runtime.handlers``)
 runs in this event loop against the in-memory API server, and the test plays everyone else: the user (jobs
 created, edited, deleted), the scheduler and the kubelet (pod status patches), the node that dies (a pod
 deleted). Every scenario checks the job's status, the Kubernetes Events posted for it, and the exact set of

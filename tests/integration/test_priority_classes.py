@@ -1,4 +1,4 @@
-"""The operator's startup check of its PriorityClasses (dgx_operator.priorities, wired into handlers.startup),
+"""The operator's startup check of its PriorityClasses (dgx_operator.runtime.priorities, wired into handlers.startup),
 end to end against the in-memory API server: a configured class the cluster lacks is never named by a
 worker, a class it has still is, and the log says which was dropped and how to create it.
 
@@ -12,7 +12,7 @@ import logging
 
 import pytest
 
-from dgx_operator import priorities
+from dgx_operator.runtime import priorities
 from tests.conftest import BASE_JOB, with_changes
 from tests.integration.conftest import RunOperator
 from tests.integration.emulator import Emulator

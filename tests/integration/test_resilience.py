@@ -361,7 +361,7 @@ async def test_every_side_effect_happens_exactly_once(emulator: Emulator, run_op
     await op.settle()  # and once more: a reconcile that learns nothing writes nothing
 
     # No 409, no 404, no 422: nothing done twice or too early. (The startup check of the PriorityClasses reads
-    # them once: a 404 there is its answer "absent", dgx_operator/priorities.py.)
+    # them once: a 404 there is its answer "absent", dgx_operator/runtime/priorities.py.)
     failed = [c for c in emulator.calls(succeeded=False) if c.resource != "priorityclasses"]
     assert failed == []
     assert successful(emulator, "create", "pods") == 2

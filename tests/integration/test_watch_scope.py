@@ -13,8 +13,8 @@ from typing import Any
 import kopf
 import pytest
 
-from dgx_operator.controller import Controller
-from dgx_operator.settings import OperatorConfig
+from dgx_operator.controllers.job import Controller
+from dgx_operator.runtime.settings import OperatorConfig
 from tests.conftest import BASE_JOB
 from tests.integration.conftest import RunOperator
 from tests.integration.emulator import Emulator
@@ -53,7 +53,7 @@ async def test_children_are_listed_and_watched_by_our_label_in_pages(
 
     config = OperatorConfig(list_chunk_size=PAGE, error_backoffs=(0.1, 0.2, 0.5, 1.0), retry_base=0.1)
     memo = kopf.Memo(config=config)
-    await run_operator("dgx_operator.handlers", clusterwide=True, wait_for=(JOBS, MOUNTS, *CHILDREN), memo=memo)
+    await run_operator("dgx_operator.runtime.handlers", clusterwide=True, wait_for=(JOBS, MOUNTS, *CHILDREN), memo=memo)
     controller: Controller = memo.controller
 
     # The operator works as before: the jobs' children are created, and its pod index sees them.

@@ -32,11 +32,11 @@ import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
 
-from dgx_operator import admission
+from dgx_operator.controllers.metrics import Metrics
 from dgx_operator.kube import Kube
-from dgx_operator.metrics import Metrics
-from dgx_operator.settings import OperatorConfig, WebhookConfig
-from dgx_operator.webhookcert import CertificateKeeper, PublishError, SelfSigned, self_signed, unusable
+from dgx_operator.runtime.settings import OperatorConfig, WebhookConfig
+from dgx_operator.webhook import admission
+from dgx_operator.webhook.certificates import CertificateKeeper, PublishError, SelfSigned, self_signed, unusable
 from tests.conftest import BASE_JOB, with_changes
 from tests.integration.admission_helpers import (
     JOB_PATH,

@@ -15,7 +15,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from dgx_operator.metrics import serve
+from dgx_operator.controllers.metrics import serve
 from tests.metrics import build_promlint
 from tests.support.timeouts import timeout_paused
 from tests.unit.metrics_helpers import populated

@@ -15,9 +15,10 @@ from typing import Any
 import pytest
 import yaml
 
-from dgx_operator import cli, local
 from dgx_operator.api import DGXTrainingJob
 from dgx_operator.catalog import Catalog
+from dgx_operator.cli import local
+from dgx_operator.cli import main as cli
 from tests.conftest import DELETE, with_changes
 from tests.trainer.conftest import EXAMPLES, OFFLINE, QUICKSTART, RUN_TIMEOUT
 from tests.trainer.local_run import console_script, run_local

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from dgx_api.trainer_config import load_config
-from dgx_operator.cli import main
+from dgx_operator.cli.main import main
 from tests.trainer.conftest import DATA
 from tests.trainer.local_run import run_local
 

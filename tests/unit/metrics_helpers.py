@@ -7,7 +7,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from dgx_operator.api.trainingjob import DGXTrainingJobStatus
-from dgx_operator.metrics import JOB_KIND, MOUNT_KIND, Metrics
+from dgx_operator.controllers.metrics import JOB_KIND, MOUNT_KIND, Metrics
 from tests.unit.planner_sim import T0
 
 

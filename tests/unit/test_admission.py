@@ -20,13 +20,13 @@ import pytest
 import yaml
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from dgx_operator import admission
 from dgx_operator.api import DGXTrainingJob
 from dgx_operator.catalog import Catalog
 from dgx_operator.render import JobIdentity, trainer_config_map
 from dgx_operator.render.names import FINALIZER
-from dgx_operator.settings import OperatorConfig, WebhookConfig
-from dgx_operator.validation import immutable_changes
+from dgx_operator.runtime.settings import OperatorConfig, WebhookConfig
+from dgx_operator.validation.validator import immutable_changes
+from dgx_operator.webhook import admission
 from tests.conftest import BASE_JOB, BASE_MOUNT, DELETE, with_changes
 
 Body = dict[str, Any]

@@ -31,8 +31,8 @@ import yaml
 from dgx_api.schema import validate
 from dgx_operator.api import DGXDataMount, DGXTrainingJob
 from dgx_operator.catalog import Catalog
-from dgx_operator.cli import main
-from dgx_operator.validation import Validator
+from dgx_operator.cli.main import main
+from dgx_operator.validation.validator import Validator
 from tests.conftest import BASE_JOB, CRDS, load_yaml_docs, with_changes
 from tests.unit.bad_input_rows import (
     ACCEPTED_NEAR_WEBHOOK_ROWS,

@@ -12,7 +12,7 @@ import pytest
 from dgx_datasync import trust
 from dgx_operator.render import Defaults
 from dgx_operator.render.datasync import CA_BUNDLE_ENV
-from dgx_operator.settings import ConfigError, OperatorConfig
+from dgx_operator.runtime.settings import ConfigError, OperatorConfig
 from tests.private_ca import PrivateCA
 from tests.unit.render_helpers import OUT, children, inits, pods_of, refs
 

@@ -14,7 +14,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from dgx_operator.cli import main
+from dgx_operator.cli.main import main
 from tests.conftest import BASE_JOB, CRDS, EXAMPLES, ROOT, example_files, load_yaml_docs, with_changes
 
 

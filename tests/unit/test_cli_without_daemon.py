@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from dgx_operator.cli import DAEMON_MODULES
+from dgx_operator.cli.main import DAEMON_MODULES
 from tests.conftest import ROOT
 
 #: The daemon's distributions and what they pull in, plus torch (never the CLI's).
@@ -28,7 +28,7 @@ import sys
 blocked = {blocked!r}
 for name in blocked:
     sys.modules[name] = None
-from dgx_operator.cli import main
+from dgx_operator.cli.main import main
 code = main({argv!r})
 leaked = sorted(m for m in sys.modules if m.split(".")[0] in blocked and sys.modules[m] is not None)
 assert not leaked, leaked

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from dgx_operator.api.trainingjob import DGXTrainingJobStatus
-from dgx_operator.controller import EXPECTATION_TTL, Expectations, status_patch
+from dgx_operator.controllers.job import EXPECTATION_TTL, Expectations, status_patch
 from dgx_operator.reconcile.status import merge_patch
 
 

@@ -15,7 +15,7 @@ import yaml
 
 from dgx_api.schema import KUBERNETES_CEL_FUNCTIONS, cel, to_cel, validate
 from dgx_api.trainer_config import trainer_schema
-from dgx_operator.crdgen import KINDS, Kind, crd, file_name, kind_by_name, outputs
+from dgx_operator.api.crdgen import KINDS, Kind, crd, file_name, kind_by_name, outputs
 from tests.conftest import BASE_JOB, BASE_MOUNT, CRDS, example_files, load_yaml_docs
 
 Node = Mapping[str, Any]
@@ -81,7 +81,7 @@ def structural_violations(root: Node) -> list[str]:
 @pytest.mark.parametrize("path", sorted(outputs(CRDS)), ids=lambda p: p.name)
 def test_generated_files_on_disk_are_up_to_date(path: Path) -> None:
     assert path.read_text(encoding="utf-8") == outputs(CRDS)[path], (
-        f"{path} is stale: run `python -m dgx_operator.crdgen` and commit the result"
+        f"{path} is stale: run `python -m dgx_operator.api.crdgen` and commit the result"
     )
 
 
@@ -95,7 +95,7 @@ def test_api_reference_lists_every_field_with_its_description() -> None:
 
 def test_crdgen_check_mode_detects_staleness(tmp_path: Path) -> None:
     tmp_path = tmp_path / "crds"  # docs/api.md goes next to it, inside the temporary directory
-    gen = [sys.executable, "-m", "dgx_operator.crdgen"]
+    gen = [sys.executable, "-m", "dgx_operator.api.crdgen"]
     assert subprocess.run([*gen, str(tmp_path)], capture_output=True, check=False).returncode == 0
     assert subprocess.run([*gen, "--check", str(tmp_path)], capture_output=True, check=False).returncode == 0
     victim = tmp_path / file_name(KINDS[0])

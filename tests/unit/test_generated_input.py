@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 
 from dgx_api.manifests import ManifestError, load_documents
 from dgx_operator.catalog import Catalog
-from dgx_operator.validation import Validator, immutable_changes
+from dgx_operator.validation.validator import Validator, immutable_changes
 from tests.hostile_inputs import check, object_mutation, problems_with, text_mutation
 
 #: Seconds of CPU per input, both commands: the slowest seen are ~0.3 s. CPU, not hypothesis' wall-clock

@@ -21,7 +21,7 @@ import yaml
 from dgx_api import manifests
 from dgx_api.manifests import ManifestError, load_documents
 from dgx_api.text import printable
-from dgx_operator.cli import main
+from dgx_operator.cli.main import main
 from tests.conftest import BASE_JOB, EXAMPLES
 
 QUICKSTART = (EXAMPLES / "quickstart.yaml").read_text(encoding="utf-8")

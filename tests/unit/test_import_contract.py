@@ -64,7 +64,7 @@ LAYERS = "layers: the operator and the trainer side by side on the data plane an
     ("module", "line"),
     [
         # The operator standing on the trainer, and the reverse: neither may import the other.
-        ("operator/dgx_operator/local.py", "import dgx_trainer.model"),
+        ("operator/dgx_operator/cli/local.py", "import dgx_trainer.model"),
         ("trainer/dgx_trainer/data.py", "from dgx_operator.render import names"),
         # The layers below never reach up.
         ("datasync/dgx_datasync/store.py", "import dgx_operator.kube"),
@@ -102,17 +102,17 @@ def test_each_image_layer_contract_catches_a_foreign_import(
 
 
 RUNTIME = (
-    "dgx_operator.handlers",
-    "dgx_operator.webhooks",
+    "dgx_operator.runtime.handlers",
+    "dgx_operator.runtime.webhooks",
     "dgx_operator.kube",
-    "dgx_operator.controller",
-    "dgx_operator.loop",
-    "dgx_operator.mounts",
-    "dgx_operator.settings",
-    "dgx_operator.admission",
-    "dgx_operator.leader",
-    "dgx_operator.webhookcert",
-    "dgx_operator.runtime",
+    "dgx_operator.controllers.job",
+    "dgx_operator.controllers.loop",
+    "dgx_operator.controllers.mount",
+    "dgx_operator.runtime.settings",
+    "dgx_operator.webhook.admission",
+    "dgx_operator.runtime.leader",
+    "dgx_operator.webhook.certificates",
+    "dgx_operator.runtime.daemon",
 )
 
 
@@ -161,7 +161,7 @@ def test_the_cli_path_imports_no_kopf_or_cluster_client_at_run_time() -> None:
 
 
 def test_the_runtime_check_can_fail() -> None:
-    assert "kopf" in imported_after("['dgx_operator.handlers']", ("kopf",))
+    assert "kopf" in imported_after("['dgx_operator.runtime.handlers']", ("kopf",))
 
 
 def test_no_operator_trainer_or_data_plane_module_imports_flytekit_at_run_time() -> None:
@@ -171,4 +171,7 @@ def test_no_operator_trainer_or_data_plane_module_imports_flytekit_at_run_time()
 
 def test_the_flyte_plugin_imports_neither_kopf_nor_torch_when_it_submits() -> None:
     """The connector service and a user's laptop have no torch (it is imported in the pods only)."""
-    assert imported_after(walk("flytekitplugins.dgx"), ("kopf", "torch", "dgx_operator.handlers", "dgx_trainer")) == []
+    assert (
+        imported_after(walk("flytekitplugins.dgx"), ("kopf", "torch", "dgx_operator.runtime.handlers", "dgx_trainer"))
+        == []
+    )

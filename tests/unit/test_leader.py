@@ -1,4 +1,4 @@
-"""Leader election (dgx_operator/leader.py): the pure decisions, the Lease it writes, and the elector's
+"""Leader election (dgx_operator/runtime/leader.py): the pure decisions, the Lease it writes, and the elector's
 loop against an in-memory Lease store with client-go's semantics (resourceVersion preconditions), on
 a clock the test moves. The real apiserver's part is proven in tests/cluster/test_ha.py."""
 
@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from dgx_operator.leader import ElectionConfig, LeaderElector, Record, decide, default_identity, lease_spec
-from dgx_operator.loop import ReconcileLoop
-from dgx_operator.settings import ConfigError, OperatorConfig
+from dgx_operator.controllers.loop import ReconcileLoop
+from dgx_operator.runtime.leader import ElectionConfig, LeaderElector, Record, decide, default_identity, lease_spec
+from dgx_operator.runtime.settings import ConfigError, OperatorConfig
 from tests.support.wait import wait_until_async
 
 NOW = datetime(2026, 12, 2, 12, 0, 0, tzinfo=UTC)

@@ -31,14 +31,12 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
 from prometheus_client.parser import text_string_to_metric_families
 
-import dgx_operator.handlers  # into kopf's default registry, as the operator's other tests expect
-from dgx_operator import admission
+import dgx_operator.runtime.handlers  # into kopf's default registry, as the operator's other tests expect
 from dgx_operator.api.trainingjob import DGXTrainingJobStatus
 from dgx_operator.api.vocabulary import JOB, JobPhase, reasons_of
 from dgx_operator.catalog import Catalog
-from dgx_operator.controller import Controller
-from dgx_operator.kube import TransientError
-from dgx_operator.metrics import (
+from dgx_operator.controllers.job import Controller
+from dgx_operator.controllers.metrics import (
     JOB_KIND,
     MOUNT_KIND,
     RESTART_REASONS,
@@ -46,10 +44,12 @@ from dgx_operator.metrics import (
     never_ran,
     serve,
 )
+from dgx_operator.kube import TransientError
 from dgx_operator.reconcile.pods import PERMANENT_WAITING, PodView
 from dgx_operator.reconcile.status import merge_patch
 from dgx_operator.render.names import INDEX_LABEL, JOB_LABEL
 from dgx_operator.render.resolved import Defaults
+from dgx_operator.webhook import admission
 from tests.conftest import BASE_JOB, with_changes
 from tests.unit.metrics_helpers import CREATED, populated, stamp, status_with
 from tests.unit.planner_sim import T0, UID, pod_status
@@ -619,15 +619,17 @@ async def test_the_endpoint_compresses_when_asked(served: tuple[Metrics, str]) -
 
 @functools.cache
 def webhooks() -> types.ModuleType:
-    """dgx_operator.webhooks, its validating handlers registered in a kopf registry of their own: in
+    """dgx_operator.runtime.webhooks, its validating handlers registered in a kopf registry of their own: in
     kopf's default one they would make every later operator of this test session that runs without a
     webhook server refuse to start (as tests/integration/test_admission.py explains)."""
-    assert dgx_operator.handlers.JOB  # imported first, into the default registry, where it belongs
+    assert dgx_operator.runtime.handlers.JOB  # imported first, into the default registry, where it belongs
     saved = kopf.get_default_registry()
     kopf.set_default_registry(kopf.OperatorRegistry())
     try:
-        module = sys.modules.get("dgx_operator.webhooks")
-        return importlib.reload(module) if module is not None else importlib.import_module("dgx_operator.webhooks")
+        module = sys.modules.get("dgx_operator.runtime.webhooks")
+        return (
+            importlib.reload(module) if module is not None else importlib.import_module("dgx_operator.runtime.webhooks")
+        )
     finally:
         kopf.set_default_registry(saved)
 

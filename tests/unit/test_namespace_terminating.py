@@ -8,7 +8,7 @@ import json
 
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from dgx_operator.controller import namespace_terminating
+from dgx_operator.controllers.job import namespace_terminating
 
 TERMINATING = {
     "kind": "Status",

@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 
 from dgx_operator.api.common import Condition
+from dgx_operator.api.crdgen import kind_by_name
 from dgx_operator.api.trainingjob import DGXTrainingJobStatus
 from dgx_operator.catalog import Catalog
-from dgx_operator.crdgen import kind_by_name
 from dgx_operator.reconcile.planner import MountState, Refused, plan
 from dgx_operator.render import BuildContext
 from tests.unit.planner_sim import (

@@ -13,13 +13,13 @@ import pytest
 import yaml
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from dgx_operator import priorities
+from dgx_operator.api.crdgen import KINDS
 from dgx_operator.catalog import Catalog
-from dgx_operator.cli import main
-from dgx_operator.crdgen import KINDS
+from dgx_operator.cli.main import main
 from dgx_operator.kube import TransientError
-from dgx_operator.settings import DEFAULT_PRIORITY_CLASSES, OperatorConfig
-from dgx_operator.validation import Validator
+from dgx_operator.runtime import priorities
+from dgx_operator.runtime.settings import DEFAULT_PRIORITY_CLASSES, OperatorConfig
+from dgx_operator.validation.validator import Validator
 
 CHART = dict(DEFAULT_PRIORITY_CLASSES)
 FIX = "kubedgx manifests | kubectl apply -f -"

@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 
 from dgx_operator.catalog import Catalog
-from dgx_operator.cli import main
+from dgx_operator.cli.main import main
 from tests.conftest import EXAMPLES, ROOT
 
 QUICKSTART = EXAMPLES / "quickstart.yaml"

@@ -1,4 +1,4 @@
-"""The shared per-object reconcile loop (dgx_operator.loop): a bounded number of objects reconcile at
+"""The shared per-object reconcile loop (dgx_operator.controllers.loop): a bounded number of objects reconcile at
 once, and an object waiting for a slot still coalesces its triggers into one pass."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import ClassVar
 
 import pytest
 
-from dgx_operator.loop import MAX_CONCURRENT_RECONCILES, Key, ReconcileLoop
+from dgx_operator.controllers.loop import MAX_CONCURRENT_RECONCILES, Key, ReconcileLoop
 
 pytestmark = pytest.mark.asyncio
 

@@ -1072,7 +1072,7 @@ def test_no_retryable_exit_codes_outside_exit_code_policy(policy: str) -> None:
 
 PURITY_CHECK = """
 import sys
-import dgx_operator.render, dgx_operator.reconcile, dgx_operator.validation, dgx_operator.cli
+import dgx_operator.render, dgx_operator.reconcile, dgx_operator.validation.validator, dgx_operator.cli.main
 banned = ("torch", "kopf", "kubernetes", "kubernetes_asyncio")
 loaded = sorted(m for m in sys.modules if any(m == b or m.startswith(b + ".") for b in banned))
 print("LOADED:" + ",".join(loaded))

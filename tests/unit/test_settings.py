@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from dgx_operator import settings
-from dgx_operator.cli import build_parser, main, operator_environment
+from dgx_operator.cli.main import build_parser, main, operator_environment
 from dgx_operator.render.resolved import DEFAULT_TRAINER_IMAGE, Defaults
-from dgx_operator.settings import ConfigError, OperatorConfig, WebhookConfig
+from dgx_operator.runtime import settings
+from dgx_operator.runtime.settings import ConfigError, OperatorConfig, WebhookConfig
 
 CHART_DEFAULTS = {"low": "kubedgx-low", "normal": "kubedgx-normal", "high": "kubedgx-high"}
 

@@ -22,16 +22,17 @@ from typing import Any
 
 import pytest
 
-from dgx_operator import handlers, settings
-from dgx_operator.cli import build_parser, operator_environment
-from dgx_operator.leader import ElectionConfig
-from dgx_operator.settings import SETTING, SETTINGS, ConfigError, OperatorConfig, Setting, WebhookConfig
+from dgx_operator.cli.main import build_parser, operator_environment
+from dgx_operator.runtime import handlers, settings
+from dgx_operator.runtime.leader import ElectionConfig
+from dgx_operator.runtime.settings import SETTING, SETTINGS, ConfigError, OperatorConfig, Setting, WebhookConfig
 from tests.chart.conftest import CHART, SCENARIOS, Rendered, chart_values, one, render
 from tests.chart.render_helpers import env
 from tests.conftest import ROOT
 
 DOCS = ROOT / "docs" / "operator.md"
-SOURCES = Path(settings.__file__).parent
+#: The whole operator package, every folder of it.
+SOURCES = Path(settings.__file__).parents[1]
 REGENERATE = f"run `python -m {settings.__name__} docs/operator.md` and commit the result"
 
 #: Renderings beyond the chart's ci/ scenarios that set the variables those leave out.
@@ -354,7 +355,7 @@ def test_the_cli_refuses_kueue_maybe_in_one_line() -> None:
     environ = {name: value for name, value in os.environ.items() if not name.startswith("KUBEDGX_")}
     environ["KUBEDGX_KUEUE"] = "maybe"
     done = subprocess.run(
-        [sys.executable, "-m", "dgx_operator.cli", "operator"],
+        [sys.executable, "-m", "dgx_operator.cli.main", "operator"],
         env=environ,
         capture_output=True,
         text=True,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import kopf
 
-from dgx_operator.settings import OperatorConfig, configure
+from dgx_operator.runtime.settings import OperatorConfig, configure
 
 JOB_LABEL = "kubedgx.io/job-name"  # docs/operator.md's name, spelled out
 

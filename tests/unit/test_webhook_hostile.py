@@ -20,10 +20,10 @@ import kopf
 import pytest
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from dgx_operator import admission
 from dgx_operator.kube import TransientError
-from dgx_operator.settings import OperatorConfig, WebhookConfig
-from dgx_operator.validation import Outcome
+from dgx_operator.runtime.settings import OperatorConfig, WebhookConfig
+from dgx_operator.validation.validator import Outcome
+from dgx_operator.webhook import admission
 from tests.conftest import BASE_JOB, BASE_MOUNT, with_changes
 
 Body = dict[str, Any]

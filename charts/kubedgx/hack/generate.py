@@ -1,6 +1,6 @@
 """Keep the chart's generated parts in step with their sources:
 
-* templates/crds/<file>.yaml from the repository's crds/<file>.yaml (python -m dgx_operator.crdgen
+* templates/crds/<file>.yaml from the repository's crds/<file>.yaml (python -m dgx_operator.api.crdgen
   writes those): the same CustomResourceDefinition behind ``crds.enabled``, with the chart's labels
   and, with ``crds.keep``, ``helm.sh/resource-policy: keep``. CRDs are templates rather than files
   in the chart's crds/ directory because Helm never upgrades nor deletes those, and cannot switch

@@ -94,7 +94,7 @@ watches every namespace, a Role in each namespace of watchNamespaces otherwise.
 {{- if .Values.priorityClasses.enabled }}
 {{- $p := .Values.priorityClasses }}
 # The workers' PriorityClasses (those three, by name): checked at startup, so a missing one is dropped with a
-# warning instead of every worker being refused (dgx_operator/priorities.py); with kueue.enabled, their value
+# warning instead of every worker being refused (dgx_operator/runtime/priorities.py); with kueue.enabled, their value
 # goes into a queued job's Workload.
 - apiGroups: ["scheduling.k8s.io"]
   resources: ["priorityclasses"]

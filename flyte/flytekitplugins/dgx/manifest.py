@@ -1,7 +1,7 @@
 """A Flyte task template (+ the execution's metadata) -> the DGXTrainingJob and DGXDataMounts to create.
 
 Pure: no cluster, no event loop, so the golden tests can pin every mapping. Everything it builds
-goes through kubedgx's own :class:`~dgx_operator.validation.Validator` (the one behind ``kubedgx
+goes through kubedgx's own :class:`~dgx_operator.validation.validator.Validator` (the one behind ``kubedgx
 validate`` and the admission webhook) before anything is sent, so a bad config fails at ``pyflyte
 run`` with the lines ``kubedgx validate`` would print for the same manifest.
 """
@@ -20,7 +20,7 @@ from dgx_operator.api import API_VERSION
 from dgx_operator.api.common import JOB_KIND, MOUNT_KIND
 from dgx_operator.api.trainingjob import MAX_JOB_NAME, RESERVED_ENV_NAMES, RESERVED_ENV_PREFIXES
 from dgx_operator.catalog import Catalog
-from dgx_operator.validation import Validator, object_label, reference_problems
+from dgx_operator.validation.validator import Validator, object_label, reference_problems
 from flytekitplugins.dgx.config import DGXConfigError, DGXDataConfig, from_custom, input_path, output_path
 
 #: Task types (the connector's categories): a @task function, and the built-in QLoRA fine-tune.

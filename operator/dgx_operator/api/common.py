@@ -15,7 +15,7 @@ from dgx_api.schema import KubeModel, cel, pattern
 GROUP: Final = "kubedgx.io"
 VERSION: Final = "v1alpha1"
 API_VERSION: Final = "kubedgx.io/v1alpha1"
-#: The two kinds (dgx_operator.crdgen.KINDS describes them whole: plural, short names, schema).
+#: The two kinds (dgx_operator.api.crdgen.KINDS describes them whole: plural, short names, schema).
 JOB_KIND: Final = "DGXTrainingJob"
 MOUNT_KIND: Final = "DGXDataMount"
 

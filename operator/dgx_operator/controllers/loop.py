@@ -16,7 +16,7 @@ import aiohttp
 from dgx_operator.kube import TransientError
 
 if TYPE_CHECKING:
-    from dgx_operator.metrics import Metrics
+    from dgx_operator.controllers.metrics import Metrics
 
 log = logging.getLogger("kubedgx")
 

@@ -4,7 +4,7 @@ configured (KUBEDGX_WEBHOOK_PORT or --webhook-port); without one the operator ru
 Each handler is served at ``/<its id>``: /validate-dgxtrainingjob and /validate-dgxdatamount.
 
 Every review is counted and timed here (``kubedgx_webhook_requests_total``,
-``kubedgx_webhook_request_duration_seconds``), around :func:`dgx_operator.admission.review`, whose
+``kubedgx_webhook_request_duration_seconds``), around :func:`dgx_operator.webhook.admission.review`, whose
 refusals say what happened: code 422 for an invalid object, anything else (503: it could not be
 checked) for a review that decided nothing."""
 
@@ -15,9 +15,9 @@ from typing import Any
 
 import kopf
 
-from dgx_operator import admission
-from dgx_operator.crdgen import DATA_MOUNTS, TRAINING_JOBS
-from dgx_operator.metrics import JOB_KIND, MOUNT_KIND, Metrics
+from dgx_operator.api.crdgen import DATA_MOUNTS, TRAINING_JOBS
+from dgx_operator.controllers.metrics import JOB_KIND, MOUNT_KIND, Metrics
+from dgx_operator.webhook import admission
 
 
 def result_of(error: BaseException | None) -> str:

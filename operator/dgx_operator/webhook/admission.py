@@ -1,9 +1,9 @@
 """The validating webhook's logic: the same checks as `kubedgx validate`, plus the ones that need
 the cluster (referenced DGXDataMounts) or the previous object (immutable fields of a running job);
-and how its server is set up in each mode of :class:`~dgx_operator.settings.WebhookConfig`.
+and how its server is set up in each mode of :class:`~dgx_operator.runtime.settings.WebhookConfig`.
 
 Self-signed mode: the replicas share one CA and serving certificate, kept in a Secret, and set its
-CA as the caBundle of the chart's ValidatingWebhookConfiguration (:mod:`dgx_operator.webhookcert`,
+CA as the caBundle of the chart's ValidatingWebhookConfiguration (:mod:`dgx_operator.webhook.certificates`,
 which says why). kopf's ``settings.admission.managed`` is not used: it writes the URL its server
 reports (not a Service reference), names webhooks ``<handler id>.<name>`` (two DNS segments for
 "kubedgx", which the API server refuses: webhook names need three), takes failurePolicy from the
@@ -31,8 +31,8 @@ from pydantic import ValidationError
 
 from dgx_api.schema import Problem, join_path
 from dgx_operator.api import GROUP, VERSION, DGXDataMount, DGXTrainingJob
+from dgx_operator.api.crdgen import DATA_MOUNTS, TRAINING_JOBS
 from dgx_operator.catalog import UnknownInstanceError
-from dgx_operator.crdgen import DATA_MOUNTS, TRAINING_JOBS
 from dgx_operator.kube import Kube, Refusal, TransientError, refusal, status_of
 from dgx_operator.render import (
     BuildContext,
@@ -43,9 +43,9 @@ from dgx_operator.render import (
     trainer_config_map,
     worker_pod,
 )
-from dgx_operator.settings import WebhookConfig
-from dgx_operator.validation import Validator, immutable_changes, object_label, reference_problems
-from dgx_operator.webhookcert import CertificateKeeper, PublishError, SelfSigned, self_signed
+from dgx_operator.runtime.settings import WebhookConfig
+from dgx_operator.validation.validator import Validator, immutable_changes, object_label, reference_problems
+from dgx_operator.webhook.certificates import CertificateKeeper, PublishError, SelfSigned, self_signed
 
 __all__ = ["SelfSigned", "self_signed"]  # re-exported: tests and tools make pairs through this module
 

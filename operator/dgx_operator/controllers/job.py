@@ -25,9 +25,9 @@ from dgx_operator.api import DGXTrainingJob
 from dgx_operator.api.trainingjob import DGXTrainingJobStatus
 from dgx_operator.api.vocabulary import JobPhase, JobReason
 from dgx_operator.catalog import Catalog
+from dgx_operator.controllers.loop import RESYNC, EventSink, Key, ReconcileLoop, utcnow
+from dgx_operator.controllers.metrics import JOB_KIND, Metrics
 from dgx_operator.kube import ForeignObjectError, Kube, TransientError, refusal, status_of
-from dgx_operator.loop import RESYNC, EventSink, Key, ReconcileLoop, utcnow
-from dgx_operator.metrics import JOB_KIND, Metrics
 from dgx_operator.reconcile.mounts import mount_state, parse_mount
 from dgx_operator.reconcile.planner import UNREADABLE, Event, MountState, Observed, Plan, Refused, plan
 from dgx_operator.reconcile.pods import PodView, slim

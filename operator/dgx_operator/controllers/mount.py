@@ -21,9 +21,9 @@ from typing import Any, ClassVar
 
 from dgx_operator.api.datamount import DGXDataMount, DGXDataMountSpec, DGXDataMountStatus
 from dgx_operator.api.vocabulary import MountPhase, MountReason
+from dgx_operator.controllers.loop import EventSink, Key, ReconcileLoop, utcnow
+from dgx_operator.controllers.metrics import MOUNT_KIND, Metrics
 from dgx_operator.kube import MOUNTS, Kube, TransientError
-from dgx_operator.loop import EventSink, Key, ReconcileLoop, utcnow
-from dgx_operator.metrics import MOUNT_KIND, Metrics
 from dgx_operator.reconcile.mounts import (
     MOUNT_FINALIZER,
     READY,

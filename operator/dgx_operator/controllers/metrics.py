@@ -7,7 +7,7 @@ the kopf startup handler and stopped by the cleanup handler.
 Every metric, its labels and its meaning are in docs/operator.md, "Metrics"; alert examples too.
 What drives them:
 
-* reconcile passes and their durations (:mod:`dgx_operator.loop`), API errors (:mod:`dgx_operator.kube`);
+* reconcile passes and their durations (:mod:`dgx_operator.controllers.loop`), API errors (:mod:`dgx_operator.kube`);
 * the phase gauges, from the phase each successful pass leaves an object in;
 * job outcomes and the two job histograms, from the status transition the controller *writes*
   (:meth:`Metrics.job_status_written`, called once the status write succeeded): a job is counted
@@ -16,7 +16,7 @@ What drives them:
   status carries, so they are right whichever replica, before or after a restart, writes the end;
 * worker replacements, one per worker (:meth:`Metrics.worker_deleted` for workers the operator
   deletes to replace them, :meth:`Metrics.event` for workers lost without its doing);
-* admission reviews (:mod:`dgx_operator.webhooks`);
+* admission reviews (:mod:`dgx_operator.runtime.webhooks`);
 * leadership (:meth:`Metrics.leading`, called by leader election), build information, and
   prometheus_client's process, platform and garbage-collector collectors.
 
@@ -49,6 +49,7 @@ from prometheus_client import (
     generate_latest,
 )
 
+from dgx_operator.api.crdgen import DATA_MOUNTS, TRAINING_JOBS
 from dgx_operator.api.vocabulary import (
     JOB,
     JOB_PHASES,
@@ -58,7 +59,6 @@ from dgx_operator.api.vocabulary import (
     JobReason,
     reasons_of,
 )
-from dgx_operator.crdgen import DATA_MOUNTS, TRAINING_JOBS
 from dgx_operator.reconcile.status import find_condition
 
 if TYPE_CHECKING:

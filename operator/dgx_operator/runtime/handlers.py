@@ -1,5 +1,5 @@
 """kopf wiring, and nothing else: every decorator is a few lines that hand over to the one
-reconcile path (:class:`dgx_operator.controller.Controller`) or to the shared validator.
+reconcile path (:class:`dgx_operator.controllers.job.Controller`) or to the shared validator.
 
 Every handler is ``async``: kopf runs plain functions in a thread pool, away from the event loop
 that the controller's tasks live on.
@@ -16,22 +16,24 @@ from typing import Any, cast
 
 import kopf
 
-from dgx_operator import admission, metrics, priorities
+from dgx_operator.api.crdgen import DATA_MOUNTS, TRAINING_JOBS
 from dgx_operator.api.trainingjob import KIND
 from dgx_operator.api.vocabulary import JobPhase
-from dgx_operator.controller import Controller, KueueSettings
-from dgx_operator.crdgen import DATA_MOUNTS, TRAINING_JOBS
+from dgx_operator.controllers import metrics
+from dgx_operator.controllers.job import Controller, KueueSettings
+from dgx_operator.controllers.loop import ReconcileLoop
+from dgx_operator.controllers.metrics import Metrics
+from dgx_operator.controllers.mount import MountController
 from dgx_operator.kube import Kube
-from dgx_operator.leader import ElectionConfig, LeaderElector
-from dgx_operator.loop import ReconcileLoop
-from dgx_operator.metrics import Metrics
-from dgx_operator.mounts import MountController
 from dgx_operator.reconcile.pods import slim
 from dgx_operator.reconcile.queueing import GROUP as KUEUE
 from dgx_operator.reconcile.queueing import Flavor, slim_workload
 from dgx_operator.render.names import JOB_LABEL
-from dgx_operator.settings import OperatorConfig, configure
-from dgx_operator.validation import Validator
+from dgx_operator.runtime import priorities
+from dgx_operator.runtime.leader import ElectionConfig, LeaderElector
+from dgx_operator.runtime.settings import OperatorConfig, configure
+from dgx_operator.validation.validator import Validator
+from dgx_operator.webhook import admission
 
 JOB = TRAINING_JOBS.resource
 MOUNT = DATA_MOUNTS.resource
@@ -268,7 +270,7 @@ def kueue_watched(environ: Any = os.environ) -> bool:
     """KUBEDGX_KUEUE, read at import (the watches are registered then) by the parser
     OperatorConfig.from_env uses: a value it refuses is refused here with the same ConfigError,
     rather than read as on."""
-    from dgx_operator.settings import read_flag
+    from dgx_operator.runtime.settings import read_flag
 
     return read_flag("KUBEDGX_KUEUE", environ)
 

@@ -22,13 +22,13 @@ from dgx_api.text import printable
 from dgx_operator import __version__
 from dgx_operator.api import API_VERSION, DGXDataMount, DGXDataMountSpec, DGXTrainingJob
 from dgx_operator.api.common import JOB_KIND, MOUNT_KIND
+from dgx_operator.api.crdgen import KINDS
+from dgx_operator.api.crdgen import render as render_crd
 from dgx_operator.catalog import Catalog, CatalogError
-from dgx_operator.crdgen import KINDS
-from dgx_operator.crdgen import render as render_crd
-from dgx_operator.objectmeta import dns1123_label_errors
 from dgx_operator.render import BuildContext, BuildError, Defaults, build_children
 from dgx_operator.render.resolved import DEFAULT_TRAINER_IMAGE
-from dgx_operator.validation import (
+from dgx_operator.validation.objectmeta import dns1123_label_errors
+from dgx_operator.validation.validator import (
     DEFAULT_KUBE_VERSION,
     Validator,
     kube_versions,
@@ -237,7 +237,7 @@ def cmd_crds(args: argparse.Namespace, out: TextIO, err: TextIO, stdin: TextIO) 
 def cmd_manifests(args: argparse.Namespace, out: TextIO, err: TextIO, stdin: TextIO) -> int:
     """What the chart installs that jobs cannot run without, for a cluster set up without Helm: the
     CRDs, and the PriorityClasses that workers name (without them the apiserver refuses the workers)."""
-    from dgx_operator.priorities import priority_class_manifests
+    from dgx_operator.runtime.priorities import priority_class_manifests
 
     docs = [render_crd(k) for k in KINDS] + [dump_yaml(pc) for pc in priority_class_manifests()]
     out.write("---\n".join(docs))
@@ -270,7 +270,7 @@ def cmd_instances(args: argparse.Namespace, out: TextIO, err: TextIO, stdin: Tex
 
 def cmd_run(args: argparse.Namespace, out: TextIO, err: TextIO, stdin: TextIO) -> int:
     """Run a job's fine-tune here (--local); to run it on a cluster, kubectl apply it."""
-    from dgx_operator import local
+    from dgx_operator.cli import local
 
     if not args.local:
         print("kubedgx run: only --local is supported; on a cluster, `kubectl apply -f` the manifest", file=err)
@@ -385,7 +385,7 @@ def cmd_operator(args: argparse.Namespace, out: TextIO, err: TextIO, stdin: Text
 
     import kopf
 
-    from dgx_operator.settings import ConfigError, OperatorConfig
+    from dgx_operator.runtime.settings import ConfigError, OperatorConfig
 
     try:
         config = OperatorConfig.from_env(operator_environment(args, os.environ))
@@ -398,15 +398,15 @@ def cmd_operator(args: argparse.Namespace, out: TextIO, err: TextIO, stdin: Text
         return 2
     # After the settings are checked: importing the handlers reads KUBEDGX_KUEUE, which would
     # otherwise refuse a bad value with a traceback instead of the one line above.
-    from dgx_operator import handlers  # noqa: F401  (registers the handlers with kopf)
+    from dgx_operator.runtime import handlers  # noqa: F401  (registers the handlers with kopf)
 
     if config.webhook is not None:
-        from dgx_operator import webhooks  # noqa: F401  (registers the validating webhook)
+        from dgx_operator.runtime import webhooks  # noqa: F401  (registers the validating webhook)
     kopf.configure(
         verbose=args.verbose,
         log_format=kopf.LogFormat.JSON if args.log_format == "json" else kopf.LogFormat.PLAIN,
     )
-    from dgx_operator import runtime
+    from dgx_operator.runtime import daemon as runtime
 
     runtime.run(config, standalone=args.standalone, peering_name=args.peering, liveness=args.liveness)
     return 0
@@ -414,13 +414,13 @@ def cmd_operator(args: argparse.Namespace, out: TextIO, err: TextIO, stdin: Text
 
 def cmd_check_install(args: argparse.Namespace, out: TextIO, err: TextIO, stdin: TextIO) -> int:
     """Check an installation from inside the cluster (the chart's `helm test` hook runs this):
-    dgx_operator.installcheck says what each check exercises. The cluster client is imported here
+    dgx_operator.cli.installcheck says what each check exercises. The cluster client is imported here
     only, as kopf is for `operator`."""
     import asyncio
 
     if missing_daemon_modules("check-install", err):
         return 2
-    from dgx_operator import installcheck
+    from dgx_operator.cli import installcheck
 
     namespace = args.namespace or installcheck.own_namespace() or "default"
     return asyncio.run(

@@ -30,7 +30,7 @@ from typing import Any
 import aiohttp.web
 import kopf
 
-from dgx_operator.settings import OperatorConfig
+from dgx_operator.runtime.settings import OperatorConfig
 
 log = logging.getLogger("kubedgx")
 

@@ -30,18 +30,18 @@ from dgx_api.stores import SyncError, check_endpoint, check_region
 from dgx_api.text import printable
 from dgx_operator.api import API_VERSION, GROUP, VERSION, DGXDataMount, DGXDataMountSpec, DGXTrainingJob
 from dgx_operator.api.common import JOB_KIND, MOUNT_KIND
+from dgx_operator.api.crdgen import KINDS, kind_by_name, openapi_schema
 from dgx_operator.api.vocabulary import JobPhase
 from dgx_operator.catalog import Catalog, UnknownInstanceError
-from dgx_operator.crdgen import KINDS, kind_by_name, openapi_schema
-from dgx_operator.objectmeta import (
+from dgx_operator.render import BuildContext, BuildError, build_children
+from dgx_operator.render.resolved import Defaults, Resolved, resolve
+from dgx_operator.validation.objectmeta import (
     invalid,
     label_problems,
     label_value_errors,
     metadata_problems,
     qualified_name_errors,
 )
-from dgx_operator.render import BuildContext, BuildError, build_children
-from dgx_operator.render.resolved import Defaults, Resolved, resolve
 
 DEFAULT_KUBE_VERSION = "1.34"
 OUR_KINDS = tuple(k.kind for k in KINDS)

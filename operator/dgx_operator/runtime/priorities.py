@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the manifests need neither kopf (settings) nor a cluster client (kube)
     from dgx_operator.kube import Kube
-    from dgx_operator.settings import OperatorConfig
+    from dgx_operator.runtime.settings import OperatorConfig
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ Every setting is declared once, in :data:`SETTINGS`: its variable, type, default
 parses). One parser, :meth:`OperatorConfig.from_env`, reads them all through that table and raises
 :class:`ConfigError` naming the variable of the first bad value; :func:`read_flag` reads one flag
 through the same parser. docs/operator.md's table ("Running the operator") is generated from the
-table (``python -m dgx_operator.settings docs/operator.md``), and tests/unit/test_settings_declared_once.py
+table (``python -m dgx_operator.runtime.settings docs/operator.md``), and tests/unit/test_settings_declared_once.py
 checks the chart, the CLI and the sources against it.
 """
 
@@ -27,9 +27,9 @@ import kopf
 
 from dgx_datasync import trust
 from dgx_operator.catalog import Catalog
-from dgx_operator.leader import ElectionConfig, default_identity
 from dgx_operator.render.names import JOB_LABEL
 from dgx_operator.render.resolved import DEFAULT_TRAINER_IMAGE, Defaults
+from dgx_operator.runtime.leader import ElectionConfig, default_identity
 
 PREFIX = "kubedgx.io"
 
@@ -509,7 +509,7 @@ class WebhookConfig:
     * ``self-signed``: the replicas share a CA and serving certificate for the Service's DNS names,
       kept in the Secret ``secret`` (made by the first replica to find it empty), and set its CA as
       the caBundle of the chart's ValidatingWebhookConfiguration ``configuration``
-      (:mod:`dgx_operator.webhookcert`);
+      (:mod:`dgx_operator.webhook.certificates`);
     * ``insecure``: plain HTTP, for tests and a TLS-terminating proxy.
 
     The default mode follows the arguments: files given -> certificate, else insecure (tests)."""
@@ -590,7 +590,7 @@ class OperatorConfig:
     #: The address the health, metrics and webhook servers listen on (KUBEDGX_BIND_ADDRESS).
     bind_address: str = "0.0.0.0"
     #: Several replicas, one of which (the holder of this Lease) reconciles; None: this process
-    #: reconciles (one replica, or a local run). See :mod:`dgx_operator.leader`.
+    #: reconciles (one replica, or a local run). See :mod:`dgx_operator.runtime.leader`.
     leader_election: ElectionConfig | None = None
     #: Seconds between SIGTERM and the end of serving: the replica reports not ready and hands its
     #: leadership over at once, but goes on answering admission reviews while the endpoint's removal
@@ -865,7 +865,7 @@ _LAST_OF_GROUP: Mapping[str, Setting] = {group: s for s in SETTINGS if (group :=
 
 # -- docs/operator.md's table, generated ----------------------------------------------------------
 
-DOCS_BEGIN = "<!-- settings:begin (generated: python -m dgx_operator.settings docs/operator.md) -->"
+DOCS_BEGIN = "<!-- settings:begin (generated: python -m dgx_operator.runtime.settings docs/operator.md) -->"
 DOCS_END = "<!-- settings:end -->"
 
 
@@ -898,11 +898,11 @@ def with_docs_table(text: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m dgx_operator.settings docs/operator.md [--check]``: regenerate the docs table (or
+    """``python -m dgx_operator.runtime.settings docs/operator.md [--check]``: regenerate the docs table (or
     exit 1 if it is stale)."""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m dgx_operator.settings", description=main.__doc__)
+    parser = argparse.ArgumentParser(prog="python -m dgx_operator.runtime.settings", description=main.__doc__)
     parser.add_argument("doc", type=Path, help="the Markdown file holding the markers (docs/operator.md)")
     parser.add_argument("--check", action="store_true", help="exit 1 if the table in it is stale")
     args = parser.parse_args(argv)
@@ -912,7 +912,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         if fresh != text:
             print(
-                f"{path}: the settings table is stale (run `python -m dgx_operator.settings {path}`)", file=sys.stderr
+                f"{path}: the settings table is stale (run `python -m dgx_operator.runtime.settings {path}`)",
+                file=sys.stderr,
             )
             return 1
         return 0
