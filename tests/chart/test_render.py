@@ -523,7 +523,7 @@ def test_self_signed_mode_renders_the_configuration_the_operator_would_and_an_em
 ) -> None:
     """The configuration is the release's: exactly admission.webhook_configuration's body (what the operator
     writes when run without the chart), with no caBundle (the replicas set it from the Secret)."""
-    from dgx_operator.runtime.settings import WebhookConfig
+    from dgx_operator.webhook.config import WebhookConfig
 
     objects = render({"watchNamespaces": namespaces, "webhook": {"timeoutSeconds": 7, "failurePolicy": "Ignore"}})
     vwc = one(objects, "ValidatingWebhookConfiguration")

@@ -31,8 +31,8 @@ import yaml
 from cryptography.hazmat.primitives import serialization
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
-from dgx_operator.runtime.settings import WebhookConfig
 from dgx_operator.webhook.admission import WEBHOOKS, webhook_configuration
+from dgx_operator.webhook.config import WebhookConfig
 from tests.chart.conftest import NAMESPACE, RELEASE, Rendered, find, one, render
 from tests.cluster.controlplane import ControlPlane, _cert, _key, _name, _write_key, stop_process_group
 from tests.e2e.kubectl import JOBS, MOUNTS, Kubectl, dig, wait_for

@@ -75,8 +75,9 @@ import pytest_asyncio
 import yaml
 from kubernetes_asyncio import client, config
 
-from dgx_operator.runtime.settings import OperatorConfig, WebhookConfig
+from dgx_operator.runtime.settings import OperatorConfig
 from dgx_operator.webhook import admission
+from dgx_operator.webhook.config import WebhookConfig
 from tests.conftest import CRDS
 from tests.integration.admission_helpers import READY_TIMEOUT_S, Webhook, operator_registry
 from tests.integration.emulator import Emulator

@@ -34,9 +34,10 @@ from cryptography.hazmat.primitives.serialization import Encoding
 
 from dgx_operator.controllers.metrics import Metrics
 from dgx_operator.kube import Kube
-from dgx_operator.runtime.settings import OperatorConfig, WebhookConfig
+from dgx_operator.runtime.settings import OperatorConfig
 from dgx_operator.webhook import admission
 from dgx_operator.webhook.certificates import CertificateKeeper, PublishError, SelfSigned, self_signed, unusable
+from dgx_operator.webhook.config import WebhookConfig
 from tests.conftest import BASE_JOB, with_changes
 from tests.integration.admission_helpers import (
     JOB_PATH,

@@ -24,9 +24,10 @@ from dgx_operator.api import DGXTrainingJob
 from dgx_operator.catalog import Catalog
 from dgx_operator.render import JobIdentity, trainer_config_map
 from dgx_operator.render.names import FINALIZER
-from dgx_operator.runtime.settings import OperatorConfig, WebhookConfig
+from dgx_operator.runtime.settings import OperatorConfig
 from dgx_operator.validation.validator import immutable_changes
 from dgx_operator.webhook import admission
+from dgx_operator.webhook.config import WebhookConfig
 from tests.conftest import BASE_JOB, BASE_MOUNT, DELETE, with_changes
 
 Body = dict[str, Any]

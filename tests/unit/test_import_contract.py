@@ -1,5 +1,8 @@
 """The import contracts: the operator and the trainer stand side by side on the data plane and the
-shared contract and never import each other; render/ and reconcile/ stay pure; the operator never
+shared contract and never import each other; inside the operator, each room (cli/, runtime/,
+controllers/ and webhook/, reconcile/ with validation/ and kube.py, render/, api/ with catalog.py)
+imports only the rooms below it, and the two controllers never import each other; render/ and
+reconcile/ stay pure; the operator never
 imports torch, and the trainer, the data plane and the contract never import what only the operator
 image has.
 
@@ -36,16 +39,18 @@ def run_lint_imports(cwd: Path, pythonpath: Path | None = None) -> subprocess.Co
 def test_contracts_are_kept() -> None:
     result = run_lint_imports(ROOT)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "9 kept, 0 broken" in result.stdout
+    assert "11 kept, 0 broken" in result.stdout
 
 
 def broken_copy(tmp_path: Path, module: str, line: str) -> subprocess.CompletedProcess[str]:
-    """lint-imports on a copy of the tree where ``module`` (a path under a source folder) gains ``line``."""
+    """lint-imports on a copy of the tree where ``module`` (a path under a source folder; a new module
+    if it does not exist) gains ``line``."""
     for folder in FOLDERS:
         shutil.copytree(ROOT / folder, tmp_path / folder, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
     path = tmp_path / module
-    path.write_text(path.read_text(encoding="utf-8") + f"\n{line}  # noqa\n", encoding="utf-8")
+    before = path.read_text(encoding="utf-8") if path.exists() else ""
+    path.write_text(before + f"\n{line}  # noqa\n", encoding="utf-8")
     result = run_lint_imports(tmp_path, pythonpath=tmp_path)
     assert result.returncode != 0, result.stdout
     return result
@@ -77,6 +82,40 @@ def test_the_layers_contract_catches_an_import_across_or_upwards(tmp_path: Path,
     assert "BROKEN" in result.stdout.split(LAYERS, 1)[1].split("\n", 2)[1], result.stdout
 
 
+FLYTE_DAEMON = "never its daemon (kopf, controllers, webhook, client) BROKEN"
+ROOMS = "the operator's rooms: cli over runtime over controllers | webhook over reconcile : validation : kube"
+
+
+@pytest.mark.parametrize(
+    ("module", "line"),
+    [
+        # A lower room reaching up: the planner into a controller, render into the client, the API
+        # into render, the webhook into the daemon's settings, a controller into the CLI.
+        ("operator/dgx_operator/reconcile/status.py", "from dgx_operator.controllers import loop"),
+        ("operator/dgx_operator/render/names.py", "import dgx_operator.kube"),
+        ("operator/dgx_operator/api/common.py", "from dgx_operator.render import names"),
+        ("operator/dgx_operator/webhook/config.py", "from dgx_operator.runtime import settings"),
+        ("operator/dgx_operator/controllers/loop.py", "from dgx_operator.cli import main"),
+        # Independent siblings: the webhook and the controllers never import each other.
+        ("operator/dgx_operator/webhook/admission.py", "from dgx_operator.controllers import metrics"),
+        # Exhaustive: a new top-level module must be given a room.
+        ("operator/dgx_operator/stray.py", "import dgx_operator.api"),
+    ],
+)
+def test_the_rooms_contract_catches_an_import_upwards_or_across(tmp_path: Path, module: str, line: str) -> None:
+    result = broken_copy(tmp_path, module, line)
+    flat = " ".join(result.stdout.split())
+    assert f"{ROOMS} over render over api : catalog BROKEN" in flat, result.stdout
+
+
+def test_the_independence_contract_keeps_the_two_controllers_apart(tmp_path: Path) -> None:
+    result = broken_copy(
+        tmp_path, "operator/dgx_operator/controllers/mount.py", "from dgx_operator.controllers import job"
+    )
+    flat = " ".join(result.stdout.split())
+    assert "the job and the mount controllers are independent BROKEN" in flat, result.stdout
+
+
 @pytest.mark.parametrize(
     ("module", "line", "contract"),
     [
@@ -86,11 +125,15 @@ def test_the_layers_contract_catches_an_import_across_or_upwards(tmp_path: Path,
         # flytekit stays in the Flyte plugin; the plugin stays off the operator's runtime.
         ("operator/dgx_operator/render/pod.py", "import flytekit", "never import it BROKEN"),
         ("trainer/dgx_trainer/train.py", "import flytekitplugins.dgx", "never import it BROKEN"),
-        ("flyte/flytekitplugins/dgx/connector.py", "import kopf", "never its runtime (kopf, handlers) BROKEN"),
+        (
+            "flyte/flytekitplugins/dgx/connector.py",
+            "import kopf",
+            FLYTE_DAEMON,
+        ),
         (
             "flyte/flytekitplugins/dgx/manifest.py",
-            "from dgx_operator import handlers",
-            "never its runtime (kopf, handlers) BROKEN",
+            "from dgx_operator.runtime import handlers",
+            FLYTE_DAEMON,
         ),
     ],
 )

@@ -13,7 +13,8 @@ import pytest
 from dgx_operator.cli.main import build_parser, main, operator_environment
 from dgx_operator.render.resolved import DEFAULT_TRAINER_IMAGE, Defaults
 from dgx_operator.runtime import settings
-from dgx_operator.runtime.settings import ConfigError, OperatorConfig, WebhookConfig
+from dgx_operator.runtime.settings import ConfigError, OperatorConfig
+from dgx_operator.webhook.config import WebhookConfig
 
 CHART_DEFAULTS = {"low": "kubedgx-low", "normal": "kubedgx-normal", "high": "kubedgx-high"}
 

@@ -25,7 +25,8 @@ import pytest
 from dgx_operator.cli.main import build_parser, operator_environment
 from dgx_operator.runtime import handlers, settings
 from dgx_operator.runtime.leader import ElectionConfig
-from dgx_operator.runtime.settings import SETTING, SETTINGS, ConfigError, OperatorConfig, Setting, WebhookConfig
+from dgx_operator.runtime.settings import SETTING, SETTINGS, ConfigError, OperatorConfig, Setting
+from dgx_operator.webhook.config import WebhookConfig
 from tests.chart.conftest import CHART, SCENARIOS, Rendered, chart_values, one, render
 from tests.chart.render_helpers import env
 from tests.conftest import ROOT

@@ -21,9 +21,10 @@ import pytest
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from dgx_operator.kube import TransientError
-from dgx_operator.runtime.settings import OperatorConfig, WebhookConfig
+from dgx_operator.runtime.settings import OperatorConfig
 from dgx_operator.validation.validator import Outcome
 from dgx_operator.webhook import admission
+from dgx_operator.webhook.config import WebhookConfig
 from tests.conftest import BASE_JOB, BASE_MOUNT, with_changes
 
 Body = dict[str, Any]

@@ -30,21 +30,23 @@ from dgx_operator.catalog import Catalog
 from dgx_operator.render.names import JOB_LABEL
 from dgx_operator.render.resolved import DEFAULT_TRAINER_IMAGE, Defaults
 from dgx_operator.runtime.leader import ElectionConfig, default_identity
+from dgx_operator.webhook.config import (
+    DEFAULT_WEBHOOK_CONFIGURATION,
+    DEFAULT_WEBHOOK_TIMEOUT_SECONDS,
+    FAILURE_POLICIES,
+    WebhookConfig,
+)
 
 PREFIX = "kubedgx.io"
 
 DEFAULT_METRICS_PORT = 8080
 DEFAULT_HEALTH_PORT = 8081
-DEFAULT_WEBHOOK_CONFIGURATION = "kubedgx"
-#: The apiserver's default and the chart's: how long it waits for the webhook's answer.
-DEFAULT_WEBHOOK_TIMEOUT_SECONDS = 10
 #: The Lease the replicas elect their leader on, unless KUBEDGX_LEADER_ELECTION_ID names another.
 DEFAULT_LEADER_ELECTION_ID = "kubedgx-operator"
 #: The PriorityClasses the chart creates; KUBEDGX_PRIORITY_CLASSES replaces them ("" = none).
 DEFAULT_PRIORITY_CLASSES: Mapping[str, str] = {"low": "kubedgx-low", "normal": "kubedgx-normal", "high": "kubedgx-high"}
 PRIORITIES = ("low", "normal", "high")
 PULL_POLICIES = ("Always", "IfNotPresent", "Never")
-FAILURE_POLICIES = ("Fail", "Ignore")
 #: The core/v1 kinds of child the operator watches (kopf indexes in handlers.py): only those that
 #: carry JOB_LABEL, selected by the API server (see :func:`configure`).
 CHILD_RESOURCES = ("pods", "services", "configmaps")
@@ -66,8 +68,6 @@ _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("", "0", "false", "no", "off")
 
-WebhookMode = Literal["certificate", "self-signed", "insecure"]
-FailurePolicy = Literal["Fail", "Ignore"]
 PullPolicy = Literal["Always", "IfNotPresent", "Never"]
 
 
@@ -498,57 +498,6 @@ def read_flag(variable: str, environ: Mapping[str, str] | None = None) -> bool:
     if setting.kind is not FLAG:
         raise TypeError(f"{variable} is a {setting.kind.name}, not a flag")
     return bool(setting.read(_Env(os.environ if environ is None else environ)))
-
-
-@dataclass(frozen=True)
-class WebhookConfig:
-    """Where the validating webhook listens and how it gets TLS:
-
-    * ``certificate``: ``certfile``/``pkeyfile`` mounted from a Secret (cert-manager's); the chart
-      creates the ValidatingWebhookConfiguration and cert-manager injects its caBundle;
-    * ``self-signed``: the replicas share a CA and serving certificate for the Service's DNS names,
-      kept in the Secret ``secret`` (made by the first replica to find it empty), and set its CA as
-      the caBundle of the chart's ValidatingWebhookConfiguration ``configuration``
-      (:mod:`dgx_operator.webhook.certificates`);
-    * ``insecure``: plain HTTP, for tests and a TLS-terminating proxy.
-
-    The default mode follows the arguments: files given -> certificate, else insecure (tests)."""
-
-    port: int = 9443
-    host: str = "0.0.0.0"
-    certfile: str | None = None
-    pkeyfile: str | None = None
-    insecure: bool = False
-    self_signed: bool = False
-    service: str | None = None
-    namespace: str | None = None
-    configuration: str = DEFAULT_WEBHOOK_CONFIGURATION
-    failure_policy: FailurePolicy = "Fail"
-    #: The Secret that holds the self-signed pair (self-signed mode); default ``<service>-tls``.
-    secret: str | None = None
-    #: The configuration's timeoutSeconds: the review's own deadlines (mount lookups, dry-runs) are
-    #: fitted inside it, so the apiserver gets our answer rather than its timeout.
-    timeout_seconds: int = DEFAULT_WEBHOOK_TIMEOUT_SECONDS
-    #: Dry-run a job's children (worker 0, its Service and ConfigMap) against the apiserver at
-    #: admission, so that `kubectl apply` refuses a job whose pods PodSecurity or a missing
-    #: PriorityClass would refuse (admission.py); KUBEDGX_WEBHOOK_DRY_RUN=0 turns it off.
-    dry_run: bool = True
-
-    @property
-    def mode(self) -> WebhookMode:
-        if self.self_signed:
-            return "self-signed"
-        if self.certfile and self.pkeyfile and not self.insecure:
-            return "certificate"
-        return "insecure"
-
-    @property
-    def dns_names(self) -> tuple[str, ...]:
-        """The names the API server uses for the Service (what a serving certificate must cover)."""
-        if not self.service or not self.namespace:
-            return ()
-        base = f"{self.service}.{self.namespace}.svc"
-        return base, f"{base}.cluster.local"
 
 
 @dataclass(frozen=True)

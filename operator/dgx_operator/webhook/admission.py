@@ -1,6 +1,6 @@
 """The validating webhook's logic: the same checks as `kubedgx validate`, plus the ones that need
 the cluster (referenced DGXDataMounts) or the previous object (immutable fields of a running job);
-and how its server is set up in each mode of :class:`~dgx_operator.runtime.settings.WebhookConfig`.
+and how its server is set up in each mode of :class:`~dgx_operator.webhook.config.WebhookConfig`.
 
 Self-signed mode: the replicas share one CA and serving certificate, kept in a Secret, and set its
 CA as the caBundle of the chart's ValidatingWebhookConfiguration (:mod:`dgx_operator.webhook.certificates`,
@@ -43,9 +43,9 @@ from dgx_operator.render import (
     trainer_config_map,
     worker_pod,
 )
-from dgx_operator.runtime.settings import WebhookConfig
 from dgx_operator.validation.validator import Validator, immutable_changes, object_label, reference_problems
 from dgx_operator.webhook.certificates import CertificateKeeper, PublishError, SelfSigned, self_signed
+from dgx_operator.webhook.config import WebhookConfig
 
 __all__ = ["SelfSigned", "self_signed"]  # re-exported: tests and tools make pairs through this module
 
