@@ -1,5 +1,11 @@
-"""The `kubedgx` command: validate and render manifests (and, as later issues land, run a job
-locally and run the operator).
+"""The `kubedgx` command, one ``cmd_<verb>`` per verb, wired in :func:`build_parser`.
+
+The user's verbs (validate, render, crds, manifests, instances) need only the base distribution:
+they import nothing of the daemon, so `pip install kubedgx && kubedgx validate` in someone else's CI
+pulls no kopf, cluster client or object-storage client (tests/unit/test_cli_without_daemon.py).
+`run --local` (local.py) needs the trainer extra; the daemon's verbs, `operator` (kopf, the
+controllers and the webhook, from runtime/) and `check-install` (installcheck.py), need the
+operator extra, import it inside their functions and say which extra is missing when it is.
 
 Exit codes: 0 success, 1 invalid input (each problem on its own line), 2 usage or I/O errors.
 """
