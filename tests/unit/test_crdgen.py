@@ -15,7 +15,7 @@ import yaml
 
 from dgx_api.schema import KUBERNETES_CEL_FUNCTIONS, cel, to_cel, validate
 from dgx_api.trainer_config import trainer_schema
-from dgx_operator.api.crdgen import KINDS, Kind, crd, file_name, kind_by_name, outputs
+from dgx_operator.api.crdgen import KINDS, Kind, crd, default_outdir, file_name, kind_by_name, outputs
 from tests.conftest import BASE_JOB, BASE_MOUNT, CRDS, example_files, load_yaml_docs
 
 Node = Mapping[str, Any]
@@ -83,6 +83,13 @@ def test_generated_files_on_disk_are_up_to_date(path: Path) -> None:
     assert path.read_text(encoding="utf-8") == outputs(CRDS)[path], (
         f"{path} is stale: run `python -m dgx_operator.api.crdgen` and commit the result"
     )
+
+
+def test_the_default_output_is_the_checkouts_crds() -> None:
+    """`python -m dgx_operator.api.crdgen --check` with no directory (what CI runs) checks crds/."""
+    assert default_outdir() == CRDS
+    check = subprocess.run([sys.executable, "-m", "dgx_operator.api.crdgen", "--check"], capture_output=True, text=True)
+    assert check.returncode == 0, check.stderr
 
 
 def test_api_reference_lists_every_field_with_its_description() -> None:

@@ -278,7 +278,8 @@ def file_name(kind: Kind) -> str:
 
 
 def default_outdir() -> Path:
-    return Path(__file__).resolve().parents[2] / "crds"
+    """The checkout's crds/ (this file is operator/dgx_operator/api/crdgen.py)."""
+    return Path(__file__).resolve().parents[3] / "crds"
 
 
 def outputs(outdir: Path) -> dict[Path, str]:
