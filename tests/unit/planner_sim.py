@@ -1,4 +1,4 @@
-"""The planner driven by hand, for the unit tests of reconcile/planner.py (test_planner*.py,
+"""The planner driven by hand, for the unit tests of reconcile/planner/ (test_planner*.py,
 test_queueing.py, test_pods_datasync.py, test_metrics.py): jobs and their worker pods as the builders
 make them with a hand-written status (what kubelet and scheduler would report), and :class:`Sim`, a
 job taken through the planner one observation at a time on an explicit, timezone-aware clock, every

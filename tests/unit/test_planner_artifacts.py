@@ -1,4 +1,4 @@
-"""A job that archives to a direction: Out mount (reconcile/planner.py): success waits for the workers
+"""A job that archives to a direction: Out mount (reconcile/planner/archives.py): success waits for the workers
 that may still be uploading, then status.artifacts and the Archived condition come from what the
 sidecars reported; jobs without such a mount are unaffected."""
 

@@ -33,7 +33,8 @@ from dgx_operator.api.vocabulary import (
 from dgx_operator.reconcile.planner import REASON
 
 ROOT = Path(__file__).resolve().parents[2]
-PLANNER = ROOT / "operator/dgx_operator/reconcile/planner.py"
+#: The planner package: its decisions are spread over the ladder and the policy modules.
+PLANNER = ROOT / "operator/dgx_operator/reconcile/planner"
 #: Where the vocabulary's words may appear as strings: the same word in another component's
 #: vocabulary, which these modules read (a Pod's status, Kueue's Workload conditions).
 FOREIGN_WORDS = {
@@ -92,7 +93,7 @@ def test_the_job_condition_types_are_distinct() -> None:
 
 
 def _decisions(tree: ast.AST) -> list[tuple[int, str, str]]:
-    """(line, phase constant, reason constant) of every ``self.finish`` / ``self.set_phase`` call
+    """(line, phase constant, reason constant) of every ``d.finish`` / ``d.set_phase`` call
     whose first two arguments are ``JobPhase.X`` and ``JobReason.Y``."""
     found = []
     for node in ast.walk(tree):
@@ -109,13 +110,16 @@ def _decisions(tree: ast.AST) -> list[tuple[int, str, str]]:
 def test_every_decision_of_the_planner_uses_a_reason_of_its_phase() -> None:
     """A reason belongs to one phase: ``finish(JobPhase.FAILED, JobReason.COMPLETED, ...)`` would
     tell a dashboard a failed job completed."""
-    decisions = _decisions(ast.parse(PLANNER.read_text()))
+    decisions = [
+        (path.name, *d) for path in sorted(PLANNER.glob("*.py")) for d in _decisions(ast.parse(path.read_text()))
+    ]
     assert len(decisions) >= 15
+    assert {name for name, *_ in decisions} >= {"ladder.py", "restarts.py", "gating.py", "archives.py", "timers.py"}
     wrong = []
-    for line, phase, reason in decisions:
+    for name, line, phase, reason in decisions:
         declared = REASONS[JOB, getattr(JobReason, reason)].phase
         if declared != getattr(JobPhase, phase):
-            wrong.append(f"planner.py:{line}: {phase} with {reason} (declared for {declared})")
+            wrong.append(f"planner/{name}:{line}: {phase} with {reason} (declared for {declared})")
     assert wrong == []
 
 
