@@ -290,6 +290,26 @@ class Training(KubeModel):
             "<output.dir>/wandb unless WANDB_MODE says otherwise. Only global rank 0 reports."
         ),
     )
+    collective_timeout_seconds: int | None = Field(
+        default=None,
+        ge=60,
+        le=86400,
+        description=(
+            "How long a collective (an all-reduce, a barrier) waits for the slowest rank before PyTorch's "
+            "watchdog aborts the run. Unset: 1800 s (PyTorch's default) for dense models, 7200 s for "
+            "mixture-of-experts models, whose ranks on a node load one after another."
+        ),
+    )
+    stop_on_non_finite_loss: int = Field(
+        default=3,
+        ge=0,
+        le=1000,
+        description=(
+            "Stop training after this many consecutive progress reports whose loss is NaN or infinite (0: never): "
+            "the run has diverged and would only diverge again on a restart. The termination message starts with "
+            "LossDiverged and names the steps; lower learningRate, prefer bf16 to fp16, or check the data."
+        ),
+    )
     router_aux_loss_coef: float | None = Field(
         default=None,
         ge=0.0,

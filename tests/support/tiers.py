@@ -22,6 +22,7 @@ SLOW = frozenset(
         "tests/trainer/test_launch.py",
         "tests/trainer/test_multinode_resume.py",
         "tests/trainer/test_config_errors.py",
+        "tests/trainer/test_divergence.py",
         "tests/trainer/test_yaml_numbers.py",
         "tests/trainer/test_data.py",
         "tests/trainer/test_resume.py",

@@ -329,6 +329,35 @@ def test_the_trainers_exit_2_ends_an_on_failure_job_at_once(ctx: BuildContext) -
     assert "no restart can change" in message
 
 
+DIVERGED = (
+    "LossDiverged: the training loss was nan at 3 reports in a row (steps 10, 20, 30): the run diverged and a "
+    "restart would diverge again; lower training.learningRate, use precision bf16 rather than fp16, or check the data"
+)
+
+
+@pytest.mark.parametrize("policy", ["OnFailure", "ExitCode", "Never"])
+def test_a_diverged_loss_ends_the_job_at_once_whatever_the_policy(ctx: BuildContext, policy: str) -> None:
+    """The trainer's termination message names LossDiverged (torchrun turns its exit 4 into 1): the
+    same config diverges again, so no policy retries it, and the message carries the trainer's fix."""
+    sim = sim_of(ctx, {"spec.backoffLimit": 3, "spec.restartPolicy": policy})
+    start_running(sim, 1)
+    result = sim.reconcile([sim.pod(0, "failed", exit_code=1, message=DIVERGED)], at_s=100)
+    assert (sim.phase(), phase_reason(sim.status), sim.status.restarts) == ("Failed", "LossDiverged", 0)
+    assert result.create == []
+    message = result.status.conditions[-1].message
+    assert "job-worker-0 exited with code 1: LossDiverged: the training loss was nan" in message
+    assert "lower training.learningRate" in message
+    assert [(e.type, e.reason) for e in result.events] == [("Warning", "LossDiverged")]
+
+
+def test_a_crash_that_only_mentions_divergence_is_retried(ctx: BuildContext) -> None:
+    """Only the trainer's own first word counts: a traceback that quotes it later is a crash."""
+    sim = sim_of(ctx, {"spec.backoffLimit": 3})
+    start_running(sim, 1)
+    sim.reconcile([sim.pod(0, "failed", exit_code=1, message="RuntimeError: LossDiverged: no")], at_s=100)
+    assert (sim.phase(), sim.status.restarts) == ("Restarting", 1)
+
+
 def test_exit_2_of_a_users_own_program_is_retried_as_any_failure(ctx: BuildContext) -> None:
     """spec.command runs the user's program, whose exit codes kubedgx does not define."""
     sim = sim_of(ctx, {"spec.backoffLimit": 3, "spec.trainer": DELETE, "spec.command": ["python", "train.py"]})

@@ -5,7 +5,7 @@ memory estimate once (:mod:`dgx_trainer.launch`), then execs torchrun, whose wor
 form. The config is validated before torch is imported, so a bad config fails in a fraction of a
 second with every problem named, instead of after a ten-second import. Exit codes: 0 done,
 1 crashed, 2 invalid config, data or model (do not retry), 3 the node does not match the job
-(preflight).
+(preflight), 4 the loss diverged (training.stopOnNonFiniteLoss; do not retry).
 """
 
 from __future__ import annotations
@@ -140,6 +140,10 @@ def main(argv: list[str] | None = None) -> int:
         log.error("preflight: %s", exc)
         _terminate(f"preflight: {exc}")
         return 3
+    except train.LossDivergedError as exc:
+        log.error("LossDiverged: %s", exc)
+        _terminate(f"LossDiverged: {exc}")
+        return 4
     except Exception as exc:
         log.exception("training failed")
         _terminate(f"{type(exc).__name__}: {exc}")

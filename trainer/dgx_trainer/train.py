@@ -8,8 +8,10 @@ set up by the HF Trainer from the environment torchrun provides.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -22,7 +24,7 @@ from transformers import PrinterCallback, TrainerCallback, set_seed
 from dgx_api import checkpoints
 from dgx_api.progress import Reporter, now_iso, termination_message, write_atomic
 from dgx_api.trainer_config import TrainerConfig
-from dgx_trainer import builtin, data, model, preflight, tracking
+from dgx_trainer import builtin, data, model, moe, preflight, tracking
 
 log = logging.getLogger("dgx_trainer")
 
@@ -122,6 +124,67 @@ class _LossWindows(TrainerCallback):
             self.last_logged = state.global_step
 
 
+class LossDivergedError(RuntimeError):
+    """The training loss was NaN or infinite for ``training.stopOnNonFiniteLoss`` reports in a row.
+
+    Its message is the job's: the operator shows the termination message ``LossDiverged: ...`` with
+    reason LossDiverged and does not restart (the same config diverges the same way)."""
+
+
+class _Divergence(TrainerCallback):
+    """Stops a diverged run instead of training on NaN weights to the end (or, restarted, again).
+
+    The HF Trainer logs the loss averaged over the ranks, so every rank sees the same value and
+    raises at the same step; ``logging_nan_inf_filter`` is off (see :func:`sft_config`), or the
+    Trainer would log the average of earlier steps in place of a NaN one."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.steps: list[int] = []
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        if not self.limit or not logs or not isinstance(logs.get("loss"), (int, float)):
+            return
+        loss = float(logs["loss"])
+        if math.isfinite(loss):
+            self.steps = []
+            return
+        self.steps.append(state.global_step)
+        if len(self.steps) >= self.limit:
+            raise LossDivergedError(
+                f"the training loss was {loss} at {len(self.steps)} reports in a row (steps "
+                f"{', '.join(map(str, self.steps))}): the run diverged and a restart would diverge again; "
+                "lower training.learningRate, use precision bf16 rather than fp16, or check the data for broken rows"
+            )
+
+
+DIVERGED_MARKER = Path(".kubedgx") / "diverged.json"
+
+
+def config_digest(cfg: TrainerConfig) -> str:
+    """What a divergence marker is valid for: the same config diverges again, a changed one may not."""
+    return hashlib.sha256(cfg.model_dump_json(by_alias=True).encode()).hexdigest()[:16]
+
+
+def mark_diverged(rt: Runtime, cfg: TrainerConfig, message: str) -> None:
+    """Remember on the node that this config diverged, so that torchrun's restarts of the group
+    (which cannot tell this failure from a crash) fail at once instead of training into it again."""
+    path = rt.output_dir / DIVERGED_MARKER
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, json.dumps({"config": config_digest(cfg), "message": message}) + "\n")
+
+
+def diverged_before(rt: Runtime, cfg: TrainerConfig) -> str | None:
+    """The message of an earlier divergence of this very config in this output directory."""
+    try:
+        marker = json.loads((rt.output_dir / DIVERGED_MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(marker, dict) or marker.get("config") != config_digest(cfg):
+        return None
+    return str(marker.get("message") or "the loss diverged")
+
+
 def _distributed() -> bool:
     return (
         torch.distributed.is_available()
@@ -194,7 +257,19 @@ def _model_path(cfg: TrainerConfig, rt: Runtime, records: Any) -> str:
     return str(local) if not Path(name).is_absolute() and local.exists() else name
 
 
-def sft_config(cfg: TrainerConfig, rt: Runtime, p: model.Precision, has_eval: bool, device: str) -> Any:
+def collective_timeout(cfg: TrainerConfig, moe_model: bool) -> int:
+    """training.collectiveTimeoutSeconds, else PyTorch's 30 minutes, or 2 hours for a MoE model: a
+    node's ranks load a 4-bit MoE model one after another (moe.node_lock bounds host RAM to one bf16
+    copy), so the first rank can wait several loads at the first collective, too close to 30
+    minutes for 8 ranks reading ~90 GB each from network storage."""
+    if cfg.training.collective_timeout_seconds is not None:
+        return cfg.training.collective_timeout_seconds
+    return 7200 if moe_model else 1800
+
+
+def sft_config(
+    cfg: TrainerConfig, rt: Runtime, p: model.Precision, has_eval: bool, device: str, *, moe_model: bool = False
+) -> Any:
     from trl import SFTConfig
 
     t = cfg.training
@@ -238,10 +313,10 @@ def sft_config(cfg: TrainerConfig, rt: Runtime, p: model.Precision, has_eval: bo
         report_to=tracking.setup(t.report_to, rt.output_dir),
         disable_tqdm=True,
         ddp_find_unused_parameters=False,
-        # A node's ranks load a 4-bit MoE model one after another (moe.node_lock bounds host RAM to
-        # one bf16 copy), so the first rank can wait several loads at the first collective; the
-        # default 30 minutes is too close for 8 ranks reading ~90 GB each from network storage.
-        ddp_timeout=7200,
+        ddp_timeout=collective_timeout(cfg, moe_model),
+        # A NaN loss is logged as NaN (the default filter logs the earlier steps' mean in its place),
+        # so that training.stopOnNonFiniteLoss can see the run diverge.
+        logging_nan_inf_filter=False,
         dataloader_num_workers=0,
         log_level="warning",
     )
@@ -257,6 +332,9 @@ def run(cfg: TrainerConfig, rt: Runtime) -> dict[str, Any]:
     device = "cpu" if report.cpu_only else model.device_kind()
     p = model.precision(cfg.training.precision, device)
     rt.output_dir.mkdir(parents=True, exist_ok=True)
+    earlier = diverged_before(rt, cfg)
+    if earlier is not None:
+        raise LossDivergedError(f"{earlier} (this config diverged here before: not trained again)")
 
     # Every row of the training and eval data, before a model is built: a bad row is exit 2 now.
     checked = data.check(cfg, rt.base_dir)
@@ -278,7 +356,8 @@ def run(cfg: TrainerConfig, rt: Runtime) -> dict[str, Any]:
         enabled=rt.main,
     )
     set_seed(cfg.training.seed)  # before the adapters are created: their init draws from it
-    args = sft_config(cfg, rt, p, eval_set is not None, device)
+    moe_model = moe.expert_count(loaded.model.config) is not None
+    args = sft_config(cfg, rt, p, eval_set is not None, device, moe_model=moe_model)
     args.router_aux_loss_coef = loaded.router_aux_loss_coef  # MoE: TRL adds the router's aux loss and logs it
     trainer = SFTTrainer(
         model=loaded.model,
@@ -292,8 +371,14 @@ def run(cfg: TrainerConfig, rt: Runtime) -> dict[str, Any]:
     trainer.remove_callback(PrinterCallback)  # stdout is for the JSON progress lines
     adapters = model.align_adapters(trainer.model, p)
     trainer.add_callback(_LossWindows())
+    trainer.add_callback(_Divergence(cfg.training.stop_on_non_finite_loss))
     resume = _agreed_resume(rt)
-    result = trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+    try:
+        result = trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+    except LossDivergedError as exc:
+        if rt.local_rank == 0:
+            mark_diverged(rt, cfg, str(exc))
+        raise
     metrics: dict[str, Any] = dict(result.metrics)
     resumed_step = int(resume.name.rsplit("-", 1)[1]) if resume else 0
     metrics["train_loss"] = checkpoints.run_mean_loss(

@@ -194,6 +194,7 @@ class JobReason:
     # -- Failed
     WORKER_FAILED: Final = _job("WorkerFailed", _P.FAILED, _ENDED, "a worker failed and the restart policy does not retry it (Never, or an exit code not in retryableExitCodes)")
     BACKOFF_LIMIT_EXCEEDED: Final = _job("BackoffLimitExceeded", _P.FAILED, _ENDED, "a worker failed once more than backoffLimit allows")
+    LOSS_DIVERGED: Final = _job("LossDiverged", _P.FAILED, _ENDED, "the built-in trainer stopped: its loss was NaN or infinite for training.stopOnNonFiniteLoss reports in a row; a restart would diverge again")
     INVALID_TRAINER_INPUT: Final = _job("InvalidTrainerInput", _P.FAILED, _ENDED, "the built-in trainer exited 2: it refused its config, data or model, which no restart changes")
     DEADLINE_EXCEEDED: Final = _job("DeadlineExceeded", _P.FAILED, _ENDED, "the job ran longer than spec.maxDuration")
     PENDING_TIMEOUT: Final = _job("PendingTimeout", _P.FAILED, _ENDED, "fewer than minNodes workers ran for spec.maxPending")

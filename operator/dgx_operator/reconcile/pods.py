@@ -72,6 +72,11 @@ def _int(value: Any, default: int) -> int:
         return default
 
 
+#: Causes the built-in trainer names in its termination message (``Reason: what to change``) that
+#: no restart of the same config can cure: the planner ends the job with that reason.
+DIAGNOSED = frozenset({JobReason.LOSS_DIVERGED})
+
+
 @dataclass(frozen=True)
 class PodView:
     """The facts about one worker pod that the planner decides on."""
@@ -163,6 +168,16 @@ class PodView:
     def deadline_exceeded(self) -> bool:
         """Killed by its activeDeadlineSeconds, i.e. the job's maxDuration."""
         return self.reason == "DeadlineExceeded"
+
+    @property
+    def diagnosis(self) -> str | None:
+        """The cause the trainer named as its termination message's first word (``LossDiverged: ...``)
+        when it is one the restart policy acts on; None for any other failure."""
+        if self.failed_init is None and self.termination_message:
+            word = self.termination_message.split(":", 1)[0]
+            if word in DIAGNOSED:
+                return word
+        return None
 
     def describe_failure(self) -> str:
         if self.failed_init is not None:

@@ -30,6 +30,14 @@ def failures(d: Draft, r: Resolved) -> Plan | None:
             restart(d, disrupted, counted=False, reason=JobReason.WORKER_DISRUPTED)
         return None
     first = failures[0].describe_failure()
+    diverged = [p for p in failures if p.diagnosis == JobReason.LOSS_DIVERGED]
+    if diverged:
+        # The same config diverges the same way: whatever the policy, a restart only burns GPU hours.
+        return d.finish(
+            JobPhase.FAILED,
+            JobReason.LOSS_DIVERGED,
+            f"{diverged[0].describe_failure()}; not restarted: the same config would diverge again",
+        )
     policy = d.spec.restart_policy
     if policy == "Never":
         return d.finish(JobPhase.FAILED, JobReason.WORKER_FAILED, f"{first}; restartPolicy is Never")
