@@ -115,7 +115,7 @@ class Webhook:
 
     async def allowed(self, path: str, operation: str, obj: Body | None, old: Body | None = None) -> None:
         answer = await self.post(path, review_request(operation, obj, old))
-        assert answer["response"] == {"uid": answer["response"]["uid"], "allowed": True}
+        assert answer["response"] == {"uid": answer["response"]["uid"], "allowed": True}, answer["response"]
 
     async def refused(
         self, path: str, operation: str, obj: Body | None, old: Body | None = None, code: int = 422

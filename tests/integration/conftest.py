@@ -255,6 +255,13 @@ async def webhook(
                 yield client_config
 
     monkeypatch.setattr(admission, "WebhookServer", ObservedWebhookServer)  # admission.setup builds it at startup
+    # The review's budgets (4 s of mount lookups, 3 s of dry-runs) are sized for a real apiserver's
+    # timeoutSeconds; here the apiserver is the in-memory emulator on the same two cores as the rest
+    # of the suite, where a loaded run once took past 3 s to answer a dry-run and the review admitted
+    # the job with a "did not answer" warning instead of checking it. The budgets themselves are
+    # tested with their own values (tests/unit/test_admission.py, test_webhook_hostile.py).
+    monkeypatch.setattr(admission, "MOUNT_LOOKUP_TIMEOUT_S", 60.0)
+    monkeypatch.setattr(admission, "DRY_RUN_TIMEOUT_S", 60.0)
     config = OperatorConfig(
         webhook=WebhookConfig(host="127.0.0.1", port=port, insecure=True),
         error_backoffs=(0.1, 0.2, 0.5, 1.0),
