@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, NoReturn
 
+import aiohttp
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
@@ -210,6 +211,24 @@ class Kube:
                 return None
             self._raise("get", exc, f"get secret {namespace}/{name}")
         return {k: base64.b64decode(v) for k, v in (secret.data or {}).items()}
+
+    async def pod_log_tail(
+        self, namespace: str, name: str, container: str, *, lines: int, limit_bytes: int
+    ) -> str | None:
+        """The last ``lines`` lines (at most ``limit_bytes``) a container printed, or None when they
+        cannot be read now (the pod or container is gone or not started, the kubelet does not
+        answer, RBAC): a reader of logs is best-effort and never fails a reconcile."""
+        try:
+            text = await self.core.read_namespaced_pod_log(
+                name, namespace, container=container, tail_lines=lines, limit_bytes=limit_bytes
+            )
+        except ApiException as exc:
+            log.debug("log of %s/%s (%s): %s %s", namespace, name, container, exc.status, exc.reason)
+            return None
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            log.debug("log of %s/%s (%s): %s", namespace, name, container, exc)
+            return None
+        return text if isinstance(text, str) else None
 
     async def _get(self, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
         """One of our custom objects, or None when it does not exist."""

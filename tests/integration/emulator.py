@@ -698,6 +698,9 @@ class Emulator(kmock.KubernetesEmulator):
     keep_requests: bool = True
     admission: list[AdmissionHook] = attrs.field(factory=list)
     log: list[Call] = attrs.field(factory=list, init=False)
+    #: What each container printed, by (namespace, pod, container): served by ``pods/{name}/log``
+    #: (see :meth:`set_log`); a container with nothing here printed nothing.
+    container_logs: dict[tuple[str, str, str], str] = attrs.field(factory=dict, init=False)
 
     _kinds: dict[tuple[str, str, str], Kind] = attrs.field(factory=dict, init=False)
     _index: dict[tuple[str, str, str], dict[tuple[str | None, str], Body]] = attrs.field(factory=dict, init=False)
@@ -756,6 +759,31 @@ class Emulator(kmock.KubernetesEmulator):
         if len(candidates) != 1:
             raise KeyError(f"{resource!r} names {len(candidates)} served resources: {candidates}")
         return candidates[0]
+
+    def set_log(self, namespace: str, pod: str, container: str, text: str) -> None:
+        """What a container has printed so far, as the kubelet would serve it (the test plays the kubelet)."""
+        self.container_logs[namespace, pod, container] = text
+
+    def _pod_log(self, namespace: str | None, name: str, params: Mapping[str, str]) -> str:
+        """``GET pods/{name}/log`` as the apiserver answers it: the pod must exist, a pod of several
+        containers needs ``container``, and ``tailLines`` / ``limitBytes`` cut the text."""
+        kind = self._kinds[("", "v1", "pods")]
+        pod = self._require(kind, namespace, name)
+        names = [c["name"] for c in (pod.get("spec") or {}).get("containers") or []]
+        container = params.get("container")
+        if container is None:
+            if len(names) != 1:
+                raise bad_request(f"a container name must be specified for pod {name}, choose one of: {names}")
+            container = names[0]
+        elif container not in names:
+            raise bad_request(f"container {container} is not valid for pod {name}")
+        text = self.container_logs.get((namespace or "", name, container), "")
+        if "tailLines" in params:
+            lines = text.splitlines(keepends=True)
+            text = "".join(lines[-int(params["tailLines"]) :]) if int(params["tailLines"]) > 0 else ""
+        if "limitBytes" in params:
+            text = text.encode()[: int(params["limitBytes"])].decode(errors="ignore")
+        return text
 
     def create(self, resource: str | Kind, body: Mapping[str, Any], namespace: str | None = None) -> Body:
         """Create an object (as a POST with ``fieldValidation=Strict``: a typo in a test fails loudly)."""
@@ -1667,6 +1695,9 @@ class Emulator(kmock.KubernetesEmulator):
             kind = self._kinds.get((route.group, route.version, route.plural))
             if kind is None or (route.namespace is not None and not kind.namespaced):
                 raise ApiError(404, "NotFound", "the server could not find the requested resource")
+            if route.plural == "pods" and route.subresource == "log" and route.name and verb == "get":
+                text = self._pod_log(route.namespace, route.name, params)
+                raise _Reply(aiohttp.web.Response(text=text, content_type="text/plain"))
             if route.subresource not in (None, "status") or (route.subresource and not kind.status):
                 raise ApiError(404, "NotFound", "the server could not find the requested resource")
             if verb == "watch":

@@ -124,6 +124,11 @@ class Cluster:
     async def get_mount(self, namespace: str, name: str) -> dict[str, Any] | None:
         return None
 
+    async def pod_log_tail(
+        self, namespace: str, name: str, container: str, *, lines: int, limit_bytes: int
+    ) -> str | None:
+        return ""  # a trainer that has printed nothing yet
+
     async def create(self, obj: Mapping[str, Any], owner_uid: str) -> str:
         name = obj["metadata"]["name"]
         if obj["kind"] == "Pod":

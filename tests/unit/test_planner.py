@@ -6,6 +6,7 @@ worker pods with a hand-written ``status`` (what kubelet and scheduler would rep
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping
 from datetime import datetime
@@ -948,6 +949,34 @@ def test_progress_is_copied_from_worker_zero(ctx: BuildContext) -> None:
         "loss": 0.9,
         "samples_per_second": 3.5,
     }
+
+
+def test_the_live_report_from_worker_0s_log_fills_progress_until_worker_0_ends(ctx: BuildContext) -> None:
+    """Observed.progress is what the controller read from worker 0's log in this pass: it fills
+    status.progress while worker 0 runs; once worker 0 ended, its termination message is the final
+    word, whatever a late log read says; a pass without a read keeps the last report."""
+    from tests.unit.planner_sim import observe
+
+    sim = sim_of(ctx)
+    start_running(sim, 1)
+    live = {"step": 10, "totalSteps": 100, "loss": 2.5, "tokensPerSecond": 900.0}
+    running = dataclasses.replace(observe([sim.pod(0, "running")]), progress=live)
+    result = plan(sim.job, ctx, running, sim.now)
+    assert result.status.progress is not None
+    assert result.status.progress.model_dump(exclude_none=True) == {
+        "step": 10,
+        "total_steps": 100,
+        "loss": 2.5,
+        "tokens_per_second": 900.0,
+    }
+    sim.job = sim.job.model_copy(update={"status": result.status})
+    kept = plan(sim.job, ctx, observe([sim.pod(0, "running")]), sim.now)
+    assert kept.status.progress == result.status.progress
+    final = json.dumps({"progress": {"step": 100, "totalSteps": 100, "loss": 0.9}})
+    ended = dataclasses.replace(observe([sim.pod(0, "succeeded", message=final)]), progress={"step": 90})
+    done = plan(sim.job, ctx, ended, sim.now)
+    assert done.status.progress is not None
+    assert done.status.progress.model_dump(exclude_none=True) == {"step": 100, "total_steps": 100, "loss": 0.9}
 
 
 def test_eval_loss_of_the_trainers_report_reaches_the_status(ctx: BuildContext) -> None:

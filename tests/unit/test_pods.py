@@ -8,7 +8,7 @@ import pytest
 
 from dgx_operator.api import DGXTrainingJob
 from dgx_operator.catalog import Catalog
-from dgx_operator.reconcile.pods import PodView, read_progress, slim
+from dgx_operator.reconcile.pods import PodView, progress_in_log, read_progress, slim
 from dgx_operator.render import BuildContext, build_children
 from tests.conftest import BASE_JOB
 
@@ -111,3 +111,20 @@ def test_slim_pod_drops_the_spec(pod: dict[str, Any]) -> None:
         "kubedgx.io/attempt",
         "kubedgx.io/trainer-config",
     }
+
+
+def test_progress_in_log_is_the_last_progress_line() -> None:
+    text = "\n".join(
+        [
+            '{"event": "progress", "step": 1, "loss": 3.0}',
+            "WARNING something else",
+            '{"event": "eval", "step": 2, "evalLoss": 2.0}',
+            '{"event": "progress", "step": 2, "loss": NaN}',
+            "{'not': 'json'}",
+            '{"event": "summary", "status": "Succeeded"}',
+            '{"event": "progress", "step": 3, "lo',  # a line cut by the read's byte limit
+        ]
+    )
+    assert progress_in_log(text) == {"step": 2, "loss": None}  # NaN is read as null, the cut line ignored
+    assert progress_in_log("no report here\n") is None
+    assert progress_in_log("") is None

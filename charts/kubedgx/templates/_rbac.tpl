@@ -34,6 +34,11 @@ watches every namespace, a Role in each namespace of watchNamespaces otherwise.
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list", "watch", "create", "delete", "patch"]
+# Application: a running job's worker 0 log is read (at most once per progressInterval) for its
+# latest progress line, so training pods need no write access to report their progress.
+- apiGroups: [""]
+  resources: ["pods/log"]
+  verbs: ["get"]
 # Application: each job's headless Service and trainer ConfigMap; they go with the job (ownerReferences).
 # Admission: the webhook's dry-run of a new job's ConfigMap, Service and worker 0 (dryRun=All) is a
 # create of each, under this rule and the pods rule above; nothing more is needed.

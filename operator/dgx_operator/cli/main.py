@@ -324,6 +324,7 @@ OPERATOR_FLAGS = {
     "webhook_dry_run": "KUBEDGX_WEBHOOK_DRY_RUN",
     "bind_address": "KUBEDGX_BIND_ADDRESS",
     "shutdown_delay": "KUBEDGX_SHUTDOWN_DELAY",
+    "progress_interval": "KUBEDGX_PROGRESS_INTERVAL",
     "leader_elect": "KUBEDGX_LEADER_ELECTION",
     "leader_election_namespace": "KUBEDGX_LEADER_ELECTION_NAMESPACE",
     "leader_election_id": "KUBEDGX_LEADER_ELECTION_ID",
@@ -585,6 +586,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--shutdown-delay",
         metavar="DURATION",
         help="after SIGTERM, keep answering admission reviews this long before stopping (0s)",
+    )
+    o.add_argument(
+        "--progress-interval",
+        metavar="DURATION",
+        help="how often a running job's worker 0 log is read for its progress (30s; 0: never)",
     )
     o.add_argument(
         "--leader-elect",

@@ -30,7 +30,7 @@ from dgx_operator.controllers.metrics import JOB_KIND, Metrics
 from dgx_operator.kube import ForeignObjectError, Kube, TransientError, refusal, status_of
 from dgx_operator.reconcile.mounts import mount_state, parse_mount
 from dgx_operator.reconcile.planner import UNREADABLE, Event, MountState, Observed, Plan, Refused, plan
-from dgx_operator.reconcile.pods import PodView, slim
+from dgx_operator.reconcile.pods import PodView, progress_in_log, slim
 from dgx_operator.reconcile.queueing import (
     GROUP as KUEUE_GROUP,
 )
@@ -47,7 +47,14 @@ from dgx_operator.reconcile.queueing import (
 from dgx_operator.reconcile.status import merge_patch
 from dgx_operator.reconcile.stored import parse_stored
 from dgx_operator.render import BuildContext, JobIdentity, trainer_config
-from dgx_operator.render.names import FINALIZER, INDEX_LABEL, JOB_LABEL, detached_value, service_name
+from dgx_operator.render.names import (
+    CONTAINER_NAME,
+    FINALIZER,
+    INDEX_LABEL,
+    JOB_LABEL,
+    detached_value,
+    service_name,
+)
 from dgx_operator.render.resolved import Defaults
 
 log = logging.getLogger("kubedgx")
@@ -61,6 +68,12 @@ def namespace_terminating(exc: ApiException) -> bool:
 
 #: How long a create/delete is assumed in flight before its watch event must have arrived.
 EXPECTATION_TTL = 60.0
+#: Seconds between reads of a running worker 0's progress (the setting KUBEDGX_PROGRESS_INTERVAL).
+DEFAULT_PROGRESS_INTERVAL = 30.0
+#: How much of worker 0's log one read takes: the trainer prints a progress line per logging step,
+#: and other lines (warnings, a library's output) between them; the newest report is near the end.
+PROGRESS_LOG_LINES = 200
+PROGRESS_LOG_BYTES = 256 * 1024
 
 
 def status_patch(old: DGXTrainingJobStatus | None, new: DGXTrainingJobStatus) -> dict[str, Any] | None:
@@ -147,12 +160,20 @@ class Controller(ReconcileLoop):
     flavors_of: FlavorSource = _no_flavors
     #: (the served Workload version or None, when it was discovered).
     kueue_api: tuple[str | None, float] | None = None
+    #: Seconds between two reads of a running worker 0's log for its progress (0: never read). It
+    #: bounds both costs: one log read, and at most one status write for progress, per job per interval.
+    progress_interval: float = DEFAULT_PROGRESS_INTERVAL
+    #: When each job's worker 0 log was last read (``now``: the tests' clock moves it).
+    progress_reads: dict[Key, datetime] = field(default_factory=dict)
 
     async def step(self, key: Key) -> float | None:
         result = await self.reconcile(*key)
         delay = result.requeue_after if result is not None else None
         if result is not None and result.status.phase not in JobPhase.TERMINAL:
             delay = min(delay if delay is not None else RESYNC, RESYNC)
+        if result is not None and result.status.phase == JobPhase.RUNNING and self.progress_interval > 0:
+            # A running job's progress changes without any event: come back for it.
+            delay = min(delay if delay is not None else self.progress_interval, self.progress_interval)
         return delay
 
     def forget(self, namespace: str, name: str) -> None:
@@ -162,6 +183,7 @@ class Controller(ReconcileLoop):
         self.forget_key(key)
         self.expectations.pop(key, None)
         self.failures.pop(key, None)
+        self.progress_reads.pop(key, None)
         self.locks.pop(key, None)
         self.unreadable_jobs.discard(key)
         if self.metrics is not None:
@@ -272,7 +294,9 @@ class Controller(ReconcileLoop):
         current = trainer_config(JobIdentity.of(job), job.spec)
         wanted = current[0] if current is not None else None
         queueing = await self.queueing(job) if self.kueue is not None else None
+        progress = await self.live_progress(key, job, views)
         observed = Observed(
+            progress=progress,
             queueing=queueing,
             pods=tuple(views),
             service=f"Service/{service_name(name)}" in expected,
@@ -283,6 +307,27 @@ class Controller(ReconcileLoop):
             mounts=mounts,
         )
         return observed, specs, digests
+
+    async def live_progress(self, key: Key, job: DGXTrainingJob, views: Sequence[PodView]) -> dict[str, Any] | None:
+        """Worker 0's latest progress report from the tail of its log, while it runs, at most once
+        per ``progress_interval``. The log is read through the apiserver (``pods/log``, the
+        operator's RBAC), so training pods need no write access to report; a program that prints
+        the progress contract's lines is read the same way as the built-in trainer."""
+        if self.progress_interval <= 0:
+            return None
+        worker0 = next((v for v in views if v.index == 0 and v.owner_uid == str(job.metadata.uid) and v.running), None)
+        if worker0 is None or worker0.terminating:
+            return None
+        now = self.now()
+        last = self.progress_reads.get(key)
+        if last is not None and (now - last).total_seconds() < self.progress_interval:
+            return None
+        self.progress_reads[key] = now
+        namespace, _ = key
+        text = await self.kube.pod_log_tail(
+            namespace, worker0.name, CONTAINER_NAME, lines=PROGRESS_LOG_LINES, limit_bytes=PROGRESS_LOG_BYTES
+        )
+        return progress_in_log(text) if text else None
 
     # -- Kueue ------------------------------------------------------------------------------------
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from dgx_api.progress import loads_finite
+from dgx_api.progress import loads_finite, parse_event
 from dgx_operator.api.vocabulary import JobReason
 from dgx_operator.render.datasync import SIDECAR_PREFIX
 from dgx_operator.render.names import (
@@ -373,6 +373,18 @@ def slim(pod: Mapping[str, Any]) -> dict[str, Any]:
             ],
         },
     }
+
+
+def progress_in_log(text: str) -> dict[str, Any] | None:
+    """The last progress report in a worker's log: the trainer's (and any ``spec.command``
+    program's) ``{"event": "progress", ...}`` lines on stdout (docs/trainer.md, "Progress: the
+    contract"), read by the operator while the worker runs. Other lines, and reports that are not
+    objects, are ignored."""
+    for line in reversed(text.splitlines()):
+        event = parse_event(line)
+        if event is not None and event.get("event") == "progress":
+            return {k: v for k, v in event.items() if k != "event"}
+    return None
 
 
 def read_progress(pod: PodView) -> dict[str, Any] | None:

@@ -80,6 +80,7 @@ async def startup(
         post_event=post_event,
         retry_base=config.retry_base,
         metrics=memo.metrics,
+        progress_interval=config.progress_interval,
     )
     if config.kueue:
         memo.controller.kueue = KueueSettings(manage_without_queue_name=config.kueue_manage_without_queue_name)

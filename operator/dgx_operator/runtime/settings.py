@@ -464,6 +464,17 @@ SETTINGS: tuple[Setting, ...] = (
         flag="--shutdown-delay",
     ),
     Setting(
+        "KUBEDGX_PROGRESS_INTERVAL",
+        _duration(),
+        30.0,
+        "progress_interval",
+        "how often the operator reads a running job's worker 0 log (`pods/log`) for its latest progress line"
+        " into `status.progress`: at most one log read and one progress status write per job per interval;"
+        " `0`: never (progress then shows when worker 0 ends)",
+        chart="progressInterval",
+        flag="--progress-interval",
+    ),
+    Setting(
         "KUBEDGX_CHECKPOINT_SYNC_INTERVAL",
         _duration(positive=True),
         30.0,
@@ -545,6 +556,9 @@ class OperatorConfig:
     #: leadership over at once, but goes on answering admission reviews while the endpoint's removal
     #: reaches the apiserver (a rolling update then refuses no write).
     shutdown_delay: float = 0.0
+    #: Seconds between reads of a running job's worker 0 log for its progress (KUBEDGX_PROGRESS_INTERVAL);
+    #: 0: never (controllers.job.Controller.live_progress).
+    progress_interval: float = 30.0
     #: Seconds between the checkpoint sidecars' scans (KUBEDGX_CHECKPOINT_SYNC_INTERVAL): how long
     #: a complete checkpoint may wait on the node before it starts uploading.
     checkpoint_sync_interval: float = 30.0

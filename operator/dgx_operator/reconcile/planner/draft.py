@@ -154,8 +154,13 @@ class Draft:
         return self.plan
 
     def read_progress(self) -> None:
+        """status.progress from worker 0: its termination message once it ended (the final word),
+        else its live report (a pod annotation, or its log as the controller read it). A pass with
+        no new report keeps the last one."""
         worker0 = next((p for p in self.pods if p.index == 0), None)
         report = read_progress(worker0) if worker0 is not None else None
+        if report is None and self.observed.progress is not None and worker0 is not None and not worker0.finished:
+            report = dict(self.observed.progress)
         if report is None:
             return
         fields = set(Progress.model_fields) | {f.alias for f in Progress.model_fields.values() if f.alias}

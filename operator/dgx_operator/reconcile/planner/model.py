@@ -92,6 +92,9 @@ class Observed:
     refused: Sequence[Refused] = ()
     #: The job's queueing in Kueue; None when Kueue does not manage the job.
     queueing: Queueing | None = None
+    #: Worker 0's latest progress report read from its log while it runs (the controller reads it
+    #: at most once per progress interval); None when not read in this pass.
+    progress: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)
