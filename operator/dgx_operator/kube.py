@@ -213,14 +213,21 @@ class Kube:
         return {k: base64.b64decode(v) for k, v in (secret.data or {}).items()}
 
     async def pod_log_tail(
-        self, namespace: str, name: str, container: str, *, lines: int, limit_bytes: int
+        self, namespace: str, name: str, container: str, *, lines: int, limit_bytes: int, timeout: float = 5.0
     ) -> str | None:
         """The last ``lines`` lines (at most ``limit_bytes``) a container printed, or None when they
         cannot be read now (the pod or container is gone or not started, the kubelet does not
-        answer, RBAC): a reader of logs is best-effort and never fails a reconcile."""
+        answer within ``timeout`` seconds, RBAC): a reader of logs is best-effort and never fails,
+        nor holds up for long, a reconcile. The apiserver fetches logs from the node's kubelet,
+        which a node that is unreachable (or a kwok node, which has none) may never answer."""
         try:
             text = await self.core.read_namespaced_pod_log(
-                name, namespace, container=container, tail_lines=lines, limit_bytes=limit_bytes
+                name,
+                namespace,
+                container=container,
+                tail_lines=lines,
+                limit_bytes=limit_bytes,
+                _request_timeout=timeout,
             )
         except ApiException as exc:
             log.debug("log of %s/%s (%s): %s %s", namespace, name, container, exc.status, exc.reason)

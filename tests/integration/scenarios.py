@@ -128,6 +128,11 @@ class Operator:
 
         def idle() -> bool:
             task = controller.workers.get(key)
+            if task is not None and not task.done():
+                # Its end is itself a change to wait for: without this, a pass that ends between two
+                # of the emulator's notifications (a mount retrying in the background keeps making
+                # them) is only seen as over if a later change happens to land in a quiet moment.
+                task.add_done_callback(lambda _: self.emulator.notify())
             return key not in controller.dirty and (task is None or task.done()) and key not in controller.failures
 
         await self.emulator.wait_for(idle, timeout=timeout, message=f"the reconciles of {key} are over")
