@@ -21,8 +21,10 @@ from tests.integration.scenarios import (
     NS,
     expect_pods,
     get_job,
+    job_events,
     job_with,
     run_pod,
+    stamp,
     start_operator,
     wait_phase,
     worker,
@@ -59,8 +61,17 @@ async def test_status_progress_follows_worker_0s_log_while_it_runs(
     emulator.set_log(NS, worker(0), "trainer", printed(line(10, 2.5), line(20, 2.25, learningRate=0.001)))
     run_pod(emulator, worker(0))
     status = await wait_phase(emulator, "Running", lambda s: "progress" in s)
-    # The latest report; fields the status has no place for are dropped, as with any report.
-    assert status["progress"] == {"step": 20, "totalSteps": 100, "loss": 2.25, "learningRate": 0.001}
+    first_read = op.clock.now
+    # The latest report; fields the status has no place for are dropped, as with any report. A
+    # report without updatedAt (these lines have none, as a program's may not) is stamped with
+    # when the operator first read it: spec.maxIdle measures silence from there.
+    assert status["progress"] == {
+        "step": 20,
+        "totalSteps": 100,
+        "loss": 2.25,
+        "learningRate": 0.001,
+        "updatedAt": stamp(first_read),
+    }
     assert op.controller.progress_interval == 30.0  # the setting's default
 
     # Within the interval the log is not read again, whatever triggers a reconcile.
@@ -77,13 +88,43 @@ async def test_status_progress_follows_worker_0s_log_while_it_runs(
     await op.settle()
     assert log_reads(emulator) == reads + 1
     assert status_writes(emulator) == writes + 1
-    assert get_job(emulator)["status"]["progress"] == {"step": 30, "totalSteps": 100, "loss": 2.0}
+    assert get_job(emulator)["status"]["progress"] == {
+        "step": 30,
+        "totalSteps": 100,
+        "loss": 2.0,
+        "updatedAt": stamp(op.clock.now),
+    }
 
-    # A read that learns nothing new writes nothing.
+    # A read that learns nothing new writes nothing: the same report keeps its first stamp.
     op.clock.advance(timedelta(seconds=30))
     await op.settle()
     assert log_reads(emulator) == reads + 2
     assert status_writes(emulator) == writes + 1
+    assert get_job(emulator)["status"]["progress"]["updatedAt"] == stamp(op.clock.now - timedelta(seconds=30))
+
+
+async def test_a_job_whose_worker_0_goes_quiet_for_max_idle_is_restarted_as_stalled(
+    emulator: Emulator, run_operator: RunOperator
+) -> None:
+    """spec.maxIdle on top of live progress: the log keeps the same last report (a hung
+    collective prints nothing), so after maxIdle the workers are replaced and the restart says why."""
+    op = await start_operator(emulator, run_operator)
+    emulator.create(JOBS, job_with({"spec.maxIdle": "2m"}))
+    await expect_pods(emulator, {worker(0): "0"})
+    emulator.set_log(NS, worker(0), "trainer", printed(line(10, 2.5)))
+    run_pod(emulator, worker(0))
+    await wait_phase(emulator, "Running", lambda s: "progress" in s)
+    for _ in range(4):  # 120 s of reads that find the same report: still within maxIdle
+        op.clock.advance(timedelta(seconds=29))
+        await op.settle()
+    assert get_job(emulator)["status"]["phase"] == "Running"
+    op.clock.advance(timedelta(seconds=30))
+    await op.settle()
+    status = await wait_phase(emulator, "Restarting")
+    assert status["restarts"] == 1
+    restarted = [m for _, reason, m in job_events(emulator) if reason == "WorkerRestarted"]
+    assert restarted
+    assert restarted[-1].startswith(f"Stalled: worker 0 ({worker(0)}) reported no progress")
 
 
 async def test_a_running_job_is_requeued_for_its_progress(emulator: Emulator, run_operator: RunOperator) -> None:

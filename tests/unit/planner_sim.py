@@ -258,6 +258,8 @@ def observe(
     mounts: Mapping[str, MountState] | None = None,
     foreign: Sequence[str] = (),
     shared: bool = True,
+    progress: Mapping[str, Any] | None = None,
+    progress_live: bool = False,
 ) -> Observed:
     return Observed(
         pods=[PodView.of(p) for p in pods],
@@ -265,6 +267,8 @@ def observe(
         config_map=shared,
         mounts=dict(mounts or {}),
         foreign=tuple(foreign),
+        progress=progress,
+        progress_live=progress_live,
     )
 
 
@@ -333,6 +337,8 @@ class Sim:
         at_s: float | None = None,
         foreign: Sequence[str] = (),
         shared: bool = True,
+        progress: Mapping[str, Any] | None = None,
+        progress_live: bool = False,
     ) -> Plan:
         """Plan at ``T0 + at_s`` (time never goes backwards) and apply the status, as the operator would.
 
@@ -342,7 +348,9 @@ class Sim:
             when = at(at_s)
             assert when >= self.now, "the simulated clock only moves forwards"
             self.now = when
-        observed = observe(pods, mounts=self.mounts, foreign=foreign, shared=shared)
+        observed = observe(
+            pods, mounts=self.mounts, foreign=foreign, shared=shared, progress=progress, progress_live=progress_live
+        )
         assert_stable(self.job, self.ctx, observed, self.now)
         result = plan(self.job, self.ctx, observed, self.now)
         self.job = step(self.job, result)
@@ -373,14 +381,16 @@ def sim_of(ctx: BuildContext, changes: Mapping[str, Any] | None = None, **kw: An
 def assert_stable(job: DGXTrainingJob, ctx: BuildContext, observed: Observed, now: datetime) -> None:
     """Planning again over the same observations, from the status just written, changes nothing.
 
-    "The same observations" include what the first plan created, as the controller's expectations
+    "The same observations" include what the first plan created and deleted, as the controller's expectations
     provide them before the watch caches do (the planner counts created workers as active, and a
     worker that was active and is not observed any more has been lost)."""
     first = plan(job, ctx, observed, now)
     made = [PodView.of(c) for c in first.create if c["kind"] == "Pod"]
+    # Pods the first plan deleted show as being deleted, as the controller's expectations mark them.
+    kept = [dataclasses.replace(p, terminating=True) if p.name in first.delete else p for p in observed.pods]
     seen = dataclasses.replace(
         observed,
-        pods=(*observed.pods, *made),
+        pods=(*kept, *made),
         service=observed.service or any(c["kind"] == "Service" for c in first.create),
         config_map=observed.config_map or any(c["kind"] == "ConfigMap" for c in first.create),
     )

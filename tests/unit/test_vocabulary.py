@@ -102,7 +102,13 @@ def _decisions(tree: ast.AST) -> list[tuple[int, str, str]]:
         if node.func.attr not in ("finish", "set_phase") or len(node.args) < 2:
             continue
         phase, reason = node.args[0], node.args[1]
-        if isinstance(phase, ast.Attribute) and isinstance(reason, ast.Attribute):
+        if (
+            isinstance(phase, ast.Attribute)
+            and isinstance(reason, ast.Attribute)
+            and isinstance(reason.value, ast.Name)
+            and reason.value.id == "JobReason"
+        ):
+            # A diagnosis's reason (``found.reason``) is checked by tests/unit/test_diagnosis.py.
             found.append((node.lineno, phase.attr, reason.attr))
     return found
 

@@ -195,6 +195,10 @@ class JobReason:
     WORKER_FAILED: Final = _job("WorkerFailed", _P.FAILED, _ENDED, "a worker failed and the restart policy does not retry it (Never, or an exit code not in retryableExitCodes)")
     BACKOFF_LIMIT_EXCEEDED: Final = _job("BackoffLimitExceeded", _P.FAILED, _ENDED, "a worker failed once more than backoffLimit allows")
     LOSS_DIVERGED: Final = _job("LossDiverged", _P.FAILED, _ENDED, "the built-in trainer stopped: its loss was NaN or infinite for training.stopOnNonFiniteLoss reports in a row; a restart would diverge again")
+    OUT_OF_MEMORY: Final = _job("OutOfMemory", _P.FAILED, _ENDED, "a worker ran out of GPU memory (CUDA out of memory) or host memory (OOMKilled at its memory limit); the message names the fields to change; not restarted by default, the same config runs out again")
+    NCCL_TIMEOUT: Final = _job("NCCLTimeout", _P.FAILED, _ENDED, "a collective operation timed out (PyTorch's watchdog), on the rank the message names; restarted under OnFailure and ExitCode (a slow or lost peer, the network), ends the job under Never or past backoffLimit")
+    RENDEZVOUS_TIMEOUT: Final = _job("RendezvousTimeout", _P.FAILED, _ENDED, "torchrun could not gather minNodes workers before the rendezvous join timeout; restarted like NCCLTimeout")
+    STALLED: Final = _job("Stalled", _P.FAILED, _ENDED, "worker 0 reported no progress for spec.maxIdle while running; restarted under OnFailure and ExitCode (counted), ends the job under Never or past backoffLimit")
     INVALID_TRAINER_INPUT: Final = _job("InvalidTrainerInput", _P.FAILED, _ENDED, "the built-in trainer exited 2: it refused its config, data or model, which no restart changes")
     DEADLINE_EXCEEDED: Final = _job("DeadlineExceeded", _P.FAILED, _ENDED, "the job ran longer than spec.maxDuration")
     PENDING_TIMEOUT: Final = _job("PendingTimeout", _P.FAILED, _ENDED, "fewer than minNodes workers ran for spec.maxPending")
@@ -217,6 +221,7 @@ class JobReason:
     WORKER_RESTARTED: Final = _job("WorkerRestarted", None, "event", "a worker's program failed; replaced, counted against backoffLimit")
     WORKER_DISRUPTED: Final = _job("WorkerDisrupted", None, "event", "the cluster disrupted a worker (eviction, preemption, node shutdown); replaced, not counted")
     WORKER_REPLACED: Final = _job("WorkerReplaced", None, "event", "an interactive (debug) worker exited; replaced, not counted")
+    INTERRUPTED: Final = _job("Interrupted", None, "event", "a worker saved a checkpoint on SIGTERM and exited 143 without the operator deleting it (a node shutdown, the kubelet); replaced, not counted")
     WORKER_LOST: Final = _job("WorkerLost", None, "event", "workers vanished without the operator deleting them (node loss, spot reclaim); replaced, not counted")
     CREATE_FAILED: Final = _job("CreateFailed", None, "event", "creating a child failed for a reason retrying may heal")
     WORKLOAD_WRITE_FAILED: Final = _job("WorkloadWriteFailed", None, "event", "a write to the job's Kueue Workload failed; retried")
@@ -224,7 +229,7 @@ class JobReason:
     # fmt: on
 
     #: Why a worker was replaced (kubedgx_worker_restarts_total's reason).
-    RESTARTS: Final = (WORKER_RESTARTED, WORKER_DISRUPTED, WORKER_REPLACED, WORKER_LOST)
+    RESTARTS: Final = (WORKER_RESTARTED, WORKER_DISRUPTED, WORKER_REPLACED, WORKER_LOST, INTERRUPTED)
     #: The kubelet's waiting reasons that waiting cannot heal: the job ends with them.
     PERMANENT_WAITING: Final = frozenset({INVALID_IMAGE_NAME, ERR_IMAGE_NEVER_PULL})
     #: The kubelet's waiting reasons worth reporting while a worker is not running yet (the others, such

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -165,6 +166,10 @@ class Controller(ReconcileLoop):
     progress_interval: float = DEFAULT_PROGRESS_INTERVAL
     #: When each job's worker 0 log was last read (``now``: the tests' clock moves it).
     progress_reads: dict[Key, datetime] = field(default_factory=dict)
+    #: Per job, the last report read that carried no updatedAt (a ``spec.command`` program's) and
+    #: when it was first seen: such a report is stamped with the time it first appeared, so that
+    #: spec.maxIdle sees when progress last moved (within one interval).
+    progress_seen: dict[Key, tuple[str, datetime]] = field(default_factory=dict)
 
     async def step(self, key: Key) -> float | None:
         result = await self.reconcile(*key)
@@ -184,6 +189,7 @@ class Controller(ReconcileLoop):
         self.expectations.pop(key, None)
         self.failures.pop(key, None)
         self.progress_reads.pop(key, None)
+        self.progress_seen.pop(key, None)
         self.locks.pop(key, None)
         self.unreadable_jobs.discard(key)
         if self.metrics is not None:
@@ -297,6 +303,7 @@ class Controller(ReconcileLoop):
         progress = await self.live_progress(key, job, views)
         observed = Observed(
             progress=progress,
+            progress_live=self.progress_interval > 0,
             queueing=queueing,
             pods=tuple(views),
             service=f"Service/{service_name(name)}" in expected,
@@ -327,7 +334,14 @@ class Controller(ReconcileLoop):
         text = await self.kube.pod_log_tail(
             namespace, worker0.name, CONTAINER_NAME, lines=PROGRESS_LOG_LINES, limit_bytes=PROGRESS_LOG_BYTES
         )
-        return progress_in_log(text) if text else None
+        report = progress_in_log(text) if text else None
+        if report is not None and not report.get("updatedAt"):
+            shape = json.dumps(report, sort_keys=True, default=str)
+            seen = self.progress_seen.get(key)
+            first = seen[1] if seen is not None and seen[0] == shape else now
+            self.progress_seen[key] = (shape, first)
+            report = {**report, "updatedAt": first.strftime("%Y-%m-%dT%H:%M:%SZ")}
+        return report
 
     # -- Kueue ------------------------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from dgx_api.progress import loads_finite, parse_event
 from dgx_operator.api.vocabulary import JobReason
+from dgx_operator.reconcile.diagnosis import Diagnosis, Fields, diagnose, summary
 from dgx_operator.render.datasync import SIDECAR_PREFIX
 from dgx_operator.render.names import (
     ATTEMPT_LABEL,
@@ -70,11 +71,6 @@ def _int(value: Any, default: int) -> int:
         return int(value)
     except (TypeError, ValueError):
         return default
-
-
-#: Causes the built-in trainer names in its termination message (``Reason: what to change``) that
-#: no restart of the same config can cure: the planner ends the job with that reason.
-DIAGNOSED = frozenset({JobReason.LOSS_DIVERGED})
 
 
 @dataclass(frozen=True)
@@ -169,15 +165,13 @@ class PodView:
         """Killed by its activeDeadlineSeconds, i.e. the job's maxDuration."""
         return self.reason == "DeadlineExceeded"
 
-    @property
-    def diagnosis(self) -> str | None:
-        """The cause the trainer named as its termination message's first word (``LossDiverged: ...``)
-        when it is one the restart policy acts on; None for any other failure."""
-        if self.failed_init is None and self.termination_message:
-            word = self.termination_message.split(":", 1)[0]
-            if word in DIAGNOSED:
-                return word
-        return None
+    def diagnose(self, fields: Fields | None = None) -> Diagnosis | None:
+        """The named cause of this worker's failure (:mod:`dgx_operator.reconcile.diagnosis`), or
+        None when nothing recognises it. A data sync init container's failure is the data's, not
+        the program's: it is not diagnosed here."""
+        if self.failed_init is not None:
+            return None
+        return diagnose(self.termination_message, reason=self.reason, exit_code=self.exit_code, fields=fields)
 
     def describe_failure(self) -> str:
         if self.failed_init is not None:
@@ -191,8 +185,9 @@ class PodView:
                 text += f" ({self.reason})"
         else:
             text = f"{self.name} failed ({self.reason or self.phase})"
-        if self.message:
-            text += f": {self.message.strip().splitlines()[-1][:300]}"
+        line = summary(self.message)
+        if line:
+            text += f": {line}"
         return text
 
     @classmethod

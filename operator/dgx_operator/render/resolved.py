@@ -83,6 +83,7 @@ class Resolved:
     debug: bool
     max_duration_s: int | None
     max_pending_s: int | None
+    max_idle_s: int | None = None
 
     @property
     def elastic(self) -> bool:
@@ -122,6 +123,7 @@ def resolve(spec: DGXTrainingJobSpec, catalog: Catalog) -> Resolved:
         debug=bool(spec.debug and (spec.debug.enabled or spec.debug.interactive)),
         max_duration_s=_seconds(spec.max_duration),
         max_pending_s=_seconds(spec.max_pending),
+        max_idle_s=_seconds(spec.max_idle),
     )
 
 

@@ -78,6 +78,9 @@ def run(d: Draft) -> Plan:
     broken = unstartable(d)
     if broken is not None:
         return broken
+    idle = restarts.stalled(d, r)
+    if idle is not None:
+        return idle
     try:
         result = keep_running(d, r)
     except BuildError as exc:  # a spec only the cluster can check, e.g. outputs into an input mount

@@ -95,6 +95,9 @@ class Observed:
     #: Worker 0's latest progress report read from its log while it runs (the controller reads it
     #: at most once per progress interval); None when not read in this pass.
     progress: Mapping[str, Any] | None = None
+    #: The controller reads live progress (its progressInterval is not 0): spec.maxIdle can tell a
+    #: silent worker from one nobody listens to.
+    progress_live: bool = False
 
 
 @dataclass(frozen=True)
