@@ -247,6 +247,7 @@ class DGXTrainingJobSpec(KubeModel):
         ),
         _positive_duration("maxDuration"),
         _positive_duration("maxPending"),
+        _positive_duration("maxIdle"),
         cel(
             "!has(self.dataCache) || self.dataCache == 'none' || (has(self.dataMounts) && size(self.dataMounts) > 0)",
             "dataCache: preload needs at least one entry in spec.dataMounts",
@@ -278,6 +279,16 @@ class DGXTrainingJobSpec(KubeModel):
     max_pending: Duration | None = Field(
         default=None,
         description="Fail with PendingTimeout when workers have waited this long for nodes (e.g. 90m).",
+    )
+    max_idle: Duration | None = Field(
+        default=None,
+        description=(
+            "Restart (or under restartPolicy Never, fail) the job with reason Stalled when worker 0 has reported no "
+            "progress for this long while running (e.g. 30m): a hung collective or data loader otherwise holds its "
+            "GPUs until maxDuration. Progress is worker 0's JSON progress lines, read from its log every "
+            "progressInterval of the operator; set it well above the slowest stretch without a report (model "
+            "loading, evaluation, checkpoint saves)."
+        ),
     )
     image: str | None = Field(
         default=None,
@@ -395,6 +406,34 @@ class Progress(KubeModel):
     learning_rate: float | None = Field(default=None, ge=0, description="Current learning rate.")
     tokens_per_second: float | None = Field(default=None, ge=0, description="Training throughput, all workers.")
     samples_per_second: float | None = Field(default=None, ge=0, description="Training throughput, all workers.")
+    gpu_utilization: float | None = Field(
+        default=None,
+        ge=0,
+        le=100,
+        description=(
+            "Percent of time a kernel ran on the GPU of the reporting process (global rank 0): NVML's samples "
+            "since the previous report, averaged (its current value where the driver keeps none). Absent without "
+            "a GPU."
+        ),
+    )
+    gpu_memory_used_bytes: int | None = Field(
+        default=None,
+        ge=0,
+        description=(
+            "Memory in use on that GPU as NVML counts it (as nvidia-smi shows it): the tensors, PyTorch's cached "
+            "blocks and the CUDA context."
+        ),
+    )
+    gpu_memory_total_bytes: int | None = Field(default=None, ge=0, description="That GPU's memory, NVML.")
+    mfu: float | None = Field(
+        default=None,
+        ge=0,
+        description=(
+            "Model FLOPs utilization, 0 to 1: tokensPerSecond x the model's FLOPs per trained token (4 per frozen "
+            "and 6 per trainable parameter) / the GPUs' dense bf16/fp16 peak (docs/trainer.md). Absent where the "
+            "GPU's peak is not known, in fp32 and without GPUs."
+        ),
+    )
     precision: str | None = Field(default=None, max_length=32, description="Effective precision (bf16, fp16, fp32).")
     quantization: str | None = Field(
         default=None, max_length=64, description="Effective quantization (nf4, int8, none (fallback), ...)."
