@@ -6,9 +6,37 @@ remote checkpoint is complete exactly when its marker exists. An unmarked direct
 touched: it may be half written.
 
 When the trainer has succeeded (``summary.json`` says so) and an archive destination is given, it
-uploads the final artifacts once and exits: the job's work is done. SIGTERM (the kubelet stopping
-the sidecar after the trainer exits) lets the checkpoint upload in flight finish, then does the
-archive if it is due, then exits 0; it starts no other checkpoint.
+uploads the final artifacts once and exits: the job's work is done.
+
+SIGTERM or SIGINT (a stop request) comes from the kubelet when the pod is deleted or its node
+reclaimed, and for a native sidecar only after the trainer has exited, which it does after saving a
+final checkpoint. So the newest checkpoint is the one the replacement pod must resume from, and
+this pod's grace period is all the time left to send it. On a stop request the watcher:
+
+1. finishes the checkpoint upload in flight, if any (a half-sent checkpoint helps nobody, and its
+   files may already be most of the way);
+2. looks once more and uploads the *newest* complete checkpoint if it is not remote yet, files
+   first and marker last as always; the older ones not remote yet are left (logged as skipped):
+   they would spend the grace period on checkpoints nobody resumes from;
+3. does the archive if it is due;
+4. exits 0.
+
+A second signal changes nothing (it is logged): the final upload is what the pod is waiting for,
+and the kubelet's SIGKILL at the end of the grace period is the deadline anyway. From the stop
+request on, each transfer gets :attr:`Watcher.stop_attempts` attempts against a store that fails
+transiently (a retry wait under way is cut short, and the next waits are short); when they run
+out, the watcher logs which checkpoints (and archive) it did not upload and exits 1 with an
+Unreachable termination message, rather than retrying until a SIGKILL that says nothing.
+
+Skipping the older checkpoints cannot mislead a resume. ``restore`` brings back only the newest
+remote checkpoint that has its marker, so a remote gap below it is never looked at; a node whose
+newest complete step is older (a fresh one, or one whose own final save did not complete) restores
+it, so the nodes have it and :func:`dgx_api.checkpoints.agree` picks it. Should the final upload
+fail, the remote newest is what it would have been without this pass (the last one uploaded while
+the trainer ran; a half-sent checkpoint has no marker and is ignored), which is where the pod
+resumed from before as well. The skipped steps are not remembered as uploaded, so a sidecar that later finds
+them again in the same directory uploads them then, oldest first: they are whole and older than
+the newest remote one, which ``restore`` keeps preferring.
 
 What was uploaded is remembered in ``DIR/.kubedgx/uploaded.json`` (and a checkpoint whose marker is
 already remote counts as uploaded), so a restarted sidecar does not upload anything twice.
@@ -72,9 +100,16 @@ class Watcher:
     checkpoints: bool = True
     retry_base: float = 1.0
     retry_max: float = 60.0
+    #: Attempts each transfer gets from a stop request on (the same budget as ``--once``): the pod
+    #: has only its grace period left, and giving up first lets the sidecar say what it did not send.
+    stop_attempts: int = 4
+    #: The wait before the first retry after a stop request, doubling: seconds, not the usual minute.
+    stop_retry_base: float = 1.0
 
     def __post_init__(self) -> None:
         self.stop = threading.Event()
+        #: The checkpoint being sent: a give-up names it.
+        self.sending: int | None = None
         #: Links already warned about: the sidecar scans every interval and says it once.
         self.warned: set[Path] = set()
         self.state = local.load_uploaded(self.directory, self.dest.uri)
@@ -86,11 +121,16 @@ class Watcher:
     # -- control -----------------------------------------------------------------------------------
 
     def request_stop(self, signum: int, frame: FrameType | None = None) -> None:
+        """The signal handler. A repeated signal only says so: it must not cut the final upload short
+        (the kubelet's SIGKILL at the end of the grace period does that if it comes to it)."""
+        name = signal.Signals(signum).name
         if not self.stop.is_set():
             event(
                 logging.INFO,
-                f"{signal.Signals(signum).name}: finishing the upload in flight, then stopping",
+                f"{name}: finishing the upload in flight and sending the newest checkpoint, then stopping",
             )
+        else:
+            event(logging.INFO, f"{name} again: still finishing the uploads of the stop")
         self.stop.set()
 
     def run(self) -> dict[str, Any]:
@@ -105,6 +145,14 @@ class Watcher:
                 signal.signal(sig, handler)
 
     def _run(self) -> dict[str, Any]:
+        try:
+            return self._watch()
+        except SyncError as err:
+            if not (err.transient and self.stop.is_set()):
+                raise
+            raise self._gave_up(err) from err
+
+    def _watch(self) -> dict[str, Any]:
         if self.checkpoints:
             check = partial(self.store.check_writable, self.dest)
             self._retrying(check, f"check {self.dest.uri}", interruptible=True)
@@ -119,6 +167,11 @@ class Watcher:
         )
         while True:
             self.scan()
+            # Read once: a stop request arriving after this point is seen on the next round (the
+            # wait below returns at once), so no stop skips the final checkpoint.
+            stopping = self.stop.is_set()
+            if stopping:
+                self.final_checkpoint()
             summary = self.summary() if self.archive is not None else None
             if self.archive is not None and summary is not None:
                 if not self._archived():
@@ -126,9 +179,29 @@ class Watcher:
                     self._retrying(archive, f"archive to {self.archive.uri}", interruptible=False)
                 event(logging.INFO, "training succeeded and the model is archived: done")
                 return self.result()
-            if self.once or self.stop.is_set():
+            if self.once or stopping:
                 return self.result()
             self.stop.wait(self.interval)
+
+    def _gave_up(self, err: SyncError) -> SyncError:
+        """After a stop request the store failed ``stop_attempts`` times: say what is not uploaded,
+        in a log line and in the error the termination message carries. The pod is going away, so
+        this is the last word anybody gets from this sidecar about its uploads."""
+        missing: list[str] = []
+        if self.sending is not None and self.sending not in self.state["checkpoints"]:
+            missing.append(f"checkpoint-{self.sending}")
+        newest = self._newest()
+        if newest is not None and f"checkpoint-{newest[0]}" not in missing:
+            missing.append(f"checkpoint-{newest[0]}")
+        if self.archive is not None and not self._archived() and self.summary() is not None:
+            missing.append(f"the archive ({self.archive.uri})")
+        what = ", ".join(missing) if missing else "nothing was pending"
+        event(
+            logging.ERROR,
+            f"stopping without uploading {what}: the store still failed after {self.stop_attempts} attempts",
+            error=err.message,
+        )
+        return SyncError(err.reason, f"stopped before uploading {what}: {err.message}", transient=True)
 
     def summary(self) -> bytes | None:
         """summary.json's bytes when it says the training succeeded. Read once and through no link:
@@ -162,28 +235,39 @@ class Watcher:
 
     def _retrying(self, fn: Callable[[], T], what: str, *, interruptible: bool) -> T:
         """``fn`` again after transient errors, 1 s doubling to 60 s, jittered. A stop request ends
-        an interruptible wait (re-raising the error); work in flight keeps retrying."""
+        an interruptible wait (re-raising the error); work in flight keeps retrying, but a stop
+        request cuts its wait short and leaves it ``stop_attempts`` attempts, ``stop_retry_base``
+        apart and doubling: the pod's grace period is running out, and a wait of a minute between
+        attempts would spend it on sleeping."""
         delay = self.retry_base
         attempt = 0
+        since_stop = 0  # attempts begun after the stop request
         while True:
             attempt += 1
+            if self.stop.is_set():
+                since_stop += 1
             try:
                 return fn()
             except SyncError as err:
                 if not err.transient:
                     raise
-                if (self.max_attempts is not None and attempt >= self.max_attempts) or (
-                    interruptible and self.stop.is_set()
+                stopping = self.stop.is_set()
+                if (
+                    (self.max_attempts is not None and attempt >= self.max_attempts)
+                    or (interruptible and stopping)
+                    or since_stop >= self.stop_attempts
                 ):
                     raise
-                pause = delay * random.uniform(0.5, 1.0)
-                event(logging.WARNING, f"{what} failed, retrying in {pause:.1f}s: {err.message}", attempt=attempt)
-                if interruptible:
-                    if self.stop.wait(pause):
-                        raise
+                if stopping:
+                    pause = self.stop_retry_base * 2 ** max(since_stop - 1, 0) * random.uniform(0.5, 1.0)
                 else:
-                    time.sleep(pause)
-                delay = min(delay * 2, self.retry_max)
+                    pause = delay * random.uniform(0.5, 1.0)
+                    delay = min(delay * 2, self.retry_max)
+                event(logging.WARNING, f"{what} failed, retrying in {pause:.1f}s: {err.message}", attempt=attempt)
+                if stopping:
+                    time.sleep(pause)  # a further signal does not shorten it: nothing is waited for
+                elif self.stop.wait(pause) and interruptible:
+                    raise
 
     # -- checkpoints -------------------------------------------------------------------------------
 
@@ -191,25 +275,77 @@ class Watcher:
         """Upload every complete checkpoint not uploaded yet, oldest first, until a stop request."""
         if not self.checkpoints:
             return
+        for step, path in self._own():
+            if self.stop.is_set():
+                return
+            if not self._send(step, path, final=False):
+                return
+
+    def final_checkpoint(self) -> None:
+        """After a stop request: the newest complete checkpoint, if it is not remote yet, and no
+        other (why, and why that cannot mislead a resume: the module docstring)."""
+        newest = self._newest()
+        if newest is None:
+            return
+        step, path = newest
+        skipped = [
+            s for s, p in self._own() if s < step and s not in self.state["checkpoints"] and checkpoints.for_upload(p)
+        ]
+        if skipped:
+            event(
+                logging.INFO,
+                f"stopping: sending the newest checkpoint, checkpoint-{step}, and not the older ones not uploaded yet",
+                skipped=skipped,
+            )
+        self._send(step, path, final=True)
+
+    def _own(self) -> list[tuple[int, Path]]:
+        """DIR's complete checkpoints, oldest first, without those that are links (warned once)."""
         found, linked = local.own_checkpoints(self.directory)
         for link in linked:
             self._warn_once(link, f"not uploading {shown(link)}: it is a symbolic link, and datasync uploads no links")
-        for step, path in found:
-            if self.stop.is_set():
-                return
-            if step in self.state["checkpoints"]:
-                continue
-            if not checkpoints.for_upload(path):
-                continue  # another node of the job uploads this step (the one global rank 0 ran on)
-            marker = self.dest.child(f"checkpoint-{step}", COMPLETE_MARKER)
-            remote = self._retrying(partial(self.store.head, marker), f"check {marker.uri}", interruptible=True)
-            if remote is not None:
-                event(logging.INFO, f"checkpoint-{step} is already at {self.dest.uri}")
-                self._remember(step)
-                continue
-            upload = partial(self.upload_checkpoint, step, path)
-            if self._retrying(upload, f"upload checkpoint-{step}", interruptible=False):
-                self._remember(step)
+        return found
+
+    def _newest(self) -> tuple[int, Path] | None:
+        """The newest complete checkpoint when it is this node's to upload and not uploaded yet.
+        Only the newest counts: an older one is no use to a resume once a newer one is whole here."""
+        if not self.checkpoints:
+            return None
+        found = self._own()
+        if not found:
+            return None
+        step, path = found[-1]
+        if step in self.state["checkpoints"] or not checkpoints.for_upload(path):
+            return None  # uploaded already, or another node's to send (the one global rank 0 ran on)
+        return step, path
+
+    def _send(self, step: int, path: Path, *, final: bool) -> bool:
+        """checkpoint-<step> unless it is uploaded already or another node's to send. False when a
+        stop request came before its upload began (the final pass then looks at the newest
+        checkpoint instead, with the stop's few attempts)."""
+        if step in self.state["checkpoints"]:
+            return True
+        if not checkpoints.for_upload(path):
+            return True  # another node of the job uploads this step (the one global rank 0 ran on)
+        marker = self.dest.child(f"checkpoint-{step}", COMPLETE_MARKER)
+        try:
+            remote = self._retrying(partial(self.store.head, marker), f"check {marker.uri}", interruptible=not final)
+        except SyncError as err:
+            if final or not (err.transient and self.stop.is_set()):
+                raise
+            return False
+        if remote is not None:
+            event(logging.INFO, f"checkpoint-{step} is already at {self.dest.uri}")
+            self._remember(step)
+            return True
+        if not final and self.stop.is_set():
+            return False  # the stop came during the look: this upload is not in flight yet
+        self.sending = step
+        upload = partial(self.upload_checkpoint, step, path)
+        if self._retrying(upload, f"upload checkpoint-{step}", interruptible=False):
+            self._remember(step)
+        self.sending = None
+        return True
 
     def _remember(self, step: int) -> None:
         self.state["checkpoints"] = sorted({*self.state["checkpoints"], step})

@@ -23,6 +23,8 @@ import pytest
 from dgx_api.checkpoints import complete, mark_complete
 from dgx_api.progress import COMPLETE_MARKER, write_atomic
 from dgx_datasync import parse_uri
+from dgx_datasync.errors import SyncError
+from dgx_datasync.local import load_uploaded
 from dgx_datasync.store import PART_SIZE
 from dgx_datasync.watch import Watcher
 from tests.datasync.conftest import BOTH, CliResult, Hit, MotoS3, ObjectStore, Spawned
@@ -116,25 +118,30 @@ def test_only_complete_checkpoints_in_step_order(store: ObjectStore, tmp_path: P
     assert checkpoint_writes(store, bucket, mark) == []
 
 
+def client_attempts(store: ObjectStore, monkeypatch: pytest.MonkeyPatch) -> int:
+    """How many times the client library tries a failing request before the watcher sees the error:
+    botocore's three on s3, gcsfs's six on gs, where the waits between them are made a hundredth as
+    long (gcsfs waits 1, 2, 4, 8 and 16 s, plus up to 1 s each)."""
+    if store.scheme != "gs":
+        return 3
+    import gcsfs.retry
+
+    sleep = asyncio.sleep
+
+    def shorter(seconds: float) -> Coroutine[Any, Any, None]:
+        return sleep(seconds / 100)
+
+    monkeypatch.setattr(gcsfs.retry, "asyncio", SimpleNamespace(sleep=shorter))
+    return 6
+
+
 def test_transient_errors_are_retried(
     store: ObjectStore, tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """503s on a checkpoint file that use up the client library's own attempts (botocore's three on
     s3, gcsfs's six on gs), so the watcher's own backoff retries the checkpoint, which then completes."""
     caplog.set_level(logging.INFO, logger="dgx_datasync")
-    attempts = 3
-    if store.scheme == "gs":
-        import gcsfs.retry
-
-        # gcsfs waits 1, 2, 4, 8 and 16 s (plus up to 1 s each) between its six attempts: the same
-        # six attempts here, each wait a hundredth as long.
-        attempts = 6
-        sleep = asyncio.sleep
-
-        def shorter(seconds: float) -> Coroutine[Any, Any, None]:
-            return sleep(seconds / 100)
-
-        monkeypatch.setattr(gcsfs.retry, "asyncio", SimpleNamespace(sleep=shorter))
+    attempts = client_attempts(store, monkeypatch)
     bucket = store.bucket("flaky")
     out = tmp_path / "out"
     files = trainer_files(2)
@@ -202,11 +209,13 @@ def test_sigterm_finishes_the_upload_in_flight_then_archives(
 ) -> None:
     """SIGTERM while a 40 MiB file of checkpoint-10 is being sent (s3: a multipart upload of five
     parts, held at the first; gs: a resumable upload, held at its chunk): that checkpoint is completed
-    (marker and all), checkpoint-12 is not started, the due archive is done, exit 0."""
+    (marker and all), then checkpoint-12, the newest, is sent, not checkpoint-11, then the due
+    archive is done, exit 0."""
     bucket = store.bucket("sigterm")
     out = tmp_path / "out"
     big = os.urandom(5 * PART_SIZE)
     checkpoint(out, 10, {"big.bin": big, "state.json": b"{}"})
+    checkpoint(out, 11, {"state.json": b"{}"})
     checkpoint(out, 12, {"state.json": b"{}"})
     big_key = "ckpt/checkpoint-10/big.bin"
 
@@ -244,16 +253,172 @@ def test_sigterm_finishes_the_upload_in_flight_then_archives(
         assert len({upload_session(h) for h in big_hits[1:]} - {None}) == 1  # ... and one session's chunks
     assert store.object_writes(bucket, mark).count(big_key) == 1
     assert COMPLETE_MARKER in [k.rsplit("/", 1)[-1] for k in store.keys(bucket, "ckpt/checkpoint-10/")]
-    assert store.keys(bucket, "ckpt/checkpoint-12") == []
+    writes = checkpoint_writes(store, bucket, mark)
+    assert_marker_last(writes, "ckpt", 10)
+    assert_marker_last(writes, "ckpt", 12)
+    assert writes.index(f"ckpt/checkpoint-10/{COMPLETE_MARKER}") < writes.index("ckpt/checkpoint-12/state.json")
+    assert store.keys(bucket, "ckpt/checkpoint-11") == []
     for name, data in archived.items():
         assert store.get(bucket, f"final/{name}") == data
     assert proc.termination == {
-        "checkpoints": [10],
+        "checkpoints": [10, 12],
         "artifacts": [
             {"name": "adapter", "uri": store.uri(bucket, "final/adapter/")},
             {"name": "summary", "uri": store.uri(bucket, "final/summary.json")},
         ],
     }
+
+
+def in_thread(watcher: Watcher) -> tuple[threading.Thread, list[dict[str, Any]], list[BaseException]]:
+    """``watcher.run()`` started in a daemon thread (no signal handlers there: a test calls
+    ``request_stop`` as the handler would), with lists that receive its result or its exception."""
+    results: list[dict[str, Any]] = []
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            results.append(watcher.run())
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, results, errors
+
+
+def test_a_stop_sends_the_newest_checkpoint_after_the_one_in_flight(
+    store: ObjectStore, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """While checkpoint-2 is being sent the trainer saves checkpoint-4 and checkpoint-6 and starts
+    checkpoint-8 (no marker yet), then the stop request comes (the kubelet's SIGTERM once the
+    trainer exited). checkpoint-2 is finished, then checkpoint-6, the one a resume picks, is sent,
+    marker last; checkpoint-4 is not (nobody resumes from it), nor the unmarked checkpoint-8."""
+    caplog.set_level(logging.INFO, logger="dgx_datasync")
+    bucket = store.bucket("stop")
+    dest = parse_uri(store.uri(bucket, "ckpt"))
+    out = tmp_path / "out"
+    two = trainer_files(2)
+    checkpoint(out, 2, two)
+    watcher = Watcher(out, dest, store.options(), interval=3600)
+
+    def in_flight(hit: Hit) -> bool:
+        return hit.op == "write" and hit.bucket == bucket and hit.key == "ckpt/checkpoint-2/optimizer.pt"
+
+    mark = store.mark()
+    with store.gate(in_flight) as gate:
+        thread, results, errors = in_thread(watcher)
+        wait_until(lambda: gate.held.is_set() or not thread.is_alive(), timeout=60, what="checkpoint-2's upload")
+        assert gate.held.is_set(), errors
+        checkpoint(out, 4, trainer_files(4))
+        six = trainer_files(6)
+        checkpoint(out, 6, six)
+        checkpoint(out, 8, trainer_files(8), marked=False)
+        watcher.request_stop(signal.SIGTERM)
+    thread.join(timeout=60)
+    assert not thread.is_alive()
+    assert not errors
+    assert results == [{"checkpoints": [2, 6]}]
+    writes = checkpoint_writes(store, bucket, mark)
+    assert_marker_last(writes, "ckpt", 2)
+    assert_marker_last(writes, "ckpt", 6)
+    first_of_6 = min(i for i, w in enumerate(writes) if "/checkpoint-6/" in w)
+    assert writes.index(f"ckpt/checkpoint-2/{COMPLETE_MARKER}") < first_of_6  # the one in flight first
+    for step, files in ((2, two), (6, six)):
+        for name, data in files.items():
+            assert store.get(bucket, f"ckpt/checkpoint-{step}/{name}") == data
+    assert store.keys(bucket, "ckpt/checkpoint-4") == []
+    assert store.keys(bucket, "ckpt/checkpoint-8") == []
+    # checkpoint-4 is not remembered as uploaded: a later sidecar on this directory still sends it.
+    assert load_uploaded(out, dest.uri)["checkpoints"] == [2, 6]
+    skipped = [
+        getattr(r, "fields", {}).get("skipped") for r in caplog.records if "not the older ones" in r.getMessage()
+    ]
+    assert skipped == [[4]]
+
+
+def test_a_second_sigterm_does_not_cut_the_final_upload_short(
+    store: ObjectStore, spawn_cli: Callable[..., Spawned], tmp_path: Path
+) -> None:
+    """The sidecar has sent checkpoint-2 and waits for the next interval when the trainer saves
+    checkpoint-4 and checkpoint-6 and exits; SIGTERM, and again while checkpoint-6 is being sent:
+    checkpoint-6 is completed all the same (marker last), checkpoint-4 is left, exit 0."""
+    bucket = store.bucket("sigterm-twice")
+    out = tmp_path / "out"
+    checkpoint(out, 2, {"state.json": b"{}"})
+    newest_key = "ckpt/checkpoint-6/optimizer.pt"
+
+    def newest_file(hit: Hit) -> bool:
+        return hit.op == "write" and hit.bucket == bucket and hit.key == newest_key
+
+    mark = store.mark()
+    with store.gate(newest_file) as gate:
+        proc = spawn_cli("watch", str(out), store.uri(bucket, "ckpt"), "--interval", "3600")
+        wait_until(
+            lambda: "uploaded checkpoint-2" in proc.stderr or proc.proc.poll() is not None,
+            timeout=60,
+            what="checkpoint-2's upload",
+        )
+        assert proc.proc.poll() is None, watcher_state(store, bucket, mark, proc)
+        checkpoint(out, 4, trainer_files(4))
+        six = trainer_files(6)
+        checkpoint(out, 6, six)
+        proc.signal(signal.SIGTERM)
+        wait_until(lambda: gate.held.is_set() or proc.proc.poll() is not None, timeout=60, what="checkpoint-6's upload")
+        assert gate.held.is_set(), watcher_state(store, bucket, mark, proc)
+        proc.signal(signal.SIGTERM)
+        wait_until(lambda: "SIGTERM again" in proc.stderr, timeout=30, what="the sidecar to take the second SIGTERM")
+    assert proc.wait(60) == 0, proc.stderr
+    assert proc.termination == {"checkpoints": [2, 6]}
+    writes = checkpoint_writes(store, bucket, mark)
+    assert_marker_last(writes, "ckpt", 6)
+    assert store.get(bucket, newest_key) == six["optimizer.pt"]
+    assert store.keys(bucket, "ckpt/checkpoint-4") == []
+
+
+def test_a_stop_in_the_backoff_of_a_failing_store_gives_up_after_a_few_attempts(
+    store: ObjectStore, tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every checkpoint write fails (503) and the watcher waits before trying checkpoint-2 again
+    (an hour: ``retry_base``) when the trainer saves checkpoint-4 and the stop request comes. The
+    wait ends, checkpoint-2 gets ``stop_attempts`` more attempts (a hundredth of a second apart
+    here), then the watcher gives up, naming checkpoint-2 and checkpoint-4 in an ERROR line and in
+    its Unreachable error (the termination message), instead of sleeping into the kubelet's SIGKILL."""
+    caplog.set_level(logging.INFO, logger="dgx_datasync")
+    client_attempts(store, monkeypatch)  # for gcsfs's shorter waits: a watcher attempt takes milliseconds
+    bucket = store.bucket("stop-failing")
+    dest = parse_uri(store.uri(bucket, "ckpt"))
+    out = tmp_path / "out"
+    checkpoint(out, 2, trainer_files(2))
+    watcher = Watcher(out, dest, store.options(), interval=3600, retry_base=3600, retry_max=3600, stop_retry_base=0.01)
+
+    def checkpoint_write(hit: Hit) -> bool:
+        return hit.op in {"write", "part"} and hit.bucket == bucket and (hit.key or "").startswith("ckpt/checkpoint-")
+
+    def retries() -> list[int]:
+        return [
+            getattr(r, "fields", {}).get("attempt")
+            for r in caplog.records
+            if r.getMessage().startswith("upload checkpoint-2 failed, retrying")
+        ]
+
+    with store.fail(checkpoint_write, times=1_000_000):
+        thread, results, errors = in_thread(watcher)
+        wait_until(lambda: retries() or not thread.is_alive(), timeout=120, what="the first retry wait")
+        assert retries() == [1], errors
+        checkpoint(out, 4, trainer_files(4))
+        watcher.request_stop(signal.SIGTERM)
+        thread.join(timeout=120)
+        assert not thread.is_alive(), "the stop did not end the retry wait"
+    assert not results
+    [error] = errors
+    assert isinstance(error, SyncError), error
+    assert (error.reason, error.transient) == ("Unreachable", True)
+    assert error.message.startswith("stopped before uploading checkpoint-2, checkpoint-4: "), error.message
+    assert retries() == [1, 2, 3, 4]  # one before the stop; after it four attempts, the last gives up
+    gave_up = [r.getMessage() for r in caplog.records if r.name == "dgx_datasync" and r.levelno == logging.ERROR]
+    assert gave_up == ["stopping without uploading checkpoint-2, checkpoint-4: the store still failed after 4 attempts"]
+    assert store.keys(bucket, "ckpt/checkpoint-") == []
+    assert load_uploaded(out, dest.uri)["checkpoints"] == []
 
 
 def test_archive_files_once(store: ObjectStore, run_cli: Callable[..., CliResult], tmp_path: Path) -> None:
