@@ -33,6 +33,9 @@ from tests.integration.emulator import ApiError, Emulator
 pytestmark = pytest.mark.asyncio
 
 STARTED = "2024-05-01T12:00:00Z"
+#: BASE_JOB, run once: restartPolicy Never on norm capacity cannot be restarted in a new pod, so an allowed review
+#: of it carries no checkpoint warning (validation/durability.py; its own tests are at the end of this file).
+JOB = with_changes(BASE_JOB, {"spec.restartPolicy": "Never"})
 
 
 def running(body: Body) -> Body:
@@ -41,7 +44,7 @@ def running(body: Body) -> Body:
 
 def data_job(output_dir: str) -> Body:
     return with_changes(
-        BASE_JOB, {"spec.dataMounts": [{"name": "data", "mountPath": "/data"}], "spec.trainer.output.dir": output_dir}
+        JOB, {"spec.dataMounts": [{"name": "data", "mountPath": "/data"}], "spec.trainer.output.dir": output_dir}
     )
 
 
@@ -56,9 +59,9 @@ async def test_the_webhook_listens_where_the_config_says_in_plain_http(webhook: 
 
 
 async def test_each_handler_is_served_at_its_id(webhook: Webhook) -> None:
-    await webhook.allowed(JOB_PATH, "CREATE", stored(BASE_JOB))
+    await webhook.allowed(JOB_PATH, "CREATE", stored(JOB))
     await webhook.allowed(MOUNT_PATH, "CREATE", stored(BASE_MOUNT))
-    job_errors = await webhook.refused(JOB_PATH, "CREATE", stored(with_changes(BASE_JOB, {"spec.typo": 1})))
+    job_errors = await webhook.refused(JOB_PATH, "CREATE", stored(with_changes(JOB, {"spec.typo": 1})))
     mount_errors = await webhook.refused(MOUNT_PATH, "CREATE", stored(with_changes(BASE_MOUNT, {"spec.typo": 1})))
     assert job_errors == mount_errors == ["spec.typo: unknown field"]
 
@@ -68,7 +71,7 @@ async def test_a_path_selects_its_handler_only(webhook: Webhook) -> None:
     handler has) meets no handler and is allowed. The webhook configuration must route each kind to its own
     path; kopf writes such configurations itself only with ``settings.admission.managed``, which kubedgx
     leaves off (the chart installs them)."""
-    invalid = stored(with_changes(BASE_JOB, {"spec.instance": "dgxv100.32g.8.norm"}))
+    invalid = stored(with_changes(JOB, {"spec.instance": "dgxv100.32g.8.norm"}))
     await webhook.refused(JOB_PATH, "CREATE", invalid)
     await webhook.allowed(MOUNT_PATH, "CREATE", invalid)
     await webhook.allowed("/validate-something-else", "CREATE", invalid)
@@ -78,7 +81,7 @@ async def test_a_path_selects_its_handler_only(webhook: Webhook) -> None:
 
 
 async def test_a_schema_error_is_refused_with_its_field(webhook: Webhook) -> None:
-    job = stored(with_changes(BASE_JOB, {"spec.elastic.minNodes": "two", "spec.elastic.rendezvous.port": 80}))
+    job = stored(with_changes(JOB, {"spec.elastic.minNodes": "two", "spec.elastic.rendezvous.port": 80}))
     assert await webhook.refused(JOB_PATH, "CREATE", job) == [
         'spec.elastic.minNodes: must be of type integer, got string "two"',
         "spec.elastic.rendezvous.port: should be greater than or equal to 1024 (got 80)",
@@ -86,19 +89,19 @@ async def test_a_schema_error_is_refused_with_its_field(webhook: Webhook) -> Non
 
 
 async def test_a_cel_cross_field_rule_is_refused_with_its_field(webhook: Webhook) -> None:
-    job = stored(with_changes(BASE_JOB, {"spec.elastic.minNodes": 3, "spec.elastic.maxNodes": 2}))
+    job = stored(with_changes(JOB, {"spec.elastic.minNodes": 3, "spec.elastic.maxNodes": 2}))
     assert await webhook.refused(JOB_PATH, "CREATE", job) == ["spec.elastic.minNodes: must be <= spec.elastic.maxNodes"]
     await webhook.allowed(JOB_PATH, "CREATE", stored(with_changes(job, {"spec.elastic.maxNodes": 3})))
 
 
 async def test_an_instance_outside_the_catalog_is_refused(webhook: Webhook) -> None:
-    job = stored(with_changes(BASE_JOB, {"spec.instance": "dgxv100.32g.8.norm"}))
+    job = stored(with_changes(JOB, {"spec.instance": "dgxv100.32g.8.norm"}))
     (line,) = await webhook.refused(JOB_PATH, "CREATE", job)
     assert line.startswith("spec.instance: unknown instance type 'dgxv100.32g.8.norm': no GPU family 'v100.32g'")
 
 
 async def test_changing_the_instance_of_a_running_job_is_refused(webhook: Webhook) -> None:
-    old = running(stored(BASE_JOB, resourceVersion="7", generation=1))
+    old = running(stored(JOB, resourceVersion="7", generation=1))
     new = with_changes(old, {"spec.instance": "dgxh100.80g.8.norm", "metadata.generation": 2})
     assert await webhook.refused(JOB_PATH, "UPDATE", new, old) == [
         "spec.instance: cannot change while the job is Running: suspend it first (spec.suspend: true) "
@@ -107,7 +110,7 @@ async def test_changing_the_instance_of_a_running_job_is_refused(webhook: Webhoo
     # The same write is fine for a suspended job, and other fields may change while it runs.
     suspended = with_changes(old, {"status.phase": "Suspended"})
     await webhook.allowed(JOB_PATH, "UPDATE", with_changes(new, {"status.phase": "Suspended"}), suspended)
-    await webhook.allowed(JOB_PATH, "UPDATE", with_changes(old, {"spec.elastic.maxNodes": 2}), old)
+    await webhook.allowed(JOB_PATH, "UPDATE", with_changes(old, {"spec.maxDuration": "2h"}), old)
 
 
 async def test_an_output_dir_inside_an_input_mount_of_the_cluster_is_refused(
@@ -138,7 +141,7 @@ async def test_an_output_dir_inside_an_output_mount_is_allowed(webhook: Webhook,
 
 
 async def test_delete_is_allowed_even_for_an_invalid_object(webhook: Webhook) -> None:
-    old = running(stored(with_changes(BASE_JOB, {"spec.instance": "dgxv100.32g.8.norm"})))
+    old = running(stored(with_changes(JOB, {"spec.instance": "dgxv100.32g.8.norm"})))
     await webhook.allowed(JOB_PATH, "DELETE", None, old)
     mount = stored(with_changes(BASE_MOUNT, {"spec.source": "http://x"}))
     await webhook.allowed(MOUNT_PATH, "DELETE", None, mount)
@@ -185,8 +188,8 @@ async def post_raw(webhook: Webhook, data: bytes) -> tuple[int, str]:
 async def test_an_update_of_two_large_objects_is_read_and_checked(webhook: Webhook) -> None:
     """An UPDATE review carries the object and the old one: a 2 MiB spec makes it 4 MiB, four times aiohttp's
     default limit, which kopf's server kept (413, and with failurePolicy Fail a refused write)."""
-    old = stored(padded(BASE_JOB, 2 * MIB), resourceVersion="5")
-    new = with_changes(old, {"spec.elastic.maxNodes": 2})
+    old = stored(padded(JOB, 2 * MIB), resourceVersion="5")
+    new = with_changes(old, {"spec.maxDuration": "2h"})
     assert 4 * MIB < len(encoded(review_request("UPDATE", new, old))) < 4.1 * MIB
     await webhook.allowed(JOB_PATH, "UPDATE", new, old)
     # Read and checked, not waved through:
@@ -195,12 +198,12 @@ async def test_an_update_of_two_large_objects_is_read_and_checked(webhook: Webho
         "spec.elastic.minNodes: should be greater than or equal to 1 (got 0)"
     ]
     # A CREATE of an object between 1 MiB and what etcd stores (1.5 MiB):
-    await webhook.allowed(JOB_PATH, "CREATE", stored(padded(BASE_JOB, 1400 * 2**10)))
+    await webhook.allowed(JOB_PATH, "CREATE", stored(padded(JOB, 1400 * 2**10)))
 
 
 async def test_bodies_up_to_the_bound_are_read_and_larger_ones_get_a_clean_413(webhook: Webhook) -> None:
-    old = stored(padded(BASE_JOB, 3 * MIB), resourceVersion="5")
-    request = review_request("UPDATE", with_changes(old, {"spec.elastic.maxNodes": 2}), old)
+    old = stored(padded(JOB, 3 * MIB), resourceVersion="5")
+    request = review_request("UPDATE", with_changes(old, {"spec.maxDuration": "2h"}), old)
     status, text = await post_raw(webhook, encoded(request, admission.MAX_REVIEW_BYTES))
     assert status == 200, text
     assert json.loads(text)["response"]["allowed"] is True
@@ -208,7 +211,7 @@ async def test_bodies_up_to_the_bound_are_read_and_larger_ones_get_a_clean_413(w
     assert status == 413
     assert str(admission.MAX_REVIEW_BYTES) in text
     # The server goes on serving.
-    await webhook.allowed(JOB_PATH, "CREATE", stored(BASE_JOB))
+    await webhook.allowed(JOB_PATH, "CREATE", stored(JOB))
 
 
 async def test_a_failed_mount_lookup_is_a_retryable_refusal(webhook: Webhook, emulator: Emulator) -> None:
@@ -234,8 +237,8 @@ async def test_a_stored_mount_this_kubedgx_cannot_read_is_a_warning(webhook: Web
 
 
 async def test_a_wrong_typed_status_does_not_block_a_spec_change(webhook: Webhook) -> None:
-    old = with_changes(stored(BASE_JOB, resourceVersion="5"), {"status": "x"})
-    await webhook.allowed(JOB_PATH, "UPDATE", with_changes(old, {"spec.elastic.maxNodes": 2}), old)
+    old = with_changes(stored(JOB, resourceVersion="5"), {"status": "x"})
+    await webhook.allowed(JOB_PATH, "UPDATE", with_changes(old, {"spec.maxDuration": "2h"}), old)
     old = with_changes(old, {"status": {"phase": 5}})
     await webhook.allowed(JOB_PATH, "UPDATE", with_changes(old, {"spec.instance": "dgxh100.80g.8.norm"}), old)
 
@@ -262,7 +265,7 @@ def dry_runs(emulator: Emulator) -> list[tuple[str | None, str | None]]:
 
 
 async def test_a_job_has_its_children_dry_run_and_none_is_stored(webhook: Webhook, emulator: Emulator) -> None:
-    await webhook.allowed(JOB_PATH, "CREATE", stored(BASE_JOB))
+    await webhook.allowed(JOB_PATH, "CREATE", stored(JOB))
     # All at once (asyncio.gather): in whatever order they arrive.
     assert sorted(dry_runs(emulator)) == [("configmaps", "ml"), ("pods", "ml"), ("services", "ml")]
     assert emulator.select("pods", "ml") == []
@@ -297,16 +300,59 @@ async def test_a_worker_the_quota_or_the_api_server_cannot_take_now_admits_with_
             raise ApiError(403, "Forbidden", quota)
 
     emulator.admission.append(exhausted)
-    answer = await webhook.post(JOB_PATH, review_request("CREATE", stored(BASE_JOB)))
+    answer = await webhook.post(JOB_PATH, review_request("CREATE", stored(JOB)))
     assert answer["response"]["allowed"] is True
     (warning,) = answer["response"]["warnings"]
     assert warning.startswith(f"spec: the apiserver would not create worker pod job-worker-0 now: {quota}; admitted")
 
     emulator.admission.remove(exhausted)
     emulator.fail("create", "services", code=500)
-    answer = await webhook.post(JOB_PATH, review_request("CREATE", stored(BASE_JOB)))
+    answer = await webhook.post(JOB_PATH, review_request("CREATE", stored(JOB)))
     assert answer["response"]["allowed"] is True
     assert answer["response"]["warnings"] == [
         "spec: could not dry-run Service job (HTTP 500: injected 500 InternalError for POST "
         "/api/v1/namespaces/ml/services); admitted without that check"
     ]
+
+
+# -- the checkpoint warning --------------------------------------------------------------------------------------
+
+
+async def test_a_restartable_job_whose_checkpoints_stay_on_the_node_is_allowed_with_a_warning(
+    webhook: Webhook, emulator: Emulator
+) -> None:
+    """Spot capacity: a reclaim replaces the worker in a new pod, which resumes only from uploaded checkpoints. The
+    webhook judges with the mounts as the cluster has them, says nothing about a mount it did not find, and never
+    refuses for it: kubectl prints the warning, the job is stored."""
+    spot = stored(
+        with_changes(
+            JOB,
+            {
+                "spec.instance": "dgxa100.80g.8.spot",
+                "spec.dataMounts": [{"name": "ckpt", "mountPath": "/output"}],
+                "spec.trainer.output.dir": "/output/run-1",
+            },
+        )
+    )
+    await webhook.allowed(JOB_PATH, "CREATE", spot)  # no such mount yet: not guessed at
+    out = with_changes(BASE_MOUNT, {"metadata.name": "ckpt", "spec.direction": "Out", "spec.syncCheckpoints": False})
+    emulator.create("dgxdatamounts", out)
+    answer = await webhook.post(JOB_PATH, review_request("CREATE", spot))
+    assert answer["response"]["allowed"] is True
+    assert answer["response"]["warnings"] == [
+        "spec.dataMounts[0]: this job can be restarted in a new pod (spot capacity), but DGXDataMount ckpt, which "
+        "holds its checkpoints (output.dir /output/run-1), has syncCheckpoints: false: they stay on the node, and a "
+        "replacement on another node starts at step 0. Set syncCheckpoints: true in DGXDataMount ckpt (or leave it "
+        "out: it defaults to true)"
+    ]
+    emulator.patch("dgxdatamounts", "ml", "ckpt", {"spec": {"syncCheckpoints": True}})
+    await webhook.allowed(JOB_PATH, "CREATE", spot)  # uploaded: a replacement restores the newest checkpoint
+
+    elastic = stored(with_changes(JOB, {"metadata.name": "grows", "spec.elastic.maxNodes": 4}))
+    answer = await webhook.post(JOB_PATH, review_request("CREATE", elastic))
+    assert answer["response"]["allowed"] is True
+    (warning,) = answer["response"]["warnings"]
+    assert warning.startswith(
+        "spec.dataMounts: this job can be restarted in a new pod (elastic between 1 and 4 nodes), but its checkpoints "
+        "(output.dir /workspace/output) stay in the pod: a replacement starts at step 0."
+    )

@@ -379,9 +379,12 @@ def _config_map_name(body: Body) -> str:
     return name
 
 
-#: BASE_JOB's trainer ConfigMap as the operator names it (by the job's uid, a placeholder before it is stored,
+#: BASE_JOB, run once: restartPolicy Never on norm capacity cannot be restarted in a new pod, so its answers
+#: carry no checkpoint warning (tested on its own at the end of this file) beside the dry-run's they are about.
+JOB = with_changes(BASE_JOB, {"spec.restartPolicy": "Never"})
+#: JOB's trainer ConfigMap as the operator names it (by the job's uid, a placeholder before it is stored,
 #: and the config's content).
-CONFIG_MAP = _config_map_name(BASE_JOB)
+CONFIG_MAP = _config_map_name(JOB)
 POD_SECURITY = (
     'pods "job-worker-0" is forbidden: violates PodSecurity "baseline:latest": hostPath volumes (volume "data-0")'
 )
@@ -442,7 +445,7 @@ def warned(body: Body, memo: kopf.Memo, old: Body | None = None, operation: str 
 
 def test_a_created_job_has_its_config_map_service_and_worker_0_dry_run_without_owner() -> None:
     kube = DryRunKube()
-    assert warned(BASE_JOB, serving(kube)) == []
+    assert warned(JOB, serving(kube)) == []
     assert kube.kinds() == [("ConfigMap", CONFIG_MAP), ("Service", "job"), ("Pod", "job-worker-0")]
     assert CONFIG_MAP.startswith("job-trainer-")
     assert all("ownerReferences" not in o["metadata"] for o in kube.sent)
@@ -483,14 +486,14 @@ def test_a_permanent_refusal_of_a_child_refuses_the_job_quoting_the_apiserver(
     error: ApiException, kind: str, child: str
 ) -> None:
     kube = DryRunKube(lambda obj: error if obj["kind"] == kind else None)
-    code, message = status_of_refusal(BASE_JOB, serving(kube))
+    code, message = status_of_refusal(JOB, serving(kube))
     assert code == 422
     assert message == f"spec: the apiserver would refuse {child}: {json.loads(error.body or b'{}')['message']}"
 
 
 def test_the_refusal_is_invalid_and_names_the_child_as_in_the_docs() -> None:
     kube = DryRunKube(pods(status_error(403, "Forbidden", POD_SECURITY)))
-    assert status_of_refusal(BASE_JOB, serving(kube)) == (
+    assert status_of_refusal(JOB, serving(kube)) == (
         422,
         "spec: the apiserver would refuse worker pod job-worker-0: " + POD_SECURITY,
     )
@@ -549,7 +552,7 @@ def test_the_refusal_is_invalid_and_names_the_child_as_in_the_docs() -> None:
 )
 def test_what_the_spec_cannot_cure_admits_the_job_with_a_warning(answer: BaseException, warning: str) -> None:
     kube = DryRunKube(pods(answer))
-    (line,) = warned(BASE_JOB, serving(kube))
+    (line,) = warned(JOB, serving(kube))
     assert line.startswith(warning)
     assert "\n" not in line
 
@@ -558,15 +561,15 @@ def test_a_taken_name_means_the_child_passed_and_says_nothing() -> None:
     """409 AlreadyExists comes after validation and admission: on a job's UPDATE its children exist."""
     exists = status_error(409, "AlreadyExists", 'pods "job-worker-0" already exists')
     kube = DryRunKube(lambda obj: exists)
-    old = job_in("Running")
-    assert warned(edited(old, {"spec.elastic.maxNodes": 2}), serving(kube), old, "UPDATE") == []
+    old = job_in("Running", base=JOB)
+    assert warned(edited(old, {"spec.maxDuration": "2h"}), serving(kube), old, "UPDATE") == []
     assert len(kube.sent) == 3
 
 
 def test_no_answer_in_time_admits_the_job_with_a_warning(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(admission, "DRY_RUN_TIMEOUT_S", 0.05)
     kube = DryRunKube(pods(DryRunKube.HANG))
-    assert warned(BASE_JOB, serving(kube)) == [
+    assert warned(JOB, serving(kube)) == [
         "spec: the apiserver did not answer the dry-run of the job's children within 0.05s; admitted without that check"
     ]
 
@@ -581,7 +584,7 @@ def test_an_update_is_refused_only_for_what_the_stored_spec_did_not_have_already
             else None
         )
     )
-    old = job_in("Running")
+    old = job_in("Running", base=JOB)
     new = edited(old, {"spec.priority": "high"})
     error = review(new, old, "UPDATE", serving(missing_high))
     assert error is not None
@@ -599,13 +602,13 @@ def test_an_update_is_refused_only_for_what_the_stored_spec_did_not_have_already
         "previous spec too, so this change is not refused for it)"
     )
     # A CREATE has no previous spec to excuse it.
-    assert review(with_changes(BASE_JOB, {"spec.suspend": True}), memo=serving(everything)) is not None
+    assert review(with_changes(JOB, {"spec.suspend": True}), memo=serving(everything)) is not None
 
 
 def test_worker_0_is_dry_run_only_when_its_mounts_were_found() -> None:
     """Without the mount the pod cannot be rendered (the job waits for it); with it, the pod carries its
     hostPath cache, which is what PodSecurity baseline refuses."""
-    job = data_job("/output")
+    job = with_changes(data_job("/output"), {"spec.restartPolicy": "Never"})
     kube = DryRunKube()
     assert warned(job, serving(kube)) == []
     assert kube.kinds() == [("ConfigMap", _config_map_name(job)), ("Service", "job")]
@@ -629,11 +632,11 @@ def test_a_command_job_has_no_config_map_to_dry_run() -> None:
 )
 def test_no_dry_run_when_it_is_off_or_has_nothing_to_add(case: str) -> None:
     kube = DryRunKube(lambda obj: status_error(403, "Forbidden", POD_SECURITY))
-    old = job_in("Running")
+    old = job_in("Running", base=JOB)
     if case == "switched-off":
-        assert review(BASE_JOB, memo=serving(kube, dry_run=False)) is None
+        assert review(JOB, memo=serving(kube, dry_run=False)) is None
     elif case == "invalid-job":  # its own problems are the answer; the children would only repeat them
-        assert refusal(with_changes(BASE_JOB, {"spec.elastic.minNodes": 0}), memo=serving(kube)).startswith(
+        assert refusal(with_changes(JOB, {"spec.elastic.minNodes": 0}), memo=serving(kube)).startswith(
             "spec.elastic.minNodes:"
         )
     elif case == "metadata-only-update":
@@ -643,7 +646,7 @@ def test_no_dry_run_when_it_is_off_or_has_nothing_to_add(case: str) -> None:
     elif case == "mount":
         assert review(BASE_MOUNT, memo=serving(kube)) is None
     else:
-        assert review(BASE_JOB, memo=memo_for(kube)) is None
+        assert review(JOB, memo=memo_for(kube)) is None
     assert kube.sent == []
 
 
@@ -651,6 +654,31 @@ def test_the_dry_run_follows_the_operators_priority_classes() -> None:
     """The same mapping as the operator's: a priority the admin mapped to no class sends no priorityClassName."""
     kube = DryRunKube()
     memo = serving(kube, priority_classes={"normal": "team-normal"})
-    assert warned(with_changes(BASE_JOB, {"spec.priority": "normal"}), memo) == []
-    assert warned(with_changes(BASE_JOB, {"spec.priority": "high"}), memo) == []
+    assert warned(with_changes(JOB, {"spec.priority": "normal"}), memo) == []
+    assert warned(with_changes(JOB, {"spec.priority": "high"}), memo) == []
     assert [o["spec"].get("priorityClassName") for o in kube.sent if o["kind"] == "Pod"] == ["team-normal", None]
+
+
+# -- the checkpoint warning (validation/durability.py) -----------------------------------------------------------
+
+
+def test_a_restartable_job_without_durable_checkpoints_is_admitted_with_one_warning() -> None:
+    """A warning, never a refusal, judged with the mounts the cluster has; one it did not find is not guessed at."""
+    spot = with_changes(JOB, {"spec.instance": "dgxa100.80g.8.spot"})
+    (line,) = warned(spot, memo_for(FakeKube()))
+    assert line.startswith(
+        "spec.dataMounts: this job can be restarted in a new pod (spot capacity), but its checkpoint"
+    )
+    durable = with_changes(
+        spot,
+        {"spec.dataMounts": [{"name": "data", "mountPath": "/output"}], "spec.trainer.output.dir": "/output/run-1"},
+    )
+    out = with_changes(BASE_MOUNT, {"spec.direction": "Out"})
+    assert warned(durable, memo_for(FakeKube({("ml", "data"): out}))) == []
+    assert warned(durable, memo_for(FakeKube())) == [], "the mount is not in the cluster yet"
+    assert warned(durable, memo_for()) == [], "no cluster client: no mount to judge by"
+    kept_on_the_node = with_changes(out, {"spec.syncCheckpoints": False})
+    (line,) = warned(durable, memo_for(FakeKube({("ml", "data"): kept_on_the_node})))
+    assert line.startswith(
+        "spec.dataMounts[0]: this job can be restarted in a new pod (spot capacity), but DGXDataMoun"
+    )

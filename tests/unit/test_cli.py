@@ -84,6 +84,9 @@ def test_validate_all_examples_at_once() -> None:
     assert result.code == 0, result
     assert result.out == ""
     assert f"{total} object(s) checked, 0 invalid" in result.err
+    # The examples that promise a resumption (spot-preload, mixtral-qlora) checkpoint to an Out mount; the others
+    # cannot be restarted in a new pod (elastic.yaml runs its own program: not judged).
+    assert "warning:" not in result.err, result.err
 
 
 def test_validate_quiet_prints_nothing_on_success() -> None:
@@ -270,6 +273,45 @@ def test_output_dir_inside_an_input_mount(tmp_path: Path) -> None:
     result = run("validate", str(together))
     assert result.code == 1
     assert result.out.startswith(f"{together}: DGXTrainingJob/job: spec.trainer.output.dir: ")
+
+
+def test_a_restartable_job_without_durable_checkpoints_warns_but_is_valid(tmp_path: Path) -> None:
+    """The webhook's warning, offline: on stderr as kubectl prints it, exit 0, with -q too (it drops only the
+    summary). Judged with the DGXDataMounts given in the same run; a referenced one not given is not guessed at."""
+    spot = with_changes(
+        BASE_JOB,
+        {
+            "spec.instance": "dgxa100.80g.8.spot",
+            "spec.restartPolicy": "Never",
+            "spec.trainer.output": {"dir": "/output/run-1"},
+        },
+    )
+    alone = write(tmp_path, "spot.yaml", [spot])
+    result = run("validate", "-q", str(alone))
+    assert (result.code, result.out) == (0, ""), result
+    assert result.err.splitlines() == [
+        f"{alone}: DGXTrainingJob/job: warning: spec.dataMounts: this job can be restarted in a new pod (spot "
+        "capacity), but its checkpoints (output.dir /output/run-1) stay in the pod: a replacement starts at step 0. "
+        "Add a DGXDataMount with direction: Out and syncCheckpoints: true, mounted at /output/run-1 or a directory "
+        "above it"
+    ]
+    mount = {
+        "apiVersion": "kubedgx.io/v1alpha1",
+        "kind": "DGXDataMount",
+        "metadata": {"name": "ckpt", "namespace": "ml"},
+        "spec": {"source": "s3://bucket/ckpt", "direction": "Out", "syncCheckpoints": True},
+    }
+    durable = with_changes(spot, {"spec.dataMounts": [{"name": "ckpt", "mountPath": "/output"}]})
+    jobs, mounts = write(tmp_path, "job.yaml", [durable]), write(tmp_path, "mounts.yaml", [mount])
+    assert run("validate", "-q", str(mounts), str(jobs)).err == "", "the mount of another file counts"
+    assert run("validate", "-q", str(jobs)).err == "", "a mount not given: nothing said"
+    on_the_node = write(tmp_path, "node.yaml", [with_changes(mount, {"spec.syncCheckpoints": False}), durable])
+    result = run("validate", str(on_the_node))
+    assert result.code == 0
+    (warning, summary) = result.err.splitlines()
+    assert warning.startswith(f"{on_the_node}: DGXTrainingJob/job: warning: spec.dataMounts[0]: ")
+    assert "has syncCheckpoints: false" in warning
+    assert summary == "2 object(s) checked, 0 invalid"
 
 
 # -- render ----------------------------------------------------------------------------------------

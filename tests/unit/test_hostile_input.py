@@ -214,7 +214,7 @@ def quickstart(replace: str, by: str) -> str:
                      id="date-key"),
         pytest.param('apiVersion: kubedgx.io/v1alpha1\nkind: DGXTrainingJob\nmetadata:\n  name: "\\ud83d\\ude00x"\n'
                      "spec: {}\n", "metadata.name: invalid value", id="surrogate-pair-name"),
-        pytest.param(quickstart("backoffLimit: 2", "backoffLimit: 99999999999999999999999"),
+        pytest.param(quickstart("  trainer:", "  backoffLimit: 99999999999999999999999\n  trainer:"),
                      "the integer 99999999999999999999999 is out of range", id="int-above-int64"),
         pytest.param(quickstart("maxDuration: 30m", "maxDuration: 30m\n  maxDuration: 40m"),
                      "mapping key 'maxDuration' already defined at line", id="duplicate-key"),
@@ -285,7 +285,7 @@ def test_builtin_kinds_get_the_metadata_checks_too(tmp_path: Path) -> None:
 
 
 def test_explicit_nulls_are_pruned_as_the_apiserver_prunes_them(tmp_path: Path) -> None:
-    content = quickstart("  backoffLimit: 2", "  backoffLimit: null\n  nodeSelector: ~\n  tolerations:")
+    content = quickstart("  trainer:", "  backoffLimit: null\n  nodeSelector: ~\n  tolerations:\n  trainer:")
     assert validate_file(tmp_path, content)[0] == 0
     code, out, _ = run(["render", str(tmp_path / "in.yaml")])
     assert code == 0

@@ -33,6 +33,7 @@ from dgx_operator.api.crdgen import render as render_crd
 from dgx_operator.catalog import Catalog, CatalogError
 from dgx_operator.render import BuildContext, BuildError, Defaults, build_children
 from dgx_operator.render.resolved import DEFAULT_TRAINER_IMAGE
+from dgx_operator.validation.durability import reference_warnings
 from dgx_operator.validation.objectmeta import dns1123_label_errors
 from dgx_operator.validation.validator import (
     DEFAULT_KUBE_VERSION,
@@ -171,6 +172,11 @@ def cmd_validate(args: argparse.Namespace, out: TextIO, err: TextIO, stdin: Text
     for i, problem in reference_problems(validator.catalog, valid):
         print(_line(docs[i], problem), file=out)
         invalid.add(i)
+    # Warnings, as kubectl prints the webhook's: on stderr, the exit code unchanged, -q or not (a
+    # warning says something about the job; -q only drops the summary).
+    sound = [(doc.obj, i) for i, doc in enumerate(docs) if i not in invalid]
+    for i, warning in reference_warnings(validator.catalog, sound):
+        print(f"{docs[i].source}: {docs[i].label}: warning: {warning}", file=err)
     if not args.quiet:
         summary = f"{len(docs)} object(s) checked, {len(invalid)} invalid" if docs else "no objects found"
         print(summary, file=err)

@@ -43,6 +43,7 @@ from dgx_operator.render import (
     trainer_config_map,
     worker_pod,
 )
+from dgx_operator.validation.durability import reference_warnings
 from dgx_operator.validation.validator import Validator, immutable_changes, object_label, reference_problems
 from dgx_operator.webhook.certificates import CertificateKeeper, PublishError, SelfSigned, self_signed
 from dgx_operator.webhook.config import WebhookConfig
@@ -182,6 +183,10 @@ async def _review(
                     found.append((mount, 1))
         if not unchecked:
             problems += [p for key, p in reference_problems(validator.catalog, found) if key == 0]
+        if not problems and not unchecked:
+            # Only with every referenced mount read (an absent one is not guessed at): the mounts
+            # decide whether the checkpoints outlive the pod. Still admitted: a warning, not a refusal.
+            warnings += [str(w) for key, w in reference_warnings(validator.catalog, found) if key == 0]
         if not problems and not unchecked and _dry_runs(memo):
             mounts = {m["metadata"]["name"]: DGXDataMount.model_validate(m).spec for m, key in found if key == 1}
             ctx = BuildContext(catalog=validator.catalog, defaults=memo.config.defaults(), data_mounts=mounts)
