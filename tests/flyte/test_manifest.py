@@ -16,11 +16,14 @@ from typing import Any
 import pytest
 import yaml
 from flytekit import Resources, task
+from flytekit.core.base_task import TaskMetadata
 
+from dgx_operator.catalog import Catalog
 from dgx_operator.cli import main as cli
+from dgx_operator.validation.durability import reference_warnings
 from flytekitplugins.dgx import DGXConfig, DGXConfigError, DGXDataConfig, DGXQLoRATask, DGXTorchElastic
 from flytekitplugins.dgx.config import from_custom, to_custom
-from flytekitplugins.dgx.manifest import KEY_LABEL, Options, Plan, build, digest, job_name
+from flytekitplugins.dgx.manifest import KEY_LABEL, Execution, Options, Plan, build, digest, job_name
 from tests.flyte.flyte import metadata, template, workflows
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -268,3 +271,136 @@ def test_the_qlora_task_refuses_a_bad_trainer_section_and_needs_an_output_mount(
                           task_config=DGXConfig(instance="dgxh100.80g.8.norm"))  # fmt: skip
     lines = refusal(no_out)
     assert any(line.startswith("DGXDataConfig.output_mounts: the QLoRA task returns the URI") for line in lines)
+
+
+# -- interruptible: spot capacity -------------------------------------------------------------------------------
+
+
+def instance_of(t: Any, meta: Any = None, options: Options | None = None) -> str:
+    spec = build(template(t), PREFIX, meta if meta is not None else metadata(), options).job["spec"]
+    return str(spec["instance"])
+
+
+def test_an_interruptible_task_that_names_no_instance_runs_on_the_spot_variant_of_the_default() -> None:
+    """Flyte's interruptible=True: the task may be preempted, so it gets the cheap pool; the same GPUs and shape
+    as the connector's default instance, on spot."""
+
+    @task(task_config=DGXConfig(max_duration="6h"), interruptible=True)
+    def preemptible() -> None: ...
+
+    @task(task_config=DGXTorchElastic(min_nodes=2, max_nodes=4), interruptible=True)
+    def elastic() -> None: ...
+
+    assert instance_of(preemptible) == "dgxa100.80g.8.spot"
+    assert instance_of(elastic) == "dgxa100.80g.8.spot"
+    assert instance_of(preemptible, options=Options(default_instance="dgxh100.80g.4.norm")) == "dgxh100.80g.4.spot"
+    assert instance_of(preemptible, options=Options(default_instance="dgxh100.80g.8.spot")) == "dgxh100.80g.8.spot"
+
+
+@pytest.mark.parametrize("interruptible", [True, False, None], ids=["interruptible", "not", "unset"])
+def test_a_task_that_names_a_spot_instance_keeps_it(interruptible: bool | None) -> None:
+    @task(task_config=DGXConfig(instance="dgxh100.80g.8.spot"), interruptible=interruptible)
+    def on_spot() -> None: ...
+
+    assert instance_of(on_spot) == "dgxh100.80g.8.spot"
+
+
+@pytest.mark.parametrize("interruptible", [False, None], ids=["not", "unset"])
+def test_without_interruptible_the_instance_is_as_before(interruptible: bool | None) -> None:
+    @task(task_config=DGXConfig(), interruptible=interruptible)
+    def default() -> None: ...
+
+    @task(task_config=DGXConfig(instance="dgxh100.80g.8.norm"), interruptible=interruptible)
+    def named() -> None: ...
+
+    assert instance_of(default) == "dgxa100.80g.8.norm"
+    assert instance_of(named) == "dgxh100.80g.8.norm"
+
+
+@pytest.mark.parametrize(("named", "capacity"), [("dgxa100.80g.8.norm", "norm"), ("dgxa100.80g.1.debug", "debug")])
+def test_interruptible_with_an_instance_of_another_pool_is_refused_naming_both_fixes(named: str, capacity: str) -> None:
+    """Which of the two the user meant cannot be told: nothing is created, and the line says how to have either."""
+
+    @task(task_config=DGXConfig(instance=named), interruptible=True)
+    def contradicts() -> None: ...
+
+    spot = named.rsplit(".", 1)[0] + ".spot"
+    assert refusal(contradicts) == [
+        f"DGXConfig.instance: {named!r} is {capacity} capacity, but interruptible=True (the task's metadata) asks for "
+        f"spot: name {spot!r} to run on spot, or drop interruptible (interruptible=False) to run on {capacity}"
+    ]
+
+
+def test_a_catalog_without_a_spot_pool_refuses_an_interruptible_task_that_names_no_instance(tmp_path: Path) -> None:
+    catalog = {
+        "capacities": {"norm": {}},
+        "gpus": [
+            {
+                "family": "a100",
+                "memoryGiB": 80,
+                "products": ["NVIDIA-A100-SXM4-80GB"],
+                "shapes": [8],
+                "perGpu": {"cpu": 28, "memoryGi": 220, "shmGi": 16},
+            }
+        ],
+    }
+
+    @task(task_config=DGXConfig(), interruptible=True)
+    def preemptible() -> None: ...
+
+    with pytest.raises(DGXConfigError) as info:
+        build(template(preemptible), PREFIX, metadata(), Options(catalog=Catalog.from_mapping(catalog)))
+    assert list(info.value.lines) == [
+        "DGXConfig.instance: interruptible=True (the task's metadata) asks for the spot variant of the connector's "
+        "default instance dgxa100.80g.8.norm, but this cluster's catalog has no dgxa100.80g.8.spot (capacity pools: "
+        "norm): name an instance in the task config, or drop interruptible"
+    ]
+
+
+def test_flyte_s_interruptible_for_the_attempt_wins_when_it_is_sent() -> None:
+    """Propeller resolves the task's value with a workflow's or node's and the interruptible failure threshold.
+    flytekit 1.x's TaskExecutionMetadata drops it (what the connector gets today); where a metadata object does
+    carry it, it decides."""
+    assert Execution.from_metadata(metadata()).interruptible is None
+
+    @task(task_config=DGXConfig(), interruptible=True)
+    def preemptible() -> None: ...
+
+    @task(task_config=DGXConfig())
+    def plain() -> None: ...
+
+    last_attempts = metadata(retry=2)
+    last_attempts.interruptible = False  # type: ignore[attr-defined]  # a flytekit that keeps admin's field
+    assert instance_of(preemptible, last_attempts) == "dgxa100.80g.8.norm"
+    overridden = metadata()
+    overridden.interruptible = True  # type: ignore[attr-defined]
+    assert instance_of(plain, overridden) == "dgxa100.80g.8.spot"
+
+
+def test_the_qlora_task_is_interruptible_too_and_writes_into_its_output_mount(catalog: Catalog) -> None:
+    """On spot a reclaimed worker resumes from the checkpoints its output mount uploaded: output.dir defaults to
+    that mount (the trainer's own default, /workspace/output, is in no mount: no checkpoint was uploaded and no
+    adapter archived). So the manifest draws no checkpoint warning from kubedgx validate."""
+    w = workflows()
+    legal = build(template(w.qlora_legal), PREFIX, metadata())
+    assert legal.job["spec"]["trainer"]["output"] == {"dir": "/mnt/dgx/outputs/0"}
+    section = {"model": {"name": "m"}, "dataset": {"path": "/mnt/dgx/inputs/0/d.jsonl"}}
+    data = DGXDataConfig(input_mounts=["s3://bucket/in"], output_mounts=["s3://bucket/out", "s3://bucket/more"])
+    spot = DGXQLoRATask(name="spot", trainer=section, task_config=data, metadata=TaskMetadata(interruptible=True))
+    plan = build(template(spot), PREFIX, metadata())
+    assert plan.job["spec"]["instance"] == "dgxa100.80g.8.spot"
+    assert plan.job["spec"]["trainer"]["output"] == {"dir": "/mnt/dgx/outputs/0"}
+    assert reference_warnings(catalog, [(obj, i) for i, obj in enumerate([*plan.mounts, plan.job])]) == []
+
+    second = DGXQLoRATask(name="second", trainer={**section, "output": {"dir": "/mnt/dgx/outputs/1/run"}},
+                          task_config=data)  # fmt: skip
+    assert (
+        build(template(second), PREFIX, metadata()).job["spec"]["trainer"]["output"]["dir"] == "/mnt/dgx/outputs/1/run"
+    )
+    elsewhere = DGXQLoRATask(name="elsewhere", trainer={**section, "output": {"dir": "/workspace/output"}},
+                             task_config=data)  # fmt: skip
+    assert refusal(elsewhere) == [
+        "trainer.output.dir: '/workspace/output' is outside the task's output mounts (/mnt/dgx/outputs/0, "
+        "/mnt/dgx/outputs/1), the only place its checkpoints are uploaded from and its adapter is archived from: "
+        "leave output.dir out (it is then /mnt/dgx/outputs/0) or set it inside one of them"
+    ]

@@ -19,7 +19,7 @@ from typing import Any, Final
 from dgx_operator.api import API_VERSION
 from dgx_operator.api.common import JOB_KIND, MOUNT_KIND
 from dgx_operator.api.trainingjob import MAX_JOB_NAME, RESERVED_ENV_NAMES, RESERVED_ENV_PREFIXES
-from dgx_operator.catalog import Catalog
+from dgx_operator.catalog import NAME_RE, Catalog
 from dgx_operator.validation.validator import Validator, object_label, reference_problems
 from flytekitplugins.dgx.config import DGXConfigError, DGXDataConfig, from_custom, input_path, output_path
 
@@ -38,6 +38,8 @@ INPUT_DIRS_ENV: Final = "DGX_INPUT_DIRS"
 OUTPUT_DIRS_ENV: Final = "DGX_OUTPUT_DIRS"
 #: The default instance when a task names none (the connector's setting overrides it).
 DEFAULT_INSTANCE: Final = "dgxa100.80g.8.norm"
+#: The capacity pool (the last part of an instance name) of preemptible nodes: where interruptible tasks run.
+SPOT: Final = "spot"
 
 _FLYTE_GPU, _FLYTE_CPU, _FLYTE_MEMORY = 2, 1, 3  # flyteidl.core.Resources.ResourceName
 
@@ -82,12 +84,17 @@ class Execution:
     labels: Mapping[str, str] = field(default_factory=dict)
     annotations: Mapping[str, str] = field(default_factory=dict)
     environment: Mapping[str, str] = field(default_factory=dict)
+    #: Propeller's interruptible for this attempt (the task's, a workflow's or node's override, and the
+    #: interruptible failure threshold, resolved); None when not sent. flytekit 1.x's TaskExecutionMetadata,
+    #: what the connector is handed, does not carry it (its from_flyte_idl drops admin's field).
+    interruptible: bool | None = None
 
     @classmethod
     def from_metadata(cls, meta: Any) -> Execution:
         """From flytekit's TaskExecutionMetadata model (None: a local run)."""
         if meta is None:
             return cls()
+        interruptible = getattr(meta, "interruptible", None)
         tei = meta.task_execution_id
         node = tei.node_execution_id
         ex = node.execution_id
@@ -107,6 +114,7 @@ class Execution:
             labels=dict(meta.labels or {}),
             annotations=dict(meta.annotations or {}),
             environment=dict(meta.environment_variables or {}),
+            interruptible=interruptible if isinstance(interruptible, bool) else None,
         )
 
     @property
@@ -201,6 +209,78 @@ def _duration(delta: datetime.timedelta | float | None) -> str | None:
     return f"{int(seconds)}s" if seconds > 0 else None
 
 
+def interruptible_of(template: Any, execution: Execution) -> tuple[bool | None, str]:
+    """(whether the task may run on preemptible nodes, where that was said): the execution's value when
+    Flyte sent one, it being propeller's resolution of the task's with the workflow's and the failure
+    threshold; else the task's own ``interruptible`` (TaskTemplate.metadata.interruptible; None when unset)."""
+    if execution.interruptible is not None:
+        return execution.interruptible, "the execution's interruptible (Flyte's, for this attempt)"
+    value = getattr(getattr(template, "metadata", None), "interruptible", None)
+    return (value if isinstance(value, bool) else None), "interruptible=True (the task's metadata)"
+
+
+def spot_variant(instance: str) -> str | None:
+    """``dgxa100.80g.8.norm`` -> ``dgxa100.80g.8.spot``: the same GPUs and shape on the spot pool (the
+    catalog names every instance family x shape x capacity). None for a name of another form."""
+    match = NAME_RE.match(instance)
+    if match is None:
+        return None
+    return f"dgx{match['family']}.{match['memory']}g.{match['gpus']}.{SPOT}"
+
+
+def placed_instance(
+    named: str | None, config: str, default: str, interruptible: bool | None, said: str, catalog: Catalog
+) -> tuple[str, list[str]]:
+    """(spec.instance, problems). Not interruptible (False or unset): the config's instance, else the
+    connector's default, as before. Interruptible: a task that names no instance gets the spot variant of
+    the default (Flyte's interruptible=True trades preemption for cheaper nodes, which is kubedgx's spot
+    pool, whose reclaimed workers are replaced uncounted); one that names a spot instance keeps it; one that
+    names another pool contradicts itself, and which the user meant cannot be told, so it is refused,
+    naming both fields and both fixes."""
+    if not interruptible:
+        return named or default, []
+    if named is not None:
+        spot = spot_variant(named)
+        if spot is None or spot == named:  # spot already, or malformed: the Validator names that
+            return named, []
+        capacity = named.rsplit(".", 1)[-1]
+        return named, [
+            f"{config}.instance: {named!r} is {capacity} capacity, but {said} asks for spot: name {spot!r} to run "
+            f"on spot, or drop interruptible (interruptible=False) to run on {capacity}"
+        ]
+    spot = spot_variant(default)
+    if spot is None or spot == default:
+        return default, []
+    if spot not in catalog.instances and default in catalog.instances:
+        pools = ", ".join(catalog.spec.capacities)
+        return default, [
+            f"{config}.instance: {said} asks for the spot variant of the connector's default instance {default}, but "
+            f"this cluster's catalog has no {spot} (capacity pools: {pools}): name an instance in the task config, "
+            "or drop interruptible"
+        ]
+    return spot, []
+
+
+def _output_in_a_mount(trainer: dict[str, Any], data: DGXDataConfig) -> list[str]:
+    """The QLoRA task's output.dir: the first output mount unless the trainer section names a directory
+    inside one (then that). An output mount's sidecar uploads checkpoints and archives the adapter (the
+    task's one output) only from the directory it holds; the trainer's own default, /workspace/output, is
+    in no mount, so the adapter was never archived and every run ended "succeeded without an archived
+    adapter", and a replacement worker found no checkpoint to resume from."""
+    output = dict(trainer.get("output") or {})
+    out_dir = output.get("dir")
+    if out_dir is None:
+        trainer["output"] = {**output, "dir": output_path(0)}
+        return []
+    if isinstance(out_dir, str) and any(out_dir == p or out_dir.startswith(p + "/") for p in data.output_paths):
+        return []
+    return [
+        f"trainer.output.dir: {out_dir!r} is outside the task's output mounts ({', '.join(data.output_paths)}), "
+        "the only place its checkpoints are uploaded from and its adapter is archived from: leave output.dir out "
+        f"(it is then {output_path(0)}) or set it inside one of them"
+    ]
+
+
 def _reserved(name: str) -> bool:
     return name in RESERVED_ENV_NAMES or name.startswith(RESERVED_ENV_PREFIXES)
 
@@ -260,7 +340,13 @@ def build(
     hint = execution.name if execution.remote else task.rsplit(".", 1)[-1]
     name = job_name(key, hint)
 
-    spec: dict[str, Any] = {"instance": place.instance or options.default_instance, "priority": place.priority}
+    catalog = options.catalog or Catalog.load()
+    interruptible, said = interruptible_of(template, execution)
+    instance, wrong = placed_instance(
+        place.instance, type(place).__name__, options.default_instance, interruptible, said, catalog
+    )
+    lines += wrong
+    spec: dict[str, Any] = {"instance": instance, "priority": place.priority}
     max_duration = place.max_duration or _duration(getattr(getattr(template, "metadata", None), "timeout", None))
     for field_name, value in (("maxDuration", max_duration), ("maxPending", place.max_pending)):
         if value:
@@ -335,6 +421,8 @@ def build(
                 "DGXDataConfig.output_mounts: the QLoRA task returns the URI of its archived adapter, which needs "
                 "an output mount to archive to; add output_mounts=['s3://bucket/prefix']"
             )
+        elif "trainer" in spec:
+            lines += _output_in_a_mount(spec["trainer"], data)
     else:
         command = [*(getattr(container, "command", None) or []), *(getattr(container, "args", None) or [])]
         if not command:
@@ -361,7 +449,7 @@ def build(
         "metadata": {"name": name, "namespace": namespace, "labels": labels, "annotations": annotations},
         "spec": spec,
     }
-    lines += validate([*mounts, job], options.catalog or Catalog.load())
+    lines += validate([*mounts, job], catalog)
     if lines:
         raise DGXConfigError(task, lines)
     return Plan(namespace, name, key, task_type, tuple(mounts), job, tuple(notes), output_prefix)
