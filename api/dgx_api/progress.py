@@ -7,6 +7,12 @@
   at most 4 KiB), which the operator copies into the job's ``status.progress``.
 
 Only the global rank 0 reports: the other ranks train the same steps.
+
+On GPUs a report also says why its throughput is what it is: the utilization and memory of rank
+0's GPU (a :class:`GpuSampler`, NVML in the trainer) and the model FLOPs utilization (``mfu``) its
+tokens per second amount to (a :class:`FlopsBasis`). Both are injected, so this module stays free
+of torch and NVML and the arithmetic is testable anywhere; without them (a CPU run, an NVML error,
+a GPU whose peak is unknown) the fields are absent, never zero.
 """
 
 from __future__ import annotations
@@ -17,9 +23,10 @@ import math
 import os
 import sys
 import time
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Protocol, TextIO
 
 #: The kubelet truncates termination messages beyond this.
 TERMINATION_LIMIT = 4096
@@ -110,8 +117,48 @@ def write_termination(text: str, path: Path | None) -> None:
             path.write_text(clip_utf8(text), encoding="utf-8")
 
 
+@dataclass(frozen=True)
+class GpuSample:
+    """One look at a GPU; a figure the device would not give is None (and left out of the report)."""
+
+    name: str
+    #: Percent of time a kernel ran, averaged since the previous sample where the sampler can.
+    utilization: float | None = None
+    #: Device memory in use as the driver counts it: the CUDA context, the caching allocator's
+    #: reserve and any other process's, so more than the tensors alone.
+    memory_used_bytes: int | None = None
+    memory_total_bytes: int | None = None
+
+
+class GpuSampler(Protocol):
+    """What a report asks the GPU; None, or an exception, leaves the GPU fields out of it."""
+
+    def sample(self) -> GpuSample | None: ...
+
+
+@dataclass(frozen=True)
+class FlopsBasis:
+    """What ``mfu`` = achieved model FLOPs/s / peak FLOPs/s is computed from.
+
+    ``flops_per_token`` is the model's FLOPs for one trained token, forward and backward;
+    ``peak_flops`` the dense peak of all the GPUs the tokens are counted on (the world size times
+    one GPU's). How the trainer gets both is in docs/trainer.md ("Throughput")."""
+
+    flops_per_token: float
+    peak_flops: float
+
+    def mfu(self, tokens_per_second: float) -> float | None:
+        if self.peak_flops <= 0 or self.flops_per_token <= 0:
+            return None
+        return tokens_per_second * self.flops_per_token / self.peak_flops
+
+
 class Reporter:
-    """Turns trainer log records into progress reports, with throughput measured between them."""
+    """Turns trainer log records into progress reports, with throughput measured between them.
+
+    ``gpu`` and ``flops`` explain the throughput (see the module docstring); ``flops`` may be set
+    after construction, because the trainable parameters exist only once the trainer has wrapped
+    the model, after the reporter was handed to it."""
 
     def __init__(
         self,
@@ -122,8 +169,12 @@ class Reporter:
         samples_per_step: int,
         enabled: bool,
         stream: TextIO | None = None,
+        gpu: GpuSampler | None = None,
+        flops: FlopsBasis | None = None,
     ) -> None:
         self.output_dir = output_dir
+        self.gpu = gpu
+        self.flops = flops
         self.precision = precision
         self.quantization = quantization
         self.samples_per_step = samples_per_step
@@ -142,6 +193,7 @@ class Reporter:
 
     def start(self, step: int, total: int) -> None:
         self._mark = (time.monotonic(), step, 0.0)
+        self._gpu_fields()  # opens the GPU's window: the first report averages training, not loading
         self.emit(
             "start",
             {"step": step, "totalSteps": total, "precision": self.precision, "quantization": self.quantization},
@@ -170,12 +222,35 @@ class Reporter:
             elapsed = now - self._mark[0]
             report["samplesPerSecond"] = round((step - self._mark[1]) * self.samples_per_step / elapsed, 3)
             if tokens > self._mark[2]:
-                report["tokensPerSecond"] = round((tokens - self._mark[2]) / elapsed, 1)
+                rate = (tokens - self._mark[2]) / elapsed
+                report["tokensPerSecond"] = round(rate, 1)
+                mfu = self.flops.mfu(rate) if self.flops is not None else None
+                if mfu is not None:
+                    report["mfu"] = round(mfu, 4)
+        report.update(self._gpu_fields())
         report.update(self._eval)
         self._mark = (now, step, tokens)
         self.last = report
         self.emit("progress", report)
         self._write_progress()
+
+    def _gpu_fields(self) -> dict[str, Any]:
+        """The GPU's figures for a report: whatever the sampler could read, nothing if it failed.
+        A metric must never stop training, so any error of the sampler only leaves them out."""
+        if self.gpu is None:
+            return {}
+        try:
+            sample = self.gpu.sample()
+        except Exception:
+            return {}
+        if sample is None:
+            return {}
+        fields = {
+            "gpuUtilization": None if sample.utilization is None else round(sample.utilization, 1),
+            "gpuMemoryUsedBytes": sample.memory_used_bytes,
+            "gpuMemoryTotalBytes": sample.memory_total_bytes,
+        }
+        return {k: v for k, v in fields.items() if v is not None}
 
     def evaluated(self, step: int, total: int, eval_loss: float) -> None:
         """An ``eval`` event; the loss goes into the last report (progress.json, the termination

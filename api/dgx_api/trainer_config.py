@@ -152,6 +152,16 @@ class DatasetSource(KubeModel):
         lt=1.0,
         description="Fraction of the data held out for evaluation; 0 disables it (unless evalPath is set).",
     )
+    tokenization_processes: int | None = Field(
+        default=None,
+        ge=1,
+        le=256,
+        description=(
+            "Processes that render and tokenize the data before training, on every rank of a node at once. "
+            "Unset: min(8, CPUs per local rank, rows / 1000), at least 1 (a small dataset is done before more "
+            "processes would have started). The rows keep their order whatever the number."
+        ),
+    )
 
 
 class Quantization(KubeModel):
@@ -308,6 +318,16 @@ class Training(KubeModel):
             "Stop training after this many consecutive progress reports whose loss is NaN or infinite (0: never): "
             "the run has diverged and would only diverge again on a restart. The termination message starts with "
             "LossDiverged and names the steps; lower learningRate, prefer bf16 to fp16, or check the data."
+        ),
+    )
+    dataloader_workers: int | None = Field(
+        default=None,
+        ge=0,
+        le=64,
+        description=(
+            "Data-loading worker processes per rank (0 loads batches in the training process, between steps). "
+            "Unset: min(4, CPUs per local rank - 1), keeping one CPU per rank for the training loop, so 0 "
+            "with one CPU per rank; 0 on a run without GPUs, whose CPUs do the training."
         ),
     )
     router_aux_loss_coef: float | None = Field(

@@ -572,21 +572,24 @@ def _messages(turns: list[dict[str, Any]], sharegpt: bool) -> list[dict[str, str
     return [{"role": t["role"], "content": t["content"]} for t in turns]
 
 
-def render(records: Any, source: DatasetSource, eos_token: str) -> Any:
+def render(records: Any, source: DatasetSource, eos_token: str, num_proc: int = 1) -> Any:
     """The rows in the columns SFTTrainer reads: ``text`` (text), ``prompt``/``completion``
     (instruction, prompt_completion) or ``messages`` (chat, sharegpt).
 
     ``eos_token`` ends each text and (string) completion: the built-in tokenizer is trained on
-    these texts and must see it where training puts it (TRL appends it when it is missing)."""
+    these texts and must see it where training puts it (TRL appends it when it is missing).
+    ``num_proc`` processes share the rows (``dataset.tokenizationProcesses``); each takes a
+    contiguous shard and the shards are joined in order, so the rows keep their order."""
     columns = list(records.column_names)
+    procs = _procs(records, num_proc)
     if source.template == "text":
         _require(columns, source.text_field, "textField")
-        return records.map(lambda r: {"text": r[source.text_field] + eos_token}, remove_columns=columns)
+        return records.map(lambda r: {"text": r[source.text_field] + eos_token}, remove_columns=columns, num_proc=procs)
     if source.template in ("chat", "sharegpt"):
         key = messages_field(source)
         _require(columns, key, "messagesField")
         sharegpt = source.template == "sharegpt"
-        return records.map(lambda r: {"messages": _messages(r[key], sharegpt)}, remove_columns=columns)
+        return records.map(lambda r: {"messages": _messages(r[key], sharegpt)}, remove_columns=columns, num_proc=procs)
     if source.template == "prompt_completion":
         p, c = source.prompt_field, source.completion_field
         _require(columns, p, "promptField")
@@ -597,7 +600,7 @@ def render(records: Any, source: DatasetSource, eos_token: str) -> Any:
                 return {"prompt": _messages(r[p], False), "completion": _messages(r[c], False)}
             return {"prompt": r[p], "completion": r[c] + eos_token}
 
-        return records.map(pair, remove_columns=columns)
+        return records.map(pair, remove_columns=columns, num_proc=procs)
     _require(columns, source.instruction_field, "instructionField")
     _require(columns, source.output_field, "outputField")
     has_input = source.input_field in columns
@@ -609,7 +612,14 @@ def render(records: Any, source: DatasetSource, eos_token: str) -> Any:
             "completion": r[source.output_field] + eos_token,
         },
         remove_columns=columns,
+        num_proc=procs,
     )
+
+
+def _procs(dataset: Any, num_proc: int) -> int | None:
+    """``num_proc`` for ``datasets.map``: None (this process) for 1, never more than the rows."""
+    procs = min(num_proc, len(dataset))
+    return procs if procs > 1 else None
 
 
 def instruction_prompt(instruction: str, context: str) -> str:
@@ -693,16 +703,19 @@ def conversation_labels(
     return ids, labels
 
 
-def tokenize_conversations(dataset: Any, tokenizer: Any, source: DatasetSource, name: str = "training") -> Any:
+def tokenize_conversations(
+    dataset: Any, tokenizer: Any, source: DatasetSource, name: str = "training", num_proc: int = 1
+) -> Any:
     """A ``messages`` dataset as ``input_ids`` and ``labels``: SFTTrainer keeps given labels, then
-    truncates and packs them with the ids, so the masks hold with packing too."""
+    truncates and packs them with the ids, so the masks hold with packing too. ``num_proc`` as
+    for :func:`render`: the rows keep their order."""
     completion = loss_on(source) == "completion"
 
     def one(row: dict[str, Any]) -> dict[str, Any]:
         ids, labels = conversation_labels(tokenizer, row["messages"], completion)
         return {"input_ids": ids, "labels": labels}
 
-    out = dataset.map(one, remove_columns=dataset.column_names)
+    out = dataset.map(one, remove_columns=dataset.column_names, num_proc=_procs(dataset, num_proc))
     bad = [i for i, ids in enumerate(out["input_ids"]) if not ids]
     if bad:
         rows = ", ".join(str(i) for i in bad[:MAX_PROBLEMS]) + (", ..." if len(bad) > MAX_PROBLEMS else "")
@@ -715,22 +728,26 @@ def tokenize_conversations(dataset: Any, tokenizer: Any, source: DatasetSource, 
     return out
 
 
-def prepare(records: Any, source: DatasetSource, tokenizer: Any, name: str = "training") -> Any:
-    """The records as SFTTrainer gets them (see the module docstring)."""
-    rendered = render(records, source, tokenizer.eos_token or "")
+def prepare(records: Any, source: DatasetSource, tokenizer: Any, name: str = "training", num_proc: int = 1) -> Any:
+    """The records as SFTTrainer gets them (see the module docstring), by ``num_proc`` processes."""
+    rendered = render(records, source, tokenizer.eos_token or "", num_proc)
     if source.template in ("chat", "sharegpt"):
-        return tokenize_conversations(rendered, tokenizer, source, name)
+        return tokenize_conversations(rendered, tokenizer, source, name, num_proc)
     return rendered
 
 
-def training_sets(cfg: Any, base_dir: Path, records: Any, tokenizer: Any) -> tuple[Any, Any | None]:
-    """(train, eval): eval from ``evalPath`` when set, else the ``evalFraction`` hold-out, else None."""
+def training_sets(
+    cfg: Any, base_dir: Path, records: Any, tokenizer: Any, *, num_proc: int = 1
+) -> tuple[Any, Any | None]:
+    """(train, eval): eval from ``evalPath`` when set, else the ``evalFraction`` hold-out, else None.
+    ``num_proc``: processes that render and tokenize (``dataset.tokenizationProcesses``)."""
     source: DatasetSource = cfg.dataset
-    prepared = prepare(records, source, tokenizer)
+    prepared = prepare(records, source, tokenizer, num_proc=num_proc)
     evaluation = eval_source(source)
     if evaluation is None:
         return split(prepared, source.eval_fraction, cfg.training.seed)
-    return prepared, prepare(load_records(evaluation, base_dir, is_eval=True), evaluation, tokenizer, "evaluation")
+    evaluated = load_records(evaluation, base_dir, is_eval=True)
+    return prepared, prepare(evaluated, evaluation, tokenizer, "evaluation", num_proc)
 
 
 def split(dataset: Any, eval_fraction: float, seed: int) -> tuple[Any, Any | None]:

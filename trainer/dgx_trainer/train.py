@@ -24,7 +24,7 @@ from transformers import PrinterCallback, TrainerCallback, set_seed
 from dgx_api import checkpoints
 from dgx_api.progress import Reporter, now_iso, termination_message, write_atomic
 from dgx_api.trainer_config import TrainerConfig
-from dgx_trainer import builtin, data, model, moe, preflight, tracking
+from dgx_trainer import builtin, data, model, moe, preflight, throughput, tracking
 
 log = logging.getLogger("dgx_trainer")
 
@@ -268,11 +268,20 @@ def collective_timeout(cfg: TrainerConfig, moe_model: bool) -> int:
 
 
 def sft_config(
-    cfg: TrainerConfig, rt: Runtime, p: model.Precision, has_eval: bool, device: str, *, moe_model: bool = False
+    cfg: TrainerConfig,
+    rt: Runtime,
+    p: model.Precision,
+    has_eval: bool,
+    device: str,
+    *,
+    moe_model: bool = False,
+    rows: int | None = None,
 ) -> Any:
+    """``rows``: the training data's, which caps the default tokenization processes (throughput.py)."""
     from trl import SFTConfig
 
     t = cfg.training
+    cpus = throughput.Cpus.of(rt.env)
     eval_strategy = "steps" if has_eval and t.eval_steps else "no"
     return SFTConfig(
         output_dir=str(rt.output_dir),
@@ -317,7 +326,11 @@ def sft_config(
         # A NaN loss is logged as NaN (the default filter logs the earlier steps' mean in its place),
         # so that training.stopOnNonFiniteLoss can see the run diverge.
         logging_nan_inf_filter=False,
-        dataloader_num_workers=0,
+        # Batches are collated by worker processes sized to the CPUs the node's ranks share, into
+        # pinned memory on GPUs (an asynchronous copy): the CPU side no longer bounds the GPUs.
+        dataloader_num_workers=throughput.dataloader_workers(t, cpus, device),
+        dataloader_pin_memory=device == "cuda",
+        dataset_num_proc=throughput.tokenization_processes(cfg.dataset, cpus, rows),
         log_level="warning",
     )
 
@@ -343,21 +356,24 @@ def run(cfg: TrainerConfig, rt: Runtime) -> dict[str, Any]:
     loaded = model.load(cfg, model_path, device, p)
     model.check_targets(loaded.model, cfg.lora)
     data.use_chat_template(cfg.dataset, rt.base_dir, loaded.tokenizer, checked)  # saved with the adapter
-    train_set, eval_set = data.training_sets(cfg, rt.base_dir, records, loaded.tokenizer)
+    tokenizers = throughput.tokenization_processes(cfg.dataset, throughput.Cpus.of(rt.env), len(records))
+    train_set, eval_set = data.training_sets(cfg, rt.base_dir, records, loaded.tokenizer, num_proc=tokenizers)
 
     from trl import SFTTrainer
 
     samples_per_step = cfg.training.per_device_batch_size * cfg.training.gradient_accumulation_steps * rt.world_size
+    gpu = throughput.gpu_sampler(device, rt.local_rank) if rt.main else None  # rank 0 reports
     reporter = Reporter(
         rt.output_dir,
         precision=p.name,
         quantization=loaded.quantization,
         samples_per_step=samples_per_step,
         enabled=rt.main,
+        gpu=gpu,
     )
     set_seed(cfg.training.seed)  # before the adapters are created: their init draws from it
     moe_model = moe.expert_count(loaded.model.config) is not None
-    args = sft_config(cfg, rt, p, eval_set is not None, device, moe_model=moe_model)
+    args = sft_config(cfg, rt, p, eval_set is not None, device, moe_model=moe_model, rows=len(records))
     args.router_aux_loss_coef = loaded.router_aux_loss_coef  # MoE: TRL adds the router's aux loss and logs it
     trainer = SFTTrainer(
         model=loaded.model,
@@ -370,6 +386,7 @@ def run(cfg: TrainerConfig, rt: Runtime) -> dict[str, Any]:
     )
     trainer.remove_callback(PrinterCallback)  # stdout is for the JSON progress lines
     adapters = model.align_adapters(trainer.model, p)
+    reporter.flops = throughput.flops_basis(trainer.model, gpu, p.name, rt.world_size)  # mfu needs the adapters
     trainer.add_callback(_LossWindows())
     trainer.add_callback(_Divergence(cfg.training.stop_on_non_finite_loss))
     resume = _agreed_resume(rt)
