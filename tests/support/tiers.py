@@ -26,6 +26,7 @@ SLOW = frozenset(
         "tests/trainer/test_yaml_numbers.py",
         "tests/trainer/test_data.py",
         "tests/trainer/test_resume.py",
+        "tests/trainer/test_sigterm.py",
         "tests/trainer/test_torchrun.py",
         "tests/trainer/test_tracking.py",
         "tests/flyte/test_in_pod.py",

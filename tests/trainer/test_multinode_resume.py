@@ -18,10 +18,12 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import pytest
 
@@ -57,8 +59,17 @@ class Node:
         return f"{self.output_dir.name}: exit {self.returncode}{hung}\n{self.stderr[-5000:]}"
 
 
-def run_two_nodes(directory: Path, config: Path, *, env: dict[str, str] | None = None) -> list[Node]:
-    """Start two agents with separate output directories, wait for both (at most TIMEOUT s)."""
+#: Called with each progress-contract line as it is printed, and the two agents.
+OnEvent = Callable[[dict[str, Any], list["subprocess.Popen[bytes]"]], None]
+
+
+def run_two_nodes(
+    directory: Path, config: Path, *, env: dict[str, str] | None = None, on_event: OnEvent | None = None
+) -> list[Node]:
+    """Start two agents with separate output directories, wait for both (at most TIMEOUT s).
+
+    ``on_event`` sees the JSON lines live (to act on a run at a given step: a test sends signals
+    from it); the agents' stdout then goes through a pipe that a thread copies to the file."""
     port = free_port()
     full_env = {k: v for k, v in os.environ.items() if k not in _NOT_INHERITED}
     full_env.update(OFFLINE)
@@ -70,6 +81,7 @@ def run_two_nodes(directory: Path, config: Path, *, env: dict[str, str] | None =
         **(env or {}),
     )
     procs: list[tuple[Path, subprocess.Popen[bytes], Path, Path]] = []
+    relays: dict[Path, threading.Thread] = {}
     try:
         for index, name in enumerate(("node-a", "node-b")):
             out = directory / name
@@ -96,8 +108,22 @@ def run_two_nodes(directory: Path, config: Path, *, env: dict[str, str] | None =
             stdout, stderr = logs / "stdout.txt", logs / "stderr.txt"
             node_env = {**full_env, "KUBEDGX_TERMINATION_LOG": str(logs / "termination-log")}
             with stdout.open("wb") as so, stderr.open("wb") as se:
-                proc = subprocess.Popen(command, cwd=logs, env=node_env, stdout=so, stderr=se, start_new_session=True)
+                proc = subprocess.Popen(
+                    command,
+                    cwd=logs,
+                    env=node_env,
+                    stdout=subprocess.PIPE if on_event else so,
+                    stderr=se,
+                    start_new_session=True,
+                )
             procs.append((out, proc, stdout, stderr))
+        if on_event is not None:
+            agents = [proc for _, proc, _, _ in procs]
+            for _, proc, stdout, _ in procs:
+                assert proc.stdout is not None
+                relay = threading.Thread(target=_relay, args=(proc.stdout, stdout, on_event, agents), daemon=True)
+                relay.start()
+                relays[stdout] = relay
         nodes = []
         deadline = time.monotonic() + TIMEOUT
         for out, proc, stdout, stderr in procs:
@@ -106,6 +132,8 @@ def run_two_nodes(directory: Path, config: Path, *, env: dict[str, str] | None =
             except subprocess.TimeoutExpired:  # a hung group
                 _stop(proc)
                 code = -signal.SIGKILL
+            if stdout in relays:
+                relays[stdout].join(timeout=30)  # EOF once the agent and its workers are gone
             lines = stdout.read_text(encoding="utf-8").splitlines()
             events = [e for e in map(parse_event, lines) if e is not None]
             nodes.append(Node(out, code, events, stderr.read_text(encoding="utf-8")))
@@ -113,6 +141,16 @@ def run_two_nodes(directory: Path, config: Path, *, env: dict[str, str] | None =
     finally:
         for _, proc, _, _ in procs:
             _stop(proc)
+
+
+def _relay(source: IO[bytes], target: Path, on_event: OnEvent, agents: list[subprocess.Popen[bytes]]) -> None:
+    with source, target.open("wb") as copy:
+        for line in source:
+            copy.write(line)
+            copy.flush()
+            event = parse_event(line.decode("utf-8", errors="replace"))
+            if event is not None:
+                on_event(event, agents)
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:

@@ -5,7 +5,10 @@ memory estimate once (:mod:`dgx_trainer.launch`), then execs torchrun, whose wor
 form. The config is validated before torch is imported, so a bad config fails in a fraction of a
 second with every problem named, instead of after a ten-second import. Exit codes: 0 done,
 1 crashed, 2 invalid config, data or model (do not retry), 3 the node does not match the job
-(preflight), 4 the loss diverged (training.stopOnNonFiniteLoss; do not retry).
+(preflight), 4 the loss diverged (training.stopOnNonFiniteLoss; do not retry), 5 CUDA out of
+memory (the termination message names the settings to lower), 143 stopped by SIGTERM (128 + 15)
+after saving a checkpoint of the current step to resume from (a worker's code; torchrun, itself
+signalled, exits 1, so the termination message ``Interrupted: ...`` is what tells the two apart).
 """
 
 from __future__ import annotations
@@ -44,6 +47,32 @@ def _terminate(message: str) -> None:
     condition show the reason rather than a truncated traceback."""
     path = os.environ.get("KUBEDGX_TERMINATION_LOG", "/dev/termination-log")
     write_termination(message, Path(path) if path else None)
+
+
+def _out_of_memory(exc: BaseException, cfg: TrainerConfig, rank: int) -> str | None:
+    """The termination message for a CUDA out-of-memory error, with the settings that lower the
+    memory a rank needs and their values now; None for any other error. torch raises
+    ``torch.OutOfMemoryError`` (``torch.cuda.OutOfMemoryError`` is the same class); some older
+    code paths (extensions, bitsandbytes) raise a plain RuntimeError with torch's text. The first
+    word is for the operator, as ``LossDiverged`` and ``Interrupted`` are."""
+    import torch
+
+    text = str(exc).strip()
+    if not isinstance(exc, torch.OutOfMemoryError) and not (
+        isinstance(exc, RuntimeError) and "CUDA out of memory" in text
+    ):
+        return None
+    t = cfg.training
+    checkpointing = (
+        "training.gradientCheckpointing is already on"
+        if t.gradient_checkpointing
+        else "turn on training.gradientCheckpointing (now off)"
+    )
+    return (
+        f"OutOfMemory: CUDA out of memory on rank {rank} ({text.splitlines()[0] if text else 'no details'}); "
+        f"lower training.perDeviceBatchSize (now {t.per_device_batch_size}) or training.maxSeqLength "
+        f"(now {t.max_seq_length}), {checkpointing}"
+    )
 
 
 def _invalid(exc: ConfigError, config: str) -> int:
@@ -144,7 +173,20 @@ def main(argv: list[str] | None = None) -> int:
         log.error("LossDiverged: %s", exc)
         _terminate(f"LossDiverged: {exc}")
         return 4
+    except train.InterruptedBySignal as exc:
+        log.warning("Interrupted: %s", exc)
+        # One message per pod (its node's first process: local ranks share the file). Every pod
+        # of the group stopped, and the operator reads each pod's own: a reclaimed node's worker is
+        # rarely global rank 0, and without it the pod's message would be torchrun's traceback.
+        if runtime.local_rank == 0:
+            _terminate(f"Interrupted: {exc}")
+        return 143
     except Exception as exc:
+        oom = _out_of_memory(exc, cfg, runtime.rank)
+        if oom is not None:
+            log.error("%s", oom, exc_info=exc)
+            _terminate(oom)
+            return 5
         log.exception("training failed")
         _terminate(f"{type(exc).__name__}: {exc}")
         return 1

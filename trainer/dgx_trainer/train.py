@@ -1,9 +1,10 @@
 """The fine-tune: TRL's SFTTrainer with LoRA or QLoRA, resumable after any interruption.
 
 Every start resumes from the newest complete checkpoint that every rank has (each node has its
-own output directory), so a torchrun restart, a recreated pod or a spot reclaim loses at most
-``training.saveSteps`` steps. Under torchrun the run is data-parallel (gloo on CPU, NCCL on GPU),
-set up by the HF Trainer from the environment torchrun provides.
+own output directory), so a crash or a torchrun restart loses at most ``training.saveSteps`` steps,
+and a pod deleted or reclaimed (SIGTERM) none beyond the step it was in (:class:`_Sigterm`). Under
+torchrun the run is data-parallel (gloo on CPU, NCCL on GPU), set up by the HF Trainer from the
+environment torchrun provides.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import json
 import logging
 import math
 import os
+import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -185,6 +188,124 @@ def diverged_before(rt: Runtime, cfg: TrainerConfig) -> str | None:
     return str(marker.get("message") or "the loss diverged")
 
 
+class InterruptedBySignal(BaseException):
+    """The run stopped for SIGTERM (pod deletion, a spot reclaim, a node drain), not for a fault.
+
+    Its message is the job's: ``__main__`` writes ``Interrupted: ...`` as the termination message of
+    each node's first process (one per pod) and exits 143 (128 + SIGTERM). A BaseException, as
+    KeyboardInterrupt is, because before training it is raised from the signal handler wherever the
+    main thread happens to be, and the libraries' ``except Exception`` fallbacks (a quantization
+    probe, a tokenizer load) must not swallow it and carry on."""
+
+
+class _Sigterm(TrainerCallback):
+    """SIGTERM ends the run at the end of the current step with a complete checkpoint of that step.
+
+    The kubelet signals the pod's PID 1, torchrun's agent, which sends the same signal to each
+    worker's process group and waits for them at most ``--shutdown-timeout`` seconds (environment
+    ``PET_SHUTDOWN_TIMEOUT``, else ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT``, else 30 s in torch 2.13:
+    ``SimpleElasticAgent.run`` -> ``PContext.close(death_sig, timeout)``, one deadline for all
+    workers) before it SIGKILLs them, then exits 1 itself; the pod's ``terminationGracePeriodSeconds``
+    bounds it all. So the rest of the step and the save must fit in the smaller of the two. Without a
+    handler Python dies at once and up to ``training.saveSteps`` steps are lost.
+
+    The handler only sets a flag: a signal during a save lets the save finish, one during a step
+    lets the step finish. Before training (model load, data preparation) there is nothing to save,
+    so it raises :class:`InterruptedBySignal` at once. At each step's end the ranks agree whether
+    any of them was signalled (one scalar all_reduce MAX per step; a reclaim may reach one node
+    only, or the nodes a step apart, and a rank that saved alone would wait in the checkpoint's
+    collectives forever); if so, the step is logged (its loss reaches the checkpoint's log history,
+    for the run's mean loss), saved and training stops. This callback comes after the HF Trainer's
+    DefaultFlowCallback, whose flags ``_maybe_log_save_evaluate`` acts on right after
+    ``on_step_end``, so the checkpoint is of this very step, and :class:`_Hooks` marks it complete
+    on every node once whole. A signal that arrives during a regular save is agreed on in
+    ``on_save`` and stops there, without another step.
+
+    Not the HF Trainer's ``enable_jit_checkpoint``: it saves on each rank alone after a fixed wait,
+    does not call ``on_save`` (no completion marker) and stops ranks signalled at different steps at
+    different steps.
+    """
+
+    def __init__(self) -> None:
+        self.received = False
+        self.training = False
+        #: The step training stopped at because of the signal, once the ranks agreed on it.
+        self.stopped_at: int | None = None
+        self._previous: Any = None
+        self._installed = False
+
+    def install(self) -> None:
+        """Handle SIGTERM in this process; only the main thread may set a handler (an in-process
+        caller on another thread keeps its own)."""
+        if threading.current_thread() is not threading.main_thread():
+            log.warning("not on the main thread: SIGTERM is not handled, the steps since the last checkpoint are lost")
+            return
+        self._previous = signal.signal(signal.SIGTERM, self._handle)
+        self._installed = True
+
+    def restore(self) -> None:
+        if self._installed:
+            # None: a handler set outside Python, which cannot be put back; the default is the closest.
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if self._previous is None else self._previous)
+            self._installed = False
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if not self.training:
+            raise InterruptedBySignal(
+                "SIGTERM before training began (loading the model and data): nothing to save; "
+                "a replacement starts from the newest complete checkpoint"
+            )
+        if not self.received:
+            log.warning("SIGTERM: saving a checkpoint at the end of this step, then stopping")
+            # The agent signals this rank's whole process group, DataLoader workers included, and
+            # they die of it (torch's worker handler re-raises a SIGTERM its parent did not send).
+            # torch's SIGCHLD handler would then raise "DataLoader worker ... is killed by signal"
+            # here, mid-step or mid-save. No batch is fetched after this step, so their deaths are
+            # not reported; the process is ending, so it is not put back. (A signal while this rank
+            # waits for a batch still fails that fetch: then the group resumes from the checkpoint
+            # before, as without a handler.)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        self.received = True
+
+    def _agreed(self, args: Any) -> bool:
+        """Whether any rank was signalled. The tensor lives on the rank's training device: NCCL
+        reduces only CUDA tensors, gloo (the CPU runs) CPU ones."""
+        signalled = self.received
+        if _distributed():
+            flag = torch.tensor([int(signalled)], dtype=torch.int32, device=args.device)
+            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+            signalled = bool(flag.item())
+        return signalled
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.training = True
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.stopped_at is None and self._agreed(args):
+            control.should_log = True
+            control.should_save = True
+            control.should_training_stop = True
+            self.stopped_at = state.global_step
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        # Every rank gets here with the same flags, so every rank joins the collective or none does.
+        if self.stopped_at is None and not control.should_training_stop and self._agreed(args):
+            control.should_training_stop = True
+            self.stopped_at = state.global_step
+
+    def interrupted(self, rt: Runtime, step: int, total: int) -> InterruptedBySignal | None:
+        """What to raise after ``trainer.train()`` returned: None when it was not stopped by the
+        signal or trained to the end anyway (then the adapter is saved as on any other success)."""
+        if self.stopped_at is None or step >= total:
+            return None
+        ckpt = rt.output_dir / f"checkpoint-{step}"
+        if rt.local_rank != 0 or checkpoints.is_complete(ckpt):
+            saved = f"{ckpt.name} saved and marked complete; a replacement resumes from it"
+        else:
+            saved = f"{ckpt.name} is not complete; a replacement resumes from the newest complete checkpoint"
+        return InterruptedBySignal(f"SIGTERM at step {step} of {total}; {saved}")
+
+
 def _distributed() -> bool:
     return (
         torch.distributed.is_available()
@@ -336,7 +457,17 @@ def sft_config(
 
 
 def run(cfg: TrainerConfig, rt: Runtime) -> dict[str, Any]:
-    """Train, save the adapter (and the merged model when asked), return the summary."""
+    """Train, save the adapter (and the merged model when asked), return the summary; raise
+    :class:`InterruptedBySignal` when SIGTERM stopped it (see :class:`_Sigterm`)."""
+    sigterm = _Sigterm()
+    sigterm.install()
+    try:
+        return _train(cfg, rt, sigterm)
+    finally:
+        sigterm.restore()
+
+
+def _train(cfg: TrainerConfig, rt: Runtime, sigterm: _Sigterm) -> dict[str, Any]:
     started = time.monotonic()
     from transformers.utils import logging as hf_logging
 
@@ -389,6 +520,7 @@ def run(cfg: TrainerConfig, rt: Runtime) -> dict[str, Any]:
     reporter.flops = throughput.flops_basis(trainer.model, gpu, p.name, rt.world_size)  # mfu needs the adapters
     trainer.add_callback(_LossWindows())
     trainer.add_callback(_Divergence(cfg.training.stop_on_non_finite_loss))
+    trainer.add_callback(sigterm)  # after the DefaultFlowCallback: its save is of this step
     resume = _agreed_resume(rt)
     try:
         result = trainer.train(resume_from_checkpoint=str(resume) if resume else None)
@@ -396,6 +528,9 @@ def run(cfg: TrainerConfig, rt: Runtime) -> dict[str, Any]:
         if rt.local_rank == 0:
             mark_diverged(rt, cfg, str(exc))
         raise
+    interrupted = sigterm.interrupted(rt, trainer.state.global_step, trainer.state.max_steps)
+    if interrupted is not None:
+        raise interrupted  # no adapter, no summary: the run is not done
     metrics: dict[str, Any] = dict(result.metrics)
     resumed_step = int(resume.name.rsplit("-", 1)[1]) if resume else 0
     metrics["train_loss"] = checkpoints.run_mean_loss(
