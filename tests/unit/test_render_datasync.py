@@ -584,6 +584,10 @@ def test_grace_period_covers_the_archive_only_when_a_mount_archives(
         path = "/workspace/output" if mount.get("direction") == "Out" else "/data"
         pod = pod_of(refs(("m", path)), mounts={"m": mount}, defaults=defaults)
     assert pod["spec"]["terminationGracePeriodSeconds"] == grace
+    # torchrun waits half of it for its workers' SIGTERM checkpoint (30 s at least, its own
+    # default), then SIGKILLs them; the other half is the checkpoint sidecar's to upload it.
+    env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+    assert env["PET_SHUTDOWN_TIMEOUT"] == str(max(30, grace // 2))
 
 
 # --- node paths -------------------------------------------------------------------------------------

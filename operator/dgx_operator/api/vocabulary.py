@@ -221,7 +221,7 @@ class JobReason:
     WORKER_RESTARTED: Final = _job("WorkerRestarted", None, "event", "a worker's program failed; replaced, counted against backoffLimit")
     WORKER_DISRUPTED: Final = _job("WorkerDisrupted", None, "event", "the cluster disrupted a worker (eviction, preemption, node shutdown); replaced, not counted")
     WORKER_REPLACED: Final = _job("WorkerReplaced", None, "event", "an interactive (debug) worker exited; replaced, not counted")
-    INTERRUPTED: Final = _job("Interrupted", None, "event", "a worker saved a checkpoint on SIGTERM and exited 143 without the operator deleting it (a node shutdown, the kubelet); replaced, not counted")
+    INTERRUPTED: Final = _job("Interrupted", None, "event", "the built-in trainer saved a checkpoint on a SIGTERM the operator did not send (a node shutdown, the kubelet) and stopped, its termination message starting Interrupted; replaced, not counted")
     WORKER_LOST: Final = _job("WorkerLost", None, "event", "workers vanished without the operator deleting them (node loss, spot reclaim); replaced, not counted")
     CREATE_FAILED: Final = _job("CreateFailed", None, "event", "creating a child failed for a reason retrying may heal")
     WORKLOAD_WRITE_FAILED: Final = _job("WorkloadWriteFailed", None, "event", "a write to the job's Kueue Workload failed; retried")

@@ -20,8 +20,9 @@ What is recognised (docs/operator.md, "Failures, diagnosed"):
   or lost peer, a network hiccup.
 - ``RendezvousTimeout``: torchrun's ``RendezvousTimeoutError`` (or the TCP store's ``Timed out
   ... waiting for clients``): not enough nodes joined in time. Transient.
-- ``Interrupted``: the trainer saved a checkpoint on SIGTERM and exited 143; the cluster took the
-  pod away. Not a failure of the program.
+- ``Interrupted``: the trainer saved a checkpoint on SIGTERM and stopped (each rank exits 143,
+  torchrun then 1: only the message tells it from a crash); the cluster took the pod away. Not a
+  failure of the program.
 - anything else a torchrun program prints: the root-cause block of torchrun's summary (failed rank,
   exit code or signal, the error's last line) in place of torchrun's ``=====`` banner.
 
@@ -32,12 +33,8 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Final
 
 from dgx_operator.api.vocabulary import JobReason
-
-#: Exit code of the built-in trainer that saved a checkpoint on SIGTERM (128 + 15).
-INTERRUPTED_EXIT: Final = 143
 
 _OOM_TEXT = re.compile(r"CUDA out of memory|torch\.(?:cuda\.)?OutOfMemoryError|CUDA error: out of memory")
 _WATCHDOG = re.compile(

@@ -119,8 +119,24 @@ def kubedgx_env(
     return env
 
 
+def shutdown_timeout(grace: int) -> int:
+    """torchrun's --shutdown-timeout (PET_SHUTDOWN_TIMEOUT) for a pod of ``grace`` seconds: on
+    SIGTERM (a reclaim, a deletion) torchrun passes the signal to its workers and SIGKILLs those
+    still running after this long; its default, 30 s, cuts the built-in trainer's SIGTERM save
+    short on a large model. Half the grace period: the rest is the checkpoint sidecar's, which the
+    kubelet stops only after the trainer has exited, to upload that checkpoint."""
+    return max(30, grace // 2)
+
+
 def container_env(
-    job: JobIdentity, index: int, attempt: int, spec: DGXTrainingJobSpec, r: Resolved, ctx: BuildContext
+    job: JobIdentity,
+    index: int,
+    attempt: int,
+    spec: DGXTrainingJobSpec,
+    r: Resolved,
+    ctx: BuildContext,
+    *,
+    grace: int | None = None,
 ) -> list[dict[str, Any]]:
     """Operator variables first, then the user's. Reserved names were rejected at admission; any
     other name the user sets (NCCL_DEBUG, say) replaces the operator's default."""
@@ -128,6 +144,8 @@ def container_env(
         **torchrun_env(job, index, r, ctx.defaults.master_port),
         **kubedgx_env(job, index, attempt, spec, r, ctx.defaults.config_dir),
     }
+    if grace is not None:
+        ours["PET_SHUTDOWN_TIMEOUT"] = str(shutdown_timeout(grace))
     user_names = {e.name for e in spec.env}
     env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in ours.items() if k not in user_names]
     env.append({"name": "KUBEDGX_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}})
@@ -338,12 +356,15 @@ def worker_pod(
     if prepare is not None:
         init_containers.insert(0, prepare)
     volumes += sync_volumes
+    grace = ctx.defaults.termination_grace_seconds
+    if any(archives(p.spec) for p in plans):
+        grace = max(grace, ctx.defaults.archive_grace_seconds)
     container: dict[str, Any] = {
         "name": CONTAINER_NAME,
         "image": spec.image or ctx.defaults.trainer_image,
         "imagePullPolicy": ctx.defaults.image_pull_policy,
         **container_command(spec, r, ctx),
-        "env": container_env(job, index, attempt, spec, r, ctx),
+        "env": container_env(job, index, attempt, spec, r, ctx, grace=grace),
         "ports": [
             {"name": "rdzv", "containerPort": r.rdzv_port, "protocol": "TCP"},
             {"name": "master", "containerPort": ctx.defaults.master_port, "protocol": "TCP"},
@@ -354,9 +375,6 @@ def worker_pod(
         "terminationMessagePath": "/dev/termination-log",
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
-    grace = ctx.defaults.termination_grace_seconds
-    if any(archives(p.spec) for p in plans):
-        grace = max(grace, ctx.defaults.archive_grace_seconds)
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",  # the operator restarts workers, so that it can count and decide
         "hostname": name,
