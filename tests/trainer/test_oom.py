@@ -82,3 +82,30 @@ def test_the_older_runtime_error_form_is_recognised_too(tmp_path: Path, monkeypa
 def test_other_runtime_errors_are_still_crashes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert run_main(tmp_path, monkeypatch, RuntimeError("NCCL error: unhandled system error")) == 1
     assert message(tmp_path) == "RuntimeError: NCCL error: unhandled system error"
+
+
+def test_torchruns_restart_of_the_same_config_fails_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """torchrun restarts the group (maxRestarts) after any failure; an out-of-memory config would
+    load the model and run out again each time. The node remembers it (keyed by the config), so a
+    restart ends at once with the same message; a changed config trains."""
+    from dgx_trainer import train
+    from dgx_trainer.__main__ import main
+
+    changes = {"training.perDeviceBatchSize": 16}
+    assert run_main(tmp_path, monkeypatch, torch.OutOfMemoryError(TORCH_TEXT), **changes) == 5
+    first = message(tmp_path)
+    monkeypatch.undo()  # the real train.run from here on
+    monkeypatch.setenv("KUBEDGX_TERMINATION_LOG", str(tmp_path / "termination-log"))
+    monkeypatch.setenv("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+    monkeypatch.setenv("RANK", "3")
+    config = write_config(tmp_path, config_data(tmp_path / "out", changes))
+    assert main(["--config", str(config)]) == 5
+    assert message(tmp_path) == f"{first} (this config ran out of memory here before: not trained again)"
+
+    from dgx_api.trainer_config import load_config
+
+    same = load_config(str(config))
+    other = load_config(str(write_config(tmp_path, config_data(tmp_path / "out", {"training.perDeviceBatchSize": 8}))))
+    rt = train.Runtime(base_dir=tmp_path, output_dir=tmp_path / "out")
+    assert train._marked(rt, same, train.OUT_OF_MEMORY_MARKER) == first
+    assert train._marked(rt, other, train.OUT_OF_MEMORY_MARKER) is None

@@ -181,11 +181,17 @@ def main(argv: list[str] | None = None) -> int:
         if runtime.local_rank == 0:
             _terminate(f"Interrupted: {exc}")
         return 143
+    except train.RepeatedOutOfMemoryError as exc:
+        log.error("%s", exc)
+        _terminate(str(exc))
+        return 5
     except Exception as exc:
         oom = _out_of_memory(exc, cfg, runtime.rank)
         if oom is not None:
             log.error("%s", oom, exc_info=exc)
             _terminate(oom)
+            # torchrun's restarts of the group (maxRestarts) would load the model and run out again.
+            train.mark_out_of_memory(runtime, cfg, oom)
             return 5
         log.exception("training failed")
         _terminate(f"{type(exc).__name__}: {exc}")

@@ -179,13 +179,36 @@ def mark_diverged(rt: Runtime, cfg: TrainerConfig, message: str) -> None:
 
 def diverged_before(rt: Runtime, cfg: TrainerConfig) -> str | None:
     """The message of an earlier divergence of this very config in this output directory."""
+    found = _marked(rt, cfg, DIVERGED_MARKER)
+    return None if found is None else found or "the loss diverged"
+
+
+#: Like DIVERGED_MARKER, for a CUDA out-of-memory error: the same config on the same GPUs runs out
+#: again, and torchrun's maxRestarts would otherwise load the model and fail once more each time.
+OUT_OF_MEMORY_MARKER = Path(".kubedgx") / "out-of-memory.json"
+
+
+class RepeatedOutOfMemoryError(RuntimeError):
+    """This config ran out of GPU memory in this output directory before: not trained again. Its
+    message is the earlier termination message (``OutOfMemory: ...``)."""
+
+
+def mark_out_of_memory(rt: Runtime, cfg: TrainerConfig, message: str) -> None:
+    """Remember on the node that this config ran out of GPU memory (see OUT_OF_MEMORY_MARKER)."""
+    path = rt.output_dir / OUT_OF_MEMORY_MARKER
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, json.dumps({"config": config_digest(cfg), "message": message}) + "\n")
+
+
+def _marked(rt: Runtime, cfg: TrainerConfig, marker_path: Path) -> str | None:
+    """The message a marker holds when it was left for this very config; None otherwise."""
     try:
-        marker = json.loads((rt.output_dir / DIVERGED_MARKER).read_text(encoding="utf-8"))
+        marker = json.loads((rt.output_dir / marker_path).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     if not isinstance(marker, dict) or marker.get("config") != config_digest(cfg):
         return None
-    return str(marker.get("message") or "the loss diverged")
+    return str(marker.get("message") or "")
 
 
 class InterruptedBySignal(BaseException):
@@ -479,6 +502,11 @@ def _train(cfg: TrainerConfig, rt: Runtime, sigterm: _Sigterm) -> dict[str, Any]
     earlier = diverged_before(rt, cfg)
     if earlier is not None:
         raise LossDivergedError(f"{earlier} (this config diverged here before: not trained again)")
+    out_of_memory = _marked(rt, cfg, OUT_OF_MEMORY_MARKER)
+    if out_of_memory:
+        raise RepeatedOutOfMemoryError(
+            f"{out_of_memory} (this config ran out of memory here before: not trained again)"
+        )
 
     # Every row of the training and eval data, before a model is built: a bad row is exit 2 now.
     checked = data.check(cfg, rt.base_dir)
