@@ -348,7 +348,9 @@ async def test_exit_code_policy_retries_signals_and_fails_on_other_codes(
     run_pod(emulator, worker(0))
     await wait_phase(emulator, "Running")
 
-    exit_pod(emulator, worker(0), 137, reason="OOMKilled")  # in the default retryableExitCodes (129-255)
+    # SIGKILL (137) is in the default retryableExitCodes (129-255); the same code with the kubelet's
+    # reason OOMKilled is not retried (OutOfMemory: tests/unit/test_diagnosis.py).
+    exit_pod(emulator, worker(0), 137)
     await expect_pods(emulator, {worker(0): "1"})
     status = get_job(emulator)["status"]
     assert (status["restarts"], status["attempt"]) == (1, 1)
@@ -375,7 +377,7 @@ async def test_exit_code_policy_retries_signals_and_fails_on_other_codes(
             ("Warning", "WorkerFailed"),
         ],
     )
-    assert job_events(emulator)[2][2] == f"{worker(0)} exited with code 137 (OOMKilled); restart 1 of 5 (attempt 1)"
+    assert job_events(emulator)[2][2] == f"{worker(0)} exited with code 137; restart 1 of 5 (attempt 1)"
 
 
 DISRUPTIONS: dict[str, Body] = {

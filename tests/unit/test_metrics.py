@@ -125,7 +125,7 @@ class Cluster:
         return None
 
     async def pod_log_tail(
-        self, namespace: str, name: str, container: str, *, lines: int, limit_bytes: int
+        self, namespace: str, name: str, container: str, *, lines: int, limit_bytes: int, timeout: float = 5.0
     ) -> str | None:
         return ""  # a trainer that has printed nothing yet
 
@@ -268,7 +268,13 @@ async def test_a_job_is_counted_once_as_it_runs_restarts_and_succeeds(run: Run, 
 
     c.set_state(0, "failed", exit_code=1)
     assert await run.reconcile(100) == "Restarting"
-    assert restarts(m) == {"WorkerRestarted": 1, "WorkerDisrupted": 0, "WorkerReplaced": 0, "WorkerLost": 0, "Interrupted": 0}
+    assert restarts(m) == {
+        "WorkerRestarted": 1,
+        "WorkerDisrupted": 0,
+        "WorkerReplaced": 0,
+        "WorkerLost": 0,
+        "Interrupted": 0,
+    }
     assert c.status.restarts == 1
     await run.reconcile(101)  # the replacement is created
     c.set_state(0, "running")
@@ -396,7 +402,13 @@ async def test_evicted_and_lost_workers_count_by_their_reason(catalog: Catalog) 
     await run.reconcile(30)
     c.set_state(1, "evicted")
     assert await run.reconcile(60) == "Restarting"
-    assert restarts(m) == {"WorkerRestarted": 0, "WorkerDisrupted": 1, "WorkerReplaced": 0, "WorkerLost": 0, "Interrupted": 0}
+    assert restarts(m) == {
+        "WorkerRestarted": 0,
+        "WorkerDisrupted": 1,
+        "WorkerReplaced": 0,
+        "WorkerLost": 0,
+        "Interrupted": 0,
+    }
     await run.reconcile(61)
     c.set_state(1, "running")
     assert await run.reconcile(90) == "Running"
@@ -404,7 +416,13 @@ async def test_evicted_and_lost_workers_count_by_their_reason(catalog: Catalog) 
     del c.pods[c.worker(0)["metadata"]["name"]]
     await run.reconcile(120)
     assert ("WorkerLost", "1 worker(s)") in [(r, msg[:11]) for r, msg in c.events]
-    assert restarts(m) == {"WorkerRestarted": 0, "WorkerDisrupted": 1, "WorkerReplaced": 0, "WorkerLost": 1, "Interrupted": 0}
+    assert restarts(m) == {
+        "WorkerRestarted": 0,
+        "WorkerDisrupted": 1,
+        "WorkerReplaced": 0,
+        "WorkerLost": 1,
+        "Interrupted": 0,
+    }
     assert c.status.restarts == 0
 
 
@@ -446,7 +464,13 @@ def test_lost_workers_are_counted_by_the_planners_number() -> None:
     m.event("WorkerLost", "3 worker(s) disappeared or were deleted by someone else; replacing them")
     m.event("WorkerRestarted", "job-worker-0 exited with code 1")  # counted where the worker is deleted
     m.event("Running", "AllWorkersRunning")
-    assert restarts(m) == {"WorkerRestarted": 0, "WorkerDisrupted": 0, "WorkerReplaced": 0, "WorkerLost": 3, "Interrupted": 0}
+    assert restarts(m) == {
+        "WorkerRestarted": 0,
+        "WorkerDisrupted": 0,
+        "WorkerReplaced": 0,
+        "WorkerLost": 3,
+        "Interrupted": 0,
+    }
 
 
 # -- never_ran: what the stored status says about earlier runs ------------------------------------

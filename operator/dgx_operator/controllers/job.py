@@ -29,6 +29,7 @@ from dgx_operator.catalog import Catalog
 from dgx_operator.controllers.loop import RESYNC, EventSink, Key, ReconcileLoop, utcnow
 from dgx_operator.controllers.metrics import JOB_KIND, Metrics
 from dgx_operator.kube import ForeignObjectError, Kube, TransientError, refusal, status_of
+from dgx_operator.reconcile.diagnosis import diagnose
 from dgx_operator.reconcile.mounts import mount_state, parse_mount
 from dgx_operator.reconcile.planner import UNREADABLE, Event, MountState, Observed, Plan, Refused, plan
 from dgx_operator.reconcile.pods import PodView, progress_in_log, slim
@@ -75,6 +76,10 @@ DEFAULT_PROGRESS_INTERVAL = 30.0
 #: and other lines (warnings, a library's output) between them; the newest report is near the end.
 PROGRESS_LOG_LINES = 200
 PROGRESS_LOG_BYTES = 256 * 1024
+#: How much of a failed worker's log is read for its cause (see Controller.failure_logs), and for
+#: how long at most: a real kubelet answers in milliseconds; an unreachable node never does.
+FAILURE_LOG_LINES = 400
+FAILURE_LOG_TIMEOUT = 3.0
 
 
 def status_patch(old: DGXTrainingJobStatus | None, new: DGXTrainingJobStatus) -> dict[str, Any] | None:
@@ -170,6 +175,9 @@ class Controller(ReconcileLoop):
     #: when it was first seen: such a report is stamped with the time it first appeared, so that
     #: spec.maxIdle sees when progress last moved (within one interval).
     progress_seen: dict[Key, tuple[str, datetime]] = field(default_factory=dict)
+    #: Per job, (failed pod, when its container ended) -> the log tail that diagnosed it, or None
+    #: when it named nothing (or could not be read): read once (see failure_logs).
+    failure_reads: dict[Key, dict[tuple[str, datetime | None], str | None]] = field(default_factory=dict)
 
     async def step(self, key: Key) -> float | None:
         result = await self.reconcile(*key)
@@ -190,6 +198,7 @@ class Controller(ReconcileLoop):
         self.failures.pop(key, None)
         self.progress_reads.pop(key, None)
         self.progress_seen.pop(key, None)
+        self.failure_reads.pop(key, None)
         self.locks.pop(key, None)
         self.unreadable_jobs.discard(key)
         if self.metrics is not None:
@@ -279,6 +288,7 @@ class Controller(ReconcileLoop):
                 pod = {**pod, "metadata": {**meta, "deletionTimestamp": "requested"}}
             views.append(PodView.of(pod))
         views += [PodView.of(manifest) for k, (_, manifest) in exp.created.items() if k.startswith("Pod/")]
+        views = await self.failure_logs(key, job, views)
         expected = present | set(exp.created)
         mounts: dict[str, MountState] = {}
         specs: dict[str, Any] = {}
@@ -314,6 +324,51 @@ class Controller(ReconcileLoop):
             mounts=mounts,
         )
         return observed, specs, digests
+
+    async def failure_logs(self, key: Key, job: DGXTrainingJob, views: list[PodView]) -> list[PodView]:
+        """Failed workers whose termination message names no cause get their log's tail read once
+        (pods/log, FAILURE_LOG_LINES): the kubelet keeps only the last 2 KiB of a program's log as
+        its message, and PyTorch's watchdog line or a CUDA out-of-memory error is often printed
+        further up, above torchrun's failure summary. When the tail names a cause, it stands in
+        for the message (reconcile/diagnosis.py). One read per failed pod, all at once, each
+        bounded in time; the answer is kept while the pod exists, so later passes read nothing."""
+        uid = str(job.metadata.uid)
+        seen = self.failure_reads.setdefault(key, {})
+        wanted = [
+            v
+            for v in views
+            if v.owner_uid == uid
+            and v.failed
+            and v.exited
+            and v.failed_init is None
+            and not v.terminating
+            and v.diagnose() is None
+            and (v.name, v.finished_at) not in seen
+        ]
+        namespace, _ = key
+        tails = await asyncio.gather(
+            *(
+                self.kube.pod_log_tail(
+                    namespace,
+                    v.name,
+                    CONTAINER_NAME,
+                    lines=FAILURE_LOG_LINES,
+                    limit_bytes=PROGRESS_LOG_BYTES,
+                    timeout=FAILURE_LOG_TIMEOUT,
+                )
+                for v in wanted
+            )
+        )
+        for v, tail in zip(wanted, tails, strict=True):
+            seen[(v.name, v.finished_at)] = tail if tail and diagnose(tail) is not None else None
+        present = {(v.name, v.finished_at) for v in views}
+        for gone in [k for k in seen if k not in present]:
+            del seen[gone]
+        out = []
+        for v in views:
+            tail = seen.get((v.name, v.finished_at))
+            out.append(dataclasses.replace(v, termination_message=tail) if tail is not None and v.failed else v)
+        return out
 
     async def live_progress(self, key: Key, job: DGXTrainingJob, views: Sequence[PodView]) -> dict[str, Any] | None:
         """Worker 0's latest progress report from the tail of its log, while it runs, at most once
