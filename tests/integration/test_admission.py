@@ -356,3 +356,20 @@ async def test_a_restartable_job_whose_checkpoints_stay_on_the_node_is_allowed_w
         "spec.dataMounts: this job can be restarted in a new pod (elastic between 1 and 4 nodes), but its checkpoints "
         "(output.dir /workspace/output) stay in the pod: a replacement starts at step 0."
     )
+
+
+async def test_the_checkpoint_warning_is_not_repeated_for_updates_the_user_did_not_make(webhook: Webhook) -> None:
+    """Kueue flips spec.suspend and the operator writes finalizers: those updates leave what the user
+    asked for as it was, so the warning the user saw at create does not come back on each (into
+    Kueue's and the operator's logs); an update of the spec itself is judged again."""
+    elastic = stored(with_changes(JOB, {"metadata.name": "grows", "spec.elastic.maxNodes": 4}))
+    created = await webhook.post(JOB_PATH, review_request("CREATE", elastic))
+    assert len(created["response"]["warnings"]) == 1
+    for change in ({"spec.suspend": True}, {"metadata.finalizers": ["kubedgx.io/finalizer"]}):
+        quiet = await webhook.post(JOB_PATH, review_request("UPDATE", stored(with_changes(elastic, change)), elastic))
+        assert quiet["response"]["allowed"] is True
+        assert not quiet["response"].get("warnings"), change
+    grown = stored(with_changes(elastic, {"spec.elastic.maxNodes": 6}))
+    again = await webhook.post(JOB_PATH, review_request("UPDATE", grown, elastic))
+    assert again["response"]["allowed"] is True
+    assert len(again["response"]["warnings"]) == 1

@@ -183,7 +183,7 @@ async def _review(
                     found.append((mount, 1))
         if not unchecked:
             problems += [p for key, p in reference_problems(validator.catalog, found) if key == 0]
-        if not problems and not unchecked:
+        if not problems and not unchecked and _spec_changed(old, body, operation):
             # Only with every referenced mount read (an absent one is not guessed at): the mounts
             # decide whether the checkpoints outlive the pod. Still admitted: a warning, not a refusal.
             warnings += [str(w) for key, w in reference_warnings(validator.catalog, found) if key == 0]
@@ -195,6 +195,20 @@ async def _review(
             problems += denied
             warnings += notes
     return problems, unchecked
+
+
+def _spec_changed(old: dict[str, Any] | None, new: dict[str, Any], operation: str | None) -> bool:
+    """Whether an update changed what the user asked for: Kueue flipping spec.suspend and the
+    operator's finalizer writes update the object too, and a warning the user already saw at
+    create would otherwise come back to Kueue and the operator (their logs) on every one."""
+    if operation != "UPDATE" or old is None:
+        return True
+
+    def asked(obj: dict[str, Any]) -> Any:
+        spec = obj.get("spec")
+        return {k: v for k, v in spec.items() if k != "suspend"} if isinstance(spec, dict) else spec
+
+    return bool(asked(old) != asked(new))
 
 
 async def _mounts(
