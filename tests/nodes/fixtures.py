@@ -101,6 +101,8 @@ def chart_values(built: buildah.Images, cache_root: Path) -> dict[str, Any]:
         "trainer": {"image": {"repository": trainer_repository, "tag": trainer_tag}},
         # The sidecars look for checkpoints every second, not 30: a tiny model's training is short.
         "dataMounts": {"cacheRoot": str(cache_root), "checkpointSyncInterval": "1s"},
+        # Live progress read every 2 s, not 30: a test sees a running job's step while it runs.
+        "progressInterval": "2s",
     }
 
 

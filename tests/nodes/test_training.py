@@ -65,6 +65,15 @@ def no_warnings(ns: Kubectl, job: str) -> list[tuple[str, str]]:
     ]
 
 
+def columns(ns: Kubectl, job: str, *args: str) -> dict[str, str]:
+    """`kubectl get dgxjob JOB` as the user reads it: each column's value under its header (values
+    such as MESSAGE hold spaces, so the header's positions cut the row, not whitespace)."""
+    header, row = ns.run("get", JOBS, job, *args).stdout.splitlines()[:2]
+    starts = [i for i, ch in enumerate(header) if ch != " " and (i == 0 or header[i - 1] == " ")]
+    ends = [*starts[1:], None]
+    return {header[a:b].strip(): row[a:b].strip() for a, b in zip(starts, ends, strict=True)}
+
+
 # -- training ----------------------------------------------------------------------------------------
 
 
@@ -105,24 +114,101 @@ def test_two_node_quickstart_meets_through_per_pod_dns_and_succeeds(ns: Kubectl,
     assert f'"step": {QUICKSTART_STEPS}' in log or f"step={QUICKSTART_STEPS}" in log, log[-3000:]
 
 
-def test_over_its_memory_limit_a_worker_is_oomkilled_and_the_restart_policy_decides(
+def test_over_its_memory_limit_a_worker_is_oomkilled_and_the_job_says_out_of_memory(
     ns: Kubectl, trainer: TrainerCluster
 ) -> None:
-    """The kernel's OOM killer, not a fake status: exit 137, reason OOMKilled, counted against
-    backoffLimit under OnFailure (docs/operator.md), and the job's Failed condition says so."""
+    """The kernel's OOM killer, not a fake status: exit 137, reason OOMKilled. The same program on
+    the same memory is killed again, so OnFailure does not retry it: the job fails at once with
+    reason OutOfMemory and the field to change (docs/operator.md, "Failures, diagnosed")."""
     job = command_job("oom", script="python -c 'b = bytearray(1024 * 2**20); print(len(b))'")
     job["spec"]["resources"] = {"cpu": "500m", "memory": "192Mi", "shm": "16Mi"}
-    job["spec"]["backoffLimit"] = 1
+    job["spec"]["backoffLimit"] = 3
     ns.apply(job)
     failed = wait_job(ns, "oom", "phase Failed", phase_is("Failed"), timeout=300, fail_on=("Succeeded",))
     cond = condition(failed, "Failed")
     assert cond is not None, failed["status"]
-    assert cond["reason"] == "BackoffLimitExceeded", failed["status"]
-    assert "exited with code 137 (OOMKilled)" in cond["message"], cond
-    assert dig(failed, "status", "restarts") == 1, failed["status"]
-    restarted = [e for e in ns.events_for("DGXTrainingJob", "oom") if e.get("reason") == "WorkerRestarted"]
-    assert restarted, ns.events_for("DGXTrainingJob", "oom")
-    assert "OOMKilled" in restarted[0]["message"], restarted
+    assert cond["reason"] == "OutOfMemory", failed["status"]
+    assert (
+        "exited with code 137 (OOMKilled): OutOfMemory: the container went over its host memory limit"
+        in (cond["message"])
+    ), cond
+    assert "raise spec.resources.memory (now 192Mi)" in cond["message"], cond
+    assert dig(failed, "status", "restarts", default=0) == 0, failed["status"]
+    warnings = no_warnings(ns, "oom")
+    assert [reason for reason, _ in warnings] == ["OutOfMemory"], warnings
+    assert columns(ns, "oom")["REASON"] == "OutOfMemory"
+
+
+#: What PyTorch's NCCL watchdog prints when a collective times out (ProcessGroupNCCL.cpp's format),
+#: then what the process does: abort, SIGABRT. Under torchrun, whose summary follows in the log.
+WATCHDOG_PROGRAM = r"""
+cat > /tmp/hang.py <<'PY'
+import os, sys
+print(
+    "[rank0]:[E1204 10:12:01.123456 88 torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:632] [Rank 0] "
+    "Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1801, OpType=ALLREDUCE, NumelIn=8650752, "
+    "NumelOut=8650752, Timeout(ms)=600000) ran for 600094 milliseconds before timing out.",
+    file=sys.stderr,
+    flush=True,
+)
+print("terminate called after throwing an instance of 'c10::DistBackendError'", file=sys.stderr, flush=True)
+os.abort()
+PY
+exec torchrun --standalone --nnodes 1 --nproc-per-node 1 /tmp/hang.py
+"""
+
+
+def test_a_programs_nccl_watchdog_abort_is_named_nccl_timeout(ns: Kubectl, trainer: TrainerCluster) -> None:
+    """A spec.command program under torchrun whose NCCL watchdog fires: the rank aborts (SIGABRT),
+    torchrun exits 1 and prints its summary; the kubelet keeps the log's tail as the termination
+    message, and the job names NCCLTimeout with the rank and the operation, not torchrun's banner."""
+    job = command_job("nccl", script=WATCHDOG_PROGRAM)
+    job["spec"]["restartPolicy"] = "Never"
+    job["spec"]["resources"] = {"cpu": "1", "memory": "1Gi", "shm": "64Mi"}  # torchrun imports torch
+    ns.apply(job)
+    failed = wait_job(ns, "nccl", "phase Failed", phase_is("Failed"), timeout=300, fail_on=("Succeeded",))
+    cond = condition(failed, "Failed")
+    assert cond is not None, failed["status"]
+    assert cond["reason"] == "NCCLTimeout", failed["status"]
+    assert (
+        "NCCLTimeout: rank 0: a collective ALLREDUCE did not complete in 600 s (timeout 600 s)" in (cond["message"])
+    ), cond
+    assert cond["message"].endswith("restartPolicy is Never"), cond
+
+
+#: A spec.command program that reports progress by the contract (docs/trainer.md) at its own pace
+#: until the test lets it finish (a file it creates through `kubectl exec`).
+REPORTER = r"""
+i=0
+while [ ! -e /tmp/finish ]; do
+  i=$((i + 1))
+  echo "{\"event\": \"progress\", \"step\": $i, \"totalSteps\": 1000, \"loss\": 2.5}"
+  sleep 1
+done
+echo done
+"""
+
+
+def test_progress_shows_in_kubectl_get_while_the_job_runs(ns: Kubectl, trainer: TrainerCluster) -> None:
+    """Live progress through the real apiserver and kubelet: the operator reads worker 0's log
+    (pods/log, the kubelet serving it) and `kubectl get -o wide` shows the step and loss while the
+    job is still Running (the chart's progressInterval is 2 s here)."""
+    ns.apply(command_job("live", script=REPORTER))
+    running = wait_job(
+        ns,
+        "live",
+        "a step in status.progress while Running",
+        lambda j: dig(j, "status", "phase") == "Running" and (dig(j, "status", "progress", "step") or 0) >= 2,
+        timeout=300,
+    )
+    assert dig(running, "status", "progress", "totalSteps") == 1000, running["status"]
+    assert dig(running, "status", "progress", "updatedAt"), running["status"]  # stamped when first read
+    shown = columns(ns, "live", "-o", "wide")
+    assert shown["PHASE"] == "Running", shown
+    assert int(shown["STEP"]) >= 2, shown
+    assert shown["LOSS"] == "2.5", shown
+    ns.run("exec", "live-worker-0", "-c", "trainer", "--", "touch", "/tmp/finish")
+    wait_job(ns, "live", "phase Succeeded", phase_is("Succeeded"), timeout=300, fail_on=("Failed",))
 
 
 def test_interactive_worker_takes_exec_and_trains_by_hand(ns: Kubectl, trainer: TrainerCluster) -> None:
@@ -281,6 +367,79 @@ def test_data_in_and_out_through_the_sync_containers(ns: Kubectl, trainer: Train
     uris = {a["uri"] for a in done["status"]["artifacts"]}
     assert any(u.startswith(f"s3://{out_bucket}/runs/final/mounted-{uid8}/adapter") for u in uris), uris
     assert no_warnings(ns, "mounted") == []
+
+
+#: Steps of the reclaimed job: far more than it trains before the test ends it (it is deleted once
+#: the replacement has resumed), so the SIGTERM always lands mid-run.
+RECLAIM_STEPS = 100000
+
+
+def test_a_reclaimed_worker_checkpoints_on_sigterm_and_resumes_on_the_other_node(
+    ns: Kubectl, trainer: TrainerCluster, store: S3
+) -> None:
+    """A spot reclaim as the kubelet carries it out: the worker's pod is deleted (SIGTERM, its grace
+    period) while the trainer is between two saves. The trainer saves a checkpoint at the step it
+    is on and exits; the checkpoint sidecar, stopped after it, uploads that checkpoint; the operator
+    replaces the lost worker (not counted) on the other node (this one is cordoned, as a reclaimed
+    node goes away), whose Out mount restores the upload, and training resumes from that step."""
+    data = (Path(__file__).resolve().parents[2] / "examples" / "data" / "instructions.jsonl").read_bytes()
+    _, out_bucket = mounts(ns, store, data={"train/instructions.jsonl": data})
+    job = quickstart_job("reclaim", steps=RECLAIM_STEPS)
+    spec = job["spec"]
+    spec["dataMounts"] = [{"name": "corpus", "mountPath": "/data/corpus"}, {"name": "outputs", "mountPath": "/output"}]
+    spec["trainer"]["dataset"]["path"] = "/data/corpus/instructions.jsonl"
+    spec["trainer"]["training"]["saveSteps"] = RECLAIM_STEPS  # no regular save before the reclaim
+    spec["trainer"]["training"]["loggingSteps"] = 2
+    spec["trainer"]["output"] = {"dir": "/output/run"}
+    spec["resources"]["cpu"] = "1"  # the checkpoint sidecar's 1 CPU beside it: all a node of 2 cores has
+    ns.apply(job)
+    uid8 = dig(get_job(ns, "reclaim"), "metadata", "uid")[:8]
+    prefix = f"runs/reclaim-{uid8}/checkpoints"
+    wait_job(
+        ns,
+        "reclaim",
+        "step 4 in status.progress",
+        lambda j: dig(j, "status", "phase") == "Running" and (dig(j, "status", "progress", "step") or 0) >= 4,
+        timeout=QUICKSTART_TIMEOUT,
+    )
+    (first,) = worker_pods(ns, "reclaim")
+    node = dig(first, "spec", "nodeName")
+    ns.run("cordon", node)
+    try:
+        ns.run("delete", "pod", "reclaim-worker-0", "--wait=false")
+        wait_for(
+            "the replacement worker running on the other node",
+            lambda: any(
+                dig(p, "spec", "nodeName") not in (None, node) and dig(p, "status", "phase") == "Running"
+                for p in worker_pods(ns, "reclaim")
+            ),
+            timeout=600,
+        )
+        markers = [k for k in store.keys(out_bucket) if k.startswith(prefix) and k.endswith("/kubedgx-complete.json")]
+        assert len(markers) == 1, markers  # the SIGTERM checkpoint, and only it
+        step = int(markers[0].split("/checkpoint-")[1].split("/")[0])
+        assert 4 <= step < RECLAIM_STEPS, markers
+        (replacement,) = [p for p in worker_pods(ns, "reclaim") if dig(p, "spec", "nodeName") != node]
+        name = dig(replacement, "metadata", "name")
+        wait_for(
+            f"{name} resuming at step {step}",
+            lambda: f"resume at step {step}," in ns.logs(name, container="trainer", tail=400),
+            timeout=QUICKSTART_TIMEOUT,
+        )
+        wait_job(
+            ns,
+            "reclaim",
+            f"progress beyond step {step} after the resume",
+            lambda j: (dig(j, "status", "progress", "step") or 0) > step,
+            timeout=QUICKSTART_TIMEOUT,
+        )
+    finally:
+        ns.run("uncordon", node)
+    still = get_job(ns, "reclaim")
+    assert dig(still, "status", "restarts", default=0) == 0, still["status"]
+    reasons = [e.get("reason") for e in ns.events_for("DGXTrainingJob", "reclaim")]
+    assert "WorkerLost" in reasons, reasons
+    ns.delete(JOBS, "reclaim")
 
 
 CHECKPOINTS = r"""
