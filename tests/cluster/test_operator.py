@@ -74,7 +74,7 @@ def test_an_elastic_job_runs_one_worker_per_node_of_its_instance_type(operator: 
     wait_job(namespace, "placed", "3/3 workers Running", running_with(3), timeout=TIMEOUT)
     pods = running_workers(namespace, "placed")
     nodes = {dig(p, "spec", "nodeName") for p in pods}
-    assert len(nodes) == 3, "one worker per node (required anti-affinity)"
+    assert len(nodes) == 3, "one worker per node (each asks all 8 GPUs of one)"
     inst = CATALOG.get("dgxh100.80g.8.norm")
     for pod in pods:
         labels = node_labels(namespace, pod)

@@ -373,12 +373,19 @@ def test_node_affinity_on_product_and_count() -> None:
 
 
 def test_one_worker_per_node() -> None:
-    anti = one_pod()["spec"]["affinity"]["podAntiAffinity"]
+    """A worker asking part of a node's GPUs is kept off nodes where one of its job's runs; a
+    whole-node worker needs no such term: it asks every GPU the node has (the GPU-count term)."""
+    anti = one_pod({"spec.resources.gpu": 4})["spec"]["affinity"]["podAntiAffinity"]
     assert anti == {
         "requiredDuringSchedulingIgnoredDuringExecution": [
             {"labelSelector": {"matchLabels": {JOB_LABEL: "job"}}, "topologyKey": "kubernetes.io/hostname"}
         ]
     }
+    whole = one_pod()["spec"]
+    assert "podAntiAffinity" not in whole["affinity"]
+    gpus = whole["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]
+    count = whole["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]
+    assert {"key": "nvidia.com/gpu.count", "operator": "In", "values": [gpus]} in count["matchExpressions"]
 
 
 def test_gb200_requires_one_nvlink_clique() -> None:

@@ -169,12 +169,18 @@ def affinity(job: JobIdentity, r: Resolved) -> dict[str, Any]:
         "nodeAffinity": {
             "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": node_terms}]}
         },
-        "podAntiAffinity": {
+    }
+    if r.gpus < inst.gpus:
+        # A worker that asks part of a node's GPUs: two of one job's could share a node, so it is
+        # forbidden here. A whole-node worker asks every GPU the node has (the count term above),
+        # and the scheduler's resource fit already keeps a second one off: a required anti-affinity
+        # term would buy nothing and cost every later pod of the cluster a walk over all pods that
+        # carry one (InterPodAffinity's PreFilter; benchmarks/notes/scheduler-placement-cost.md).
+        out["podAntiAffinity"] = {
             "requiredDuringSchedulingIgnoredDuringExecution": [
                 {"labelSelector": same_job(), "topologyKey": HOSTNAME_KEY}
             ]
-        },
-    }
+        }
     if inst.multi_node_nvlink:
         # GB200 NVL: GPUs talk over NVLink only inside one clique, so every worker must share it.
         # The first worker matches itself, which the scheduler accepts for self-affinity.
