@@ -38,12 +38,12 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from dgx_api.schema import Problem
-from dgx_operator.api import API_VERSION, DGXDataMount, DGXDataMountSpec, DGXTrainingJob
-from dgx_operator.api.common import JOB_KIND, MOUNT_KIND
+from dgx_operator.api import DGXDataMountSpec, DGXTrainingJob
 from dgx_operator.api.trainingjob import DataMountRef, DGXTrainingJobSpec
 from dgx_operator.catalog import Catalog, UnknownInstanceError
 from dgx_operator.render.datasync import syncs_checkpoints
 from dgx_operator.render.resolved import Resolved, resolve
+from dgx_operator.validation.validator import jobs_with_mounts
 
 #: Capacity pools (the last part of an instance name) whose jobs are not expected to resume.
 NO_RESUME_CAPACITIES = ("debug",)
@@ -152,20 +152,8 @@ def reference_warnings(catalog: Catalog, objects: Iterable[tuple[Mapping[str, An
     """:func:`checkpoint_warnings` for the jobs among ``(object, key)`` pairs of valid objects, with
     the DGXDataMounts given among them (in the job's namespace, as :func:`reference_problems` finds
     them). A job referencing a mount not given gets no warning. Returns (key, warning)."""
-    mounts: dict[tuple[str, str], DGXDataMountSpec] = {}
-    jobs: list[tuple[Any, DGXTrainingJob]] = []
-    for obj, key in objects:
-        if obj.get("apiVersion") != API_VERSION:
-            continue
-        if obj.get("kind") == MOUNT_KIND:
-            mount = DGXDataMount.model_validate(obj)
-            mounts[(mount.metadata.namespace or "default", mount.metadata.name)] = mount.spec
-        elif obj.get("kind") == JOB_KIND:
-            jobs.append((key, DGXTrainingJob.model_validate(obj)))
     out: list[tuple[Any, Problem]] = []
-    for key, job in jobs:
-        ns = job.metadata.namespace or "default"
-        found = {name: spec for (mns, name), spec in mounts.items() if mns == ns}
+    for key, job, found in jobs_with_mounts(objects):
         try:
             r = resolve(job.spec, catalog)
         except UnknownInstanceError:  # refused by the validator already

@@ -383,12 +383,11 @@ def mount_problems(spec: DGXDataMountSpec) -> list[Problem]:
     return problems
 
 
-def reference_problems(catalog: Catalog, objects: Iterable[tuple[Mapping[str, Any], Any]]) -> list[tuple[Any, Problem]]:
-    """Rules between documents given together (``(object, key)`` pairs of objects that passed
-    :meth:`Validator.validate`): each job
-    whose DGXDataMounts are all among them is built, and what the builders refuse (an output
-    directory inside a read-only input mount, a mount at a path kubedgx uses) is reported. Jobs that
-    reference mounts living only in the cluster are left to the operator. Returns (key, problem)."""
+def jobs_with_mounts(
+    objects: Iterable[tuple[Mapping[str, Any], Any]],
+) -> list[tuple[Any, DGXTrainingJob, dict[str, DGXDataMountSpec]]]:
+    """(key, job, the DGXDataMounts given in its namespace by name) for each job among ``(object,
+    key)`` pairs of valid objects: what the checks that need a job's mounts start from."""
     mounts: dict[tuple[str, str], DGXDataMountSpec] = {}
     jobs: list[tuple[Any, DGXTrainingJob]] = []
     for obj, key in objects:
@@ -399,10 +398,21 @@ def reference_problems(catalog: Catalog, objects: Iterable[tuple[Mapping[str, An
             mounts[(mount.metadata.namespace or "default", mount.metadata.name)] = mount.spec
         elif obj.get("kind") == JOB_KIND:
             jobs.append((key, DGXTrainingJob.model_validate(obj)))
-    out: list[tuple[Any, Problem]] = []
+    out = []
     for key, job in jobs:
         ns = job.metadata.namespace or "default"
-        found = {name: spec for (mns, name), spec in mounts.items() if mns == ns}
+        out.append((key, job, {name: spec for (mns, name), spec in mounts.items() if mns == ns}))
+    return out
+
+
+def reference_problems(catalog: Catalog, objects: Iterable[tuple[Mapping[str, Any], Any]]) -> list[tuple[Any, Problem]]:
+    """Rules between documents given together (``(object, key)`` pairs of objects that passed
+    :meth:`Validator.validate`): each job
+    whose DGXDataMounts are all among them is built, and what the builders refuse (an output
+    directory inside a read-only input mount, a mount at a path kubedgx uses) is reported. Jobs that
+    reference mounts living only in the cluster are left to the operator. Returns (key, problem)."""
+    out: list[tuple[Any, Problem]] = []
+    for key, job, found in jobs_with_mounts(objects):
         if any(ref.name not in found for ref in job.spec.data_mounts):
             continue
         try:
