@@ -212,6 +212,7 @@ def test_two_replicas_roll_and_one_leads_with_the_documented_interface() -> None
         "POD_NAME": "",  # valueFrom, above
         "KUBEDGX_SHUTDOWN_DELAY": "5s",
         "KUBEDGX_PROGRESS_INTERVAL": "30s",
+        "KUBEDGX_STATUS_INTERVAL": "10s",
         "KUBEDGX_LEADER_ELECTION": "1",
         "KUBEDGX_LEADER_ELECTION_ID": "kubedgx-leader",
         "KUBEDGX_LEADER_ELECTION_NAMESPACE": NAMESPACE,

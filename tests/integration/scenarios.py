@@ -149,13 +149,18 @@ class Operator:
         await self.run.stop()
 
 
-def operator_config() -> OperatorConfig:
-    return OperatorConfig(error_backoffs=(0.1, 0.2, 0.5, 1.0), retry_base=0.1)
+def operator_config(status_interval: float = 0.0) -> OperatorConfig:
+    return OperatorConfig(error_backoffs=(0.1, 0.2, 0.5, 1.0), retry_base=0.1, status_interval=status_interval)
 
 
-async def start_operator(emulator: Emulator, run_operator: RunOperator, clock: Clock | None = None) -> Operator:
-    """Run dgx_operator.runtime.handlers until the test ends, with short backoffs and the test's clock."""
-    memo = kopf.Memo(config=operator_config())
+async def start_operator(
+    emulator: Emulator, run_operator: RunOperator, clock: Clock | None = None, *, status_interval: float = 0.0
+) -> Operator:
+    """Run dgx_operator.runtime.handlers until the test ends, with short backoffs and the test's clock.
+
+    ``status_interval`` 0 by default: these tests follow a job one worker at a time and look at every
+    count as it changes; the coalescing of those writes is test_status_writes.py's (and the planner's)."""
+    memo = kopf.Memo(config=operator_config(status_interval))
     run = await run_operator("dgx_operator.runtime.handlers", wait_for=(JOBS, "pods"), memo=memo)
     # A restarted operator: the stopped one's watches may still count as open for a moment, so the
     # wait above can end before this one's startup handler has made its controller. Its own list

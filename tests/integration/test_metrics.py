@@ -79,7 +79,11 @@ def metrics_port(monkeypatch: pytest.MonkeyPatch) -> int:
     """start_operator's config, with the metrics server on a free port."""
     port = free_port()
     config = scenarios.operator_config()
-    monkeypatch.setattr(scenarios, "operator_config", lambda: dataclasses.replace(config, metrics_port=port))
+    monkeypatch.setattr(
+        scenarios,
+        "operator_config",
+        lambda status_interval=0.0: dataclasses.replace(config, metrics_port=port, status_interval=status_interval),
+    )
     return port
 
 

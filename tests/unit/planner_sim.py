@@ -317,6 +317,11 @@ class Sim:
     mounts: dict[str, MountState] = field(default_factory=dict)
     #: The plan of the latest step (None before the first).
     last: Plan | None = None
+    #: The operator's status interval (0: every change written at once; see planner.coalesce).
+    status_interval: float = 0.0
+    #: When the status was last written, and how many times (a step whose plan changes it writes).
+    written_at: datetime | None = None
+    writes: int = 0
 
     def pod(self, index: int, state: str, **kw: Any) -> dict[str, Any]:
         return make_pod(self.job, self.ctx, index, state, **kw)
@@ -351,8 +356,13 @@ class Sim:
         observed = observe(
             pods, mounts=self.mounts, foreign=foreign, shared=shared, progress=progress, progress_live=progress_live
         )
+        observed = dataclasses.replace(
+            observed, status_written_at=self.written_at, status_interval=self.status_interval
+        )
         assert_stable(self.job, self.ctx, observed, self.now)
         result = plan(self.job, self.ctx, observed, self.now)
+        if self.job.status is None or result.status != self.job.status:
+            self.written_at, self.writes = self.now, self.writes + 1
         self.job = step(self.job, result)
         self.last = result
         return result

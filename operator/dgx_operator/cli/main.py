@@ -331,6 +331,7 @@ OPERATOR_FLAGS = {
     "bind_address": "KUBEDGX_BIND_ADDRESS",
     "shutdown_delay": "KUBEDGX_SHUTDOWN_DELAY",
     "progress_interval": "KUBEDGX_PROGRESS_INTERVAL",
+    "status_interval": "KUBEDGX_STATUS_INTERVAL",
     "leader_elect": "KUBEDGX_LEADER_ELECTION",
     "leader_election_namespace": "KUBEDGX_LEADER_ELECTION_NAMESPACE",
     "leader_election_id": "KUBEDGX_LEADER_ELECTION_ID",
@@ -597,6 +598,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--progress-interval",
         metavar="DURATION",
         help="how often a running job's worker 0 log is read for its progress (30s; 0: never)",
+    )
+    o.add_argument(
+        "--status-interval",
+        metavar="DURATION",
+        help="how long a job's status may lag behind its running-worker counts (10s; 0: written at once)",
     )
     o.add_argument(
         "--leader-elect",

@@ -72,6 +72,9 @@ def namespace_terminating(exc: ApiException) -> bool:
 EXPECTATION_TTL = 60.0
 #: Seconds between reads of a running worker 0's progress (the setting KUBEDGX_PROGRESS_INTERVAL).
 DEFAULT_PROGRESS_INTERVAL = 30.0
+#: How long a job's status may lag behind its counts in flight (the setting KUBEDGX_STATUS_INTERVAL;
+#: see reconcile.planner.coalesce).
+DEFAULT_STATUS_INTERVAL = 10.0
 #: How much of worker 0's log one read takes: the trainer prints a progress line per logging step,
 #: and other lines (warnings, a library's output) between them; the newest report is near the end.
 PROGRESS_LOG_LINES = 200
@@ -178,6 +181,11 @@ class Controller(ReconcileLoop):
     #: Per job, (failed pod, when its container ended) -> the log tail that diagnosed it, or None
     #: when it named nothing (or could not be read): read once (see failure_logs).
     failure_reads: dict[Key, dict[tuple[str, datetime | None], str | None]] = field(default_factory=dict)
+    #: Seconds a job's status may lag behind its counts in flight (0: every change written at once).
+    status_interval: float = DEFAULT_STATUS_INTERVAL
+    #: When this process last wrote each job's status (``now``): the planner holds a change of the
+    #: counts in flight alone until that write is status_interval old.
+    status_writes: dict[Key, datetime] = field(default_factory=dict)
 
     async def step(self, key: Key) -> float | None:
         result = await self.reconcile(*key)
@@ -199,6 +207,7 @@ class Controller(ReconcileLoop):
         self.progress_reads.pop(key, None)
         self.progress_seen.pop(key, None)
         self.failure_reads.pop(key, None)
+        self.status_writes.pop(key, None)
         self.locks.pop(key, None)
         self.unreadable_jobs.discard(key)
         if self.metrics is not None:
@@ -314,6 +323,8 @@ class Controller(ReconcileLoop):
         observed = Observed(
             progress=progress,
             progress_live=self.progress_interval > 0,
+            status_written_at=self.status_writes.get(key),
+            status_interval=self.status_interval,
             queueing=queueing,
             pods=tuple(views),
             service=f"Service/{service_name(name)}" in expected,
@@ -560,6 +571,7 @@ class Controller(ReconcileLoop):
         patch = status_patch(job.status, result.status)
         if patch is not None:
             await self.kube.patch_job_status(namespace, name, job.metadata.resource_version, patch)
+            self.status_writes[key] = self.now()
             if self.metrics is not None:  # counted once written: a refused write is planned again
                 self.metrics.job_status_written(job.metadata.creation_timestamp, job.status, result.status)
         seen = {v.name: v for v in views}

@@ -81,6 +81,7 @@ async def startup(
         retry_base=config.retry_base,
         metrics=memo.metrics,
         progress_interval=config.progress_interval,
+        status_interval=config.status_interval,
     )
     if config.kueue:
         memo.controller.kueue = KueueSettings(manage_without_queue_name=config.kueue_manage_without_queue_name)

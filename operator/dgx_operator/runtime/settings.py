@@ -475,6 +475,17 @@ SETTINGS: tuple[Setting, ...] = (
         flag="--progress-interval",
     ),
     Setting(
+        "KUBEDGX_STATUS_INTERVAL",
+        _duration(),
+        10.0,
+        "status_interval",
+        "how long a job's status may lag behind its counts in flight (running workers, `NODES`, the numbers in"
+        " a condition's message): a change of those alone is written at most once per interval per job, while"
+        " phase, reason, restarts, failures and progress are written at once; `0`: every change at once",
+        chart="statusInterval",
+        flag="--status-interval",
+    ),
+    Setting(
         "KUBEDGX_CHECKPOINT_SYNC_INTERVAL",
         _duration(positive=True),
         30.0,
@@ -559,6 +570,9 @@ class OperatorConfig:
     #: Seconds between reads of a running job's worker 0 log for its progress (KUBEDGX_PROGRESS_INTERVAL);
     #: 0: never (controllers.job.Controller.live_progress).
     progress_interval: float = 30.0
+    #: Seconds a job's status may lag behind its counts in flight (KUBEDGX_STATUS_INTERVAL); 0: none
+    #: (reconcile.planner.coalesce).
+    status_interval: float = 10.0
     #: Seconds between the checkpoint sidecars' scans (KUBEDGX_CHECKPOINT_SYNC_INTERVAL): how long
     #: a complete checkpoint may wait on the node before it starts uploading.
     checkpoint_sync_interval: float = 30.0

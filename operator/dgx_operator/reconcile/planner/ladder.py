@@ -14,6 +14,7 @@ from dgx_operator.api.trainingjob import KIND, DGXTrainingJob
 from dgx_operator.api.vocabulary import JobPhase, JobReason
 from dgx_operator.catalog import UnknownInstanceError
 from dgx_operator.reconcile.planner import archives, gating, restarts, timers
+from dgx_operator.reconcile.planner.coalesce import coalesce
 from dgx_operator.reconcile.planner.draft import Draft
 from dgx_operator.reconcile.planner.model import TERMINAL, Observed, Plan
 from dgx_operator.reconcile.pods import PERMANENT_WAITING, PodView
@@ -257,4 +258,7 @@ def unstartable(d: Draft) -> Plan | None:
 
 def plan(job: DGXTrainingJob, ctx: BuildContext, observed: Observed, now: datetime) -> Plan:
     """Decide what to do for ``job`` given what exists; see the package docstring."""
-    return run(Draft(job, ctx, observed, now))
+    d = Draft(job, ctx, observed, now)
+    result = run(d)
+    coalesce(d)
+    return result

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from dgx_operator.api.common import Condition
@@ -98,6 +98,11 @@ class Observed:
     #: The controller reads live progress (its progressInterval is not 0): spec.maxIdle can tell a
     #: silent worker from one nobody listens to.
     progress_live: bool = False
+    #: When this operator process last wrote the job's status (None: not since it started), and
+    #: the status interval (0: every change written at once): a change of the counts in flight
+    #: alone waits until that write is an interval old (see planner.coalesce).
+    status_written_at: datetime | None = None
+    status_interval: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,66 @@
+"""Status writes coalesced: a job's status is written at once when something a reader acts on
+changes (the phase, a condition's status or reason, the attempt, the worker counts that say a
+worker was created, deleted, failed or finished, progress, artifacts, times), and at most once per
+status interval when only the *counts in flight* move: how many workers are running
+(``workers.ready``, ``nodes``) and the numbers in the messages of conditions whose status and
+reason stay the same ("3/8 workers running, need 8 (2 not scheduled yet)").
+
+Why: each worker of a job turning Running (or being scheduled) changes those counts, so a job of
+N workers wrote its status N times on its way to Running, and every write wakes every watcher of
+the job (kubectl, Argo CD, Flyte, the operator itself). Held back, they ride along with the next
+real transition, or go out when the interval ends: the status is never more than one interval
+behind, and N workers turning Running one by one within an interval make two writes (the job's
+start and its Running transition). See docs/benchmarks.md, "Status writes".
+
+Pure: it compares the stored status with the planned one and, when only those counts differ and
+the last write of this process is younger than the interval, keeps the stored counts in the plan
+and asks for a pass when the interval ends.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from dgx_operator.api.trainingjob import DGXTrainingJobStatus
+from dgx_operator.reconcile.planner.draft import Draft
+
+
+def held_counts(old: DGXTrainingJobStatus, new: DGXTrainingJobStatus) -> DGXTrainingJobStatus:
+    """``new`` with the counts in flight taken from ``old``: equal to ``old`` exactly when those
+    counts are all that differ."""
+    held = new.model_copy(deep=True)
+    if old.workers is not None and held.workers is not None:
+        held.workers.ready = old.workers.ready
+    held.nodes = old.nodes
+    before = {c.type: c for c in old.conditions}
+    conditions = []
+    for c in held.conditions:
+        prior = before.get(c.type)
+        same = prior is not None and (prior.status, prior.reason, prior.observed_generation) == (
+            c.status,
+            c.reason,
+            c.observed_generation,
+        )
+        conditions.append(prior.model_copy(deep=True) if same and prior is not None else c)
+    held.conditions = conditions
+    return held
+
+
+def coalesce(d: Draft) -> None:
+    """Hold back a write that only moves the counts in flight (see the module docstring)."""
+    old = d.job.status
+    interval = d.observed.status_interval
+    written = d.observed.status_written_at
+    if old is None or interval <= 0 or written is None:
+        return
+    due = written + timedelta(seconds=interval)
+    if d.now >= due or d.status == old:
+        return
+    held = held_counts(old, d.status)
+    if held != old:
+        return  # something a reader acts on changed: written now, counts included
+    # In place: the plan holds this very status object.
+    for name in DGXTrainingJobStatus.model_fields:
+        setattr(d.status, name, getattr(held, name))
+    wait = (due - d.now).total_seconds()
+    d.plan.requeue_after = wait if d.plan.requeue_after is None else min(d.plan.requeue_after, wait)
