@@ -4,6 +4,7 @@
     python benchmarks/operator_scale.py 1 100      # chosen sizes
     python benchmarks/operator_scale.py --cluster 100 1000   # on the real control plane (tests/cluster)
     python benchmarks/operator_scale.py --unrelated 0        # without the cluster's other pods
+    python benchmarks/operator_scale.py --hold 0             # no steady-state window after start-up
 
 For each N, two runs side by side on fresh emulators (tests/integration/emulator.py):
 
@@ -20,22 +21,52 @@ server-side; the baseline never reads them.
 
 Reported: seconds to done for both and their ratio; the operator's peak RSS (VmHWM); seconds from
 its start until its watches are open ("ready"); its write amplification = writes it made / minimum
-writes (N x 11), with and without the Kubernetes Events it posts. Targets: amplification <= 1.2,
-time ratio <= 2, RSS < 200 MB at N = 1000 with the 5,000 unrelated pods.
+writes (N x 11: the emulator's "done" comes before any worker runs, so no Running transition is in
+it), with and without the Kubernetes Events it posts. Targets: amplification <= 1.2, time ratio <= 2,
+RSS < 200 MB at N = 1000 with the 5,000 unrelated pods.
+
+Steady state (``--hold SECONDS``, default 60; 0 skips it): once the start-up writes are counted, the
+benchmark plays the kubelet and the trainer: worker 0's ``trainer`` log gets JSON progress lines
+(docs/trainer.md, "Progress: the contract"), every worker pod is set Running, and once every job is
+Running with 8/8 ready (and has posted that transition's Event) the operator runs on for the hold
+while each worker 0's log is rewritten every second with a growing step, so each read of it
+(``--progress-interval``, default 30 s, passed to the operator) finds a new report. The operator's
+writes in that window are counted apart from the start-up ones: status writes of DGXTrainingJobs,
+reported per job-minute next to the bound 60 / interval (at most hold / interval + 1 per job in the
+hold), and every other write.
 
 ``--cluster``: the same two clients on a real Kubernetes control plane (tests/cluster/controlplane.py:
 etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok), one fresh cluster per N with
 N x 8 kwok nodes of the job's instance type (one worker per node), the chart's objects installed.
-Both runs share that cluster, one after the other, each in its own namespace (the baseline's namespace
-is deleted, its pods gone, before the operator starts): the baseline authenticates as the chart's
-ServiceAccount, the operator runs as in the cluster tests (tests/cluster/operator.py: start_operator).
+Three runs share that cluster, one after the other, each in its own namespace, the previous one's
+namespace deleted and no pod left in the cluster before the next starts:
+
+- (a) the baseline, authenticated as the chart's ServiceAccount;
+- (c) plain pods: N x 8 pods with the workers' resource requests and limits and their tolerations
+  (the kwok nodes carry the GPU pool's taint), and nothing else of kubedgx's: no pod affinity, no
+  node affinity, no Service, no kubedgx labels; created as the same ServiceAccount, 8 in sequence
+  for each of N in parallel, as the baseline creates a job's pods;
+- (b) the operator, run as in the cluster tests (tests/cluster/operator.py: start_operator).
+
 Writes are counted from the apiserver's audit log (every write by that ServiceAccount in the run's
 window: exact and attributed); apiserver_request_total has no label that tells clients apart, so its
 deltas are only printed next to the audit counts (BENCH_DETAIL=1) as a cross-check. Two times per run:
 "done" (as above: every job's 8 pods exist and its status says workers.active == 8) and "running"
 (kwok ran the pods: for the operator every job Running with 8/8 ready, for the baseline all its pods
 Running). The operator's writes are counted once every job is Running and has posted the Event of
-that transition; the minimum stays N x 11.
+that transition. The minimum there is N x 12: the issue's N x 11 writes plus one status write per job
+for its Running transition (the baseline client stops at N x 11: it writes no Running status).
+
+Scheduler throughput, for (a) and (c): pods bound per second, from kube-scheduler's own metrics
+(its /metrics, read with the admin's client certificate, which the scheduler authenticates and
+authorizes through the apiserver): the delta of ``scheduler_schedule_attempts_total{result=
+"scheduled"}`` (counted after each Bind succeeds) over the seconds from the run's first create to the
+moment the API shows every pod of the run bound (spec.nodeName set, polled). "sched ratio" = the
+baseline's pods/s / the plain pods'. BENCH_DETAIL=1 also prints, per run, the mean of
+``scheduler_scheduling_attempt_duration_seconds``, ``scheduler_scheduling_algorithm_duration_seconds``
+and ``scheduler_framework_extension_point_duration_seconds`` by extension point, and the
+unschedulable attempts. The hold (above) comes after (b) on the cluster too, with no trainer log:
+kwok serves no container logs, so there the operator finds no progress to report.
 """
 
 from __future__ import annotations
@@ -49,10 +80,12 @@ import json
 import os
 import re
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -79,7 +112,19 @@ UNRELATED_NAMESPACES = (NAMESPACE, "team-a", "team-b", "team-c", "team-d")
 DEFAULT_UNRELATED = 5000
 WORKERS = 8
 MIN_WRITES_PER_JOB = WORKERS + 3  # pods + Service + ConfigMap + one status write
+#: On the cluster the jobs run: one more status write per job, for its Running transition.
+MIN_WRITES_PER_JOB_CLUSTER = MIN_WRITES_PER_JOB + 1
 TIMEOUT = 900.0
+#: Seconds the operator runs on once every job is Running, its writes counted apart (--hold).
+DEFAULT_HOLD = 60.0
+#: The operator's own default (KUBEDGX_PROGRESS_INTERVAL), passed to it explicitly (--progress-interval).
+DEFAULT_PROGRESS_INTERVAL = 30.0
+#: The container whose log carries the progress lines (the worker's only container).
+TRAINER = "trainer"
+#: The phase event the operator posts when all of a job's workers run (planner: AllWorkersRunning).
+RUNNING_REASON = "AllWorkersRunning"
+#: A worker's replica index (worker 0's log carries the progress lines).
+INDEX_LABEL = "kubedgx.io/replica-index"
 
 JOB: dict[str, Any] = {
     "apiVersion": "kubedgx.io/v1alpha1",
@@ -258,6 +303,80 @@ def breakdown(api: Emulator, since: int) -> str:
     return ", ".join(f"{k}: {v}" for k, v in sorted(counts.items()))
 
 
+def progress_log(step: int) -> str:
+    """Worker 0's trainer output by ``step``: its last progress lines (docs/trainer.md, "Progress: the
+    contract"), each after a line of a library's own output, as the operator tails it."""
+    lines = []
+    for s in range(max(1, step - 2), step + 1):
+        lines.append(f"2026-12-04 10:00:00 INFO [rank 0] step {s} done\n")
+        report = {"event": "progress", "step": s, "totalSteps": 1_000_000, "loss": round(4.0 / (1 + s / 100), 4)}
+        lines.append(json.dumps(report) + "\n")
+    return "".join(lines)
+
+
+def running_status(pod: dict[str, Any]) -> dict[str, Any]:
+    """A kubelet's status for a worker whose containers all run and are ready (as the integration
+    tests' run_pod writes it)."""
+    started = "2025-01-01T00:00:00Z"
+    conditions = [
+        {"type": t, "status": "True", "lastTransitionTime": started}
+        for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")
+    ]
+    statuses = [
+        {
+            "name": c["name"],
+            "image": c["image"],
+            "imageID": f"{str(c['image']).split('@')[0].rsplit(':', 1)[0]}@sha256:{'0' * 64}",
+            "ready": True,
+            "started": True,
+            "restartCount": 0,
+            "state": {"running": {"startedAt": started}},
+        }
+        for c in pod["spec"]["containers"]
+    ]
+    return {
+        "phase": "Running",
+        "conditions": conditions,
+        "hostIP": "10.0.0.1",
+        "podIP": "10.1.0.1",
+        "startTime": started,
+        "containerStatuses": statuses,
+    }
+
+
+def job_running(job: Any) -> bool:
+    status = job.get("status") or {}
+    return bool(status.get("phase") == "Running" and (status.get("workers") or {}).get("ready") == WORKERS)
+
+
+def status_write(resource: str | None, subresource: str | None) -> bool:
+    """A write of a job's status (the /status subresource of a DGXTrainingJob)."""
+    return resource == "dgxtrainingjobs" and subresource == "status"
+
+
+def per_job_minute(count: float, jobs: int, seconds: float) -> float:
+    return count / jobs / (seconds / 60) if jobs and seconds > 0 else float("nan")
+
+
+def hold_bound(hold: float, interval: float) -> float:
+    """The most progress status writes one job may make in a hold of ``hold`` seconds: one per read,
+    one read per interval, the first at any moment of it."""
+    return hold // interval + 1 if interval > 0 else 0.0
+
+
+async def hold_with_progress(api: Emulator, workers0: list[str], hold: float) -> float:
+    """Run ``hold`` seconds, rewriting each worker 0's trainer log every second with the next step;
+    returns the seconds it ran."""
+    start = time.perf_counter()
+    step = 1
+    while (elapsed := time.perf_counter() - start) < hold:
+        step += 1
+        for pod in workers0:
+            api.set_log(NAMESPACE, pod, TRAINER, progress_log(step))
+        await asyncio.sleep(min(1.0, hold - elapsed))
+    return time.perf_counter() - start
+
+
 async def minimal_writes(core: Any, custom: Any, catalog: Catalog, body: Any) -> None:
     """The minimum for one job, in sequence: its children from the operator's own builders, then
     one status write that says its workers are there."""
@@ -324,7 +443,7 @@ def rss_mb(pid: int, field: str = "VmHWM") -> float:
     return float("nan")
 
 
-async def operator(n: int, unrelated: int) -> dict[str, float]:
+async def operator(n: int, unrelated: int, hold: float, interval: float) -> dict[str, float]:
     async with Emulator(keep_requests=False) as api, kmock.Server(api):
         api.install_crds(sorted((ROOT / "crds").glob("*.yaml")))
         api.create_namespace(NAMESPACE)
@@ -345,6 +464,8 @@ async def operator(n: int, unrelated: int) -> dict[str, float]:
                     "-A",
                     "--liveness",
                     f"http://127.0.0.1:{free_port()}/healthz",
+                    "--progress-interval",
+                    f"{interval:g}s",
                 ],
                 env=env,
                 stdout=subprocess.DEVNULL,
@@ -375,25 +496,68 @@ async def operator(n: int, unrelated: int) -> dict[str, float]:
                 await until("every Event", lambda: api.count("events", NAMESPACE) >= n)
                 total, without_events = writes(api, mark)
                 rss = rss_mb(proc.pid)
-                if os.environ.get("BENCH_DETAIL"):
+                detail = bool(os.environ.get("BENCH_DETAIL"))
+                if detail:
                     print(f"  operator writes at N={n}: {breakdown(api, mark)}", flush=True)
                     print(f"  operator RSS now {rss_mb(proc.pid, 'VmRSS'):.0f} MB, peak {rss:.0f} MB", flush=True)
+                result = {
+                    "seconds": elapsed,
+                    "writes": total,
+                    "writes_no_events": without_events,
+                    "rss_mb": rss,
+                    "ready": ready,
+                }
+                if hold > 0:
+                    # The kubelet's and the trainer's part: worker 0 has printed a progress line, every
+                    # worker runs; then the operator's steady state, its writes counted apart.
+                    workers = api.select("pods", NAMESPACE, labels={"app.kubernetes.io/component": "worker"})
+                    workers0 = [p["metadata"]["name"] for p in workers if p["metadata"]["labels"][INDEX_LABEL] == "0"]
+                    for name in workers0:
+                        api.set_log(NAMESPACE, name, TRAINER, progress_log(1))
+                    mark = len(api.log)
+                    started = time.perf_counter()
+                    for pod in workers:
+                        api.patch_status("pods", NAMESPACE, pod["metadata"]["name"], running_status(pod))
+                    await until(
+                        "every job Running 8/8", lambda: api.count("dgxtrainingjobs", NAMESPACE, job_running) >= n
+                    )
+                    await until(
+                        "every job's Running Event",
+                        lambda: api.count("events", NAMESPACE, lambda e: e.get("reason") == RUNNING_REASON) >= n,
+                    )
+                    result["running_s"] = time.perf_counter() - started
+                    if detail:
+                        print(f"  operator writes from the workers Running to all jobs Running: {breakdown(api, mark)}")
+                    mark = len(api.log)
+                    result["hold_s"] = await hold_with_progress(api, workers0, hold)
+                    if proc.poll() is not None:
+                        raise RuntimeError(f"the operator exited {proc.returncode} during the hold")
+                    calls = [c for c in api.log[mark:] if c.write]
+                    result["hold_status"] = sum(1 for c in calls if status_write(c.resource, c.subresource))
+                    result["hold_other"] = len(calls) - result["hold_status"]
+                    result["hold_reads"] = sum(
+                        1 for c in api.log[mark:] if c.resource == "pods" and c.subresource == "log"
+                    )
+                    if detail:
+                        print(
+                            f"  operator writes in the {result['hold_s']:.0f}s hold: {breakdown(api, mark) or 'none'}; "
+                            f"{result['hold_reads']:.0f} log reads; peak RSS {rss_mb(proc.pid):.0f} MB",
+                            flush=True,
+                        )
             finally:
                 proc.terminate()
                 await asyncio.wait_for(exited, timeout=30)
-    return {"seconds": elapsed, "writes": total, "writes_no_events": without_events, "rss_mb": rss, "ready": ready}
+    return result
 
 
 # -- on the real control plane (--cluster) ---------------------------------------------------------
 
 GROUP, VERSION, PLURAL = "kubedgx.io", "v1alpha1", "dgxtrainingjobs"
-BASELINE_NS, OPERATOR_NS = "bench-baseline", "bench-operator"
+BASELINE_NS, PLAIN_NS, OPERATOR_NS = "bench-baseline", "bench-plain", "bench-operator"
 #: Verbs that write, as the audit log names them (failed writes count too, as in the emulator mode).
 AUDIT_WRITES = frozenset({"create", "update", "patch", "delete", "deletecollection"})
 #: ... and as apiserver_request_total's ``verb`` label names them.
 METRIC_WRITES = frozenset({"POST", "PUT", "PATCH", "APPLY", "DELETE"})
-#: The phase event the operator posts when all of a job's workers run (planner: AllWorkersRunning).
-RUNNING_REASON = "AllWorkersRunning"
 #: kwok renews each node's Lease every quarter of its duration: the tests' 20 s would be 1,600 Lease
 #: writes a second at 8,000 nodes, more than the rest of the run together. Longer leases (and a
 #: node-monitor grace period to match) keep the nodes Ready at a few dozen writes a second.
@@ -558,6 +722,37 @@ class Cluster:
                 )
         return counts
 
+    async def all_bound(self, namespace: str, count: int) -> bool:
+        """``count`` pods in ``namespace``, none without a node (spec.nodeName set: bound)."""
+        if await self.count(f"/api/v1/namespaces/{namespace}/pods") < count:
+            return False
+        unbound = await self.get(f"/api/v1/namespaces/{namespace}/pods?fieldSelector=spec.nodeName%3D&limit=1")
+        return not unbound["items"]
+
+    def _scrape_scheduler(self) -> str:
+        # The scheduler serves /metrics over TLS with a self-signed certificate, and only to a client
+        # the apiserver authenticates and authorizes (delegated: TokenReview, SubjectAccessReview):
+        # the admin's client certificate (system:masters) is both.
+        ctx = self.plane.pki.client_context()
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+        url = f"https://127.0.0.1:{self.plane.ports.scheduler}/metrics"
+        with urllib.request.urlopen(url, context=ctx, timeout=60) as resp:
+            return str(resp.read().decode())
+
+    async def scheduler_metrics(self) -> dict[str, float]:
+        return scheduler_sample(await asyncio.to_thread(self._scrape_scheduler))
+
+    async def bound_after(self, namespace: str, count: int, start: float, interval: float) -> float:
+        """Seconds from ``start`` (perf_counter) until the API shows ``count`` pods of ``namespace`` bound."""
+        await until(
+            f"{count} pods bound in {namespace}",
+            lambda: self.all_bound(namespace, count),
+            timeout=TIMEOUT,
+            interval=interval,
+        )
+        return time.perf_counter() - start
+
     def audit_mark(self) -> int:
         return self.audit_path.stat().st_size if self.audit_path.exists() else 0
 
@@ -579,6 +774,95 @@ class Cluster:
             ):
                 events.append(event)
         return events
+
+
+#: A sample line of the Prometheus text format: name, {labels} (optional), value.
+SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(?:\{(.*)\})?\s+(\S+)")
+LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+#: The extension points whose mean time per call BENCH_DETAIL prints
+#: (scheduler_framework_extension_point_duration_seconds).
+EXTENSION_POINTS = ("PreFilter", "Filter", "PreScore", "Score", "Bind")
+
+
+def scheduler_sample(text: str) -> dict[str, float]:
+    """What the benchmark reads of kube-scheduler's /metrics, summed over profiles (and over results
+    for the durations): ``attempts <result>`` (scheduler_schedule_attempts_total; "scheduled" counts
+    a pod once its Bind succeeded), ``attempt sum|count`` (scheduler_scheduling_attempt_duration_seconds),
+    ``algorithm sum|count`` (scheduler_scheduling_algorithm_duration_seconds) and ``<extension point>
+    sum|count`` (scheduler_framework_extension_point_duration_seconds). A series not there yet (no pod
+    scheduled so far) reads as 0."""
+    out: dict[str, float] = collections.defaultdict(float)
+    histograms = {
+        "scheduler_scheduling_attempt_duration_seconds": "attempt",
+        "scheduler_scheduling_algorithm_duration_seconds": "algorithm",
+        "scheduler_framework_extension_point_duration_seconds": None,
+    }
+    for line in text.splitlines():
+        if not line.startswith("scheduler_"):
+            continue
+        match = SAMPLE.match(line)
+        if match is None:
+            continue
+        name, raw, value = match.group(1), match.group(2) or "", float(match.group(3))
+        labels = dict(LABEL.findall(raw))
+        if name == "scheduler_schedule_attempts_total":
+            out[f"attempts {labels.get('result')}"] += value
+            continue
+        base, _, part = name.rpartition("_")
+        if part not in ("sum", "count") or base not in histograms:
+            continue
+        key = histograms[base] or labels.get("extension_point")
+        if key:
+            out[f"{key} {part}"] += value
+    return dict(out)
+
+
+def metric_delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
+    return {k: after.get(k, 0.0) - before.get(k, 0.0) for k in sorted(set(after) | set(before))}
+
+
+def scheduler_detail(delta: dict[str, float]) -> str:
+    """Mean milliseconds per scheduling attempt, per algorithm run and per call of the main extension
+    points over a run, and its attempts by result."""
+
+    def mean(key: str) -> str:
+        count = delta.get(f"{key} count", 0.0)
+        return f"{1000 * delta.get(f'{key} sum', 0.0) / count:.2f} ms" if count else "-"
+
+    attempts = ", ".join(f"{k.split(' ', 1)[1]} {v:.0f}" for k, v in delta.items() if k.startswith("attempts ") and v)
+    points = ", ".join(f"{p} {mean(p)}" for p in EXTENSION_POINTS)
+    return f"attempts: {attempts or 'none'}; mean attempt {mean('attempt')}, algorithm {mean('algorithm')}; {points}"
+
+
+def plain_pod(worker: dict[str, Any], name: str, namespace: str) -> dict[str, Any]:
+    """A pod asking what a kubedgx worker asks of a node (its containers' resource requests and
+    limits, the tolerations of the GPU pool's taints, any nodeSelector) and nothing else of kubedgx's:
+    no pod or node affinity, no Service selecting it, no kubedgx label, no volumes."""
+    spec = worker["spec"]
+    containers = [
+        {"name": c["name"], "image": c["image"], "resources": copy.deepcopy(c.get("resources") or {})}
+        for c in spec["containers"]
+    ]
+    plain: dict[str, Any] = {"containers": containers, "restartPolicy": "Never"}
+    for field in ("tolerations", "nodeSelector"):
+        if spec.get(field):
+            plain[field] = copy.deepcopy(spec[field])
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "labels": {"bench": "plain"}},
+        "spec": plain,
+    }
+
+
+def hold_split(events: list[dict[str, Any]]) -> tuple[int, int]:
+    """(status writes of DGXTrainingJobs, every other write) among audit events."""
+    status = sum(
+        1
+        for e in events
+        if status_write((e.get("objectRef") or {}).get("resource"), (e.get("objectRef") or {}).get("subresource"))
+    )
+    return status, len(events) - status
 
 
 def audit_breakdown(events: list[dict[str, Any]]) -> collections.Counter[str]:
@@ -627,7 +911,7 @@ async def api_client(kubeconfig: Path) -> Any:
         yield http
 
 
-async def cluster_run(n: int, root: Path) -> dict[str, float]:
+async def cluster_run(n: int, root: Path, hold: float, interval: float) -> dict[str, float]:
     binaries = build_control_plane(out=sys.stderr)
     audit_path = root / "audit.log"
     policy = root / "audit-policy.yaml"
@@ -679,7 +963,29 @@ async def cluster_run(n: int, root: Path) -> dict[str, float]:
                 return await custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, job)
 
             poll = 0.25 + n / 1000  # listing 1,000 jobs is a few MB: poll less often as N grows
+            bind_poll = 0.2 + n / 2000  # two requests of one item each
             result: dict[str, float] = {}
+            detail = bool(os.environ.get("BENCH_DETAIL"))
+
+            async def nodes_free() -> bool:
+                return await cluster.count("/api/v1/pods") == 0
+
+            async def clear(namespace: str) -> None:
+                await cluster.delete_namespace(namespace, timeout=TIMEOUT)
+                await until("every node free (no pod left in the cluster)", nodes_free, timeout=60)
+
+            def scheduler_rate(run: str, delta: dict[str, float]) -> None:
+                """pods/s of a run: pods the scheduler bound / seconds from its first create to its last bind."""
+                result[f"{run}_pods_s"] = delta.get("attempts scheduled", 0.0) / result[f"{run}_bound_s"]
+                if delta.get("attempts scheduled", 0.0) != n * WORKERS:
+                    log(f"N={n}: the scheduler bound {delta.get('attempts scheduled', 0.0):.0f} pods in the {run} run")
+                if detail:
+                    print(
+                        f"  scheduler, {run} run at N={n}: {result[f'{run}_pods_s']:.1f} pods/s (created in "
+                        f"{result[f'{run}_created_s']:.2f}s, all bound after {result[f'{run}_bound_s']:.2f}s); "
+                        f"{scheduler_detail(delta)}",
+                        flush=True,
+                    )
 
             # (a) the baseline, as the chart's ServiceAccount
             await cluster.namespace(BASELINE_NS)
@@ -688,10 +994,18 @@ async def cluster_run(n: int, root: Path) -> dict[str, float]:
             async with api_client(token) as http:
                 sa_core, sa_custom = client.CoreV1Api(http), client.CustomObjectsApi(http)
                 mark, before = cluster.audit_mark(), await cluster.metrics()
+                sched_before = await cluster.scheduler_metrics()
                 start = time.perf_counter()
-                await asyncio.gather(*(minimal_writes(sa_core, sa_custom, catalog, b) for b in bodies))
-                await until("baseline done", lambda: cluster.done(BASELINE_NS, n), timeout=TIMEOUT, interval=poll)
-                result["baseline_s"] = time.perf_counter() - start
+                bound = asyncio.create_task(cluster.bound_after(BASELINE_NS, n * WORKERS, start, bind_poll))
+                try:
+                    await asyncio.gather(*(minimal_writes(sa_core, sa_custom, catalog, b) for b in bodies))
+                    result["baseline_created_s"] = time.perf_counter() - start
+                    await until("baseline done", lambda: cluster.done(BASELINE_NS, n), timeout=TIMEOUT, interval=poll)
+                    result["baseline_s"] = time.perf_counter() - start
+                    result["baseline_bound_s"] = await bound
+                finally:
+                    bound.cancel()
+                scheduler_rate("baseline", metric_delta(await cluster.scheduler_metrics(), sched_before))
                 await until(
                     "baseline pods Running",
                     lambda: cluster.pods_running(BASELINE_NS, n),
@@ -701,20 +1015,52 @@ async def cluster_run(n: int, root: Path) -> dict[str, float]:
                 result["baseline_running_s"] = time.perf_counter() - start
             events = cluster.audit_writes(mark, user)
             result["baseline_writes"] = len(events)
-            if os.environ.get("BENCH_DETAIL"):
+            if detail:
                 after = await cluster.metrics()
                 print(f"  baseline writes at N={n}: {cross_check(audit_breakdown(events), before, after)}", flush=True)
             log(f"N={n}: baseline {result['baseline_s']:.1f}s, Running {result['baseline_running_s']:.1f}s")
-            await cluster.delete_namespace(BASELINE_NS, timeout=TIMEOUT)
+            await clear(BASELINE_NS)
 
-            async def nodes_free() -> bool:
-                return await cluster.count("/api/v1/pods") == 0
+            # (c) plain pods: what the workers ask of a node, nothing else; 8 in sequence per "job"
+            await cluster.namespace(PLAIN_NS)
+            worker = next(
+                c
+                for c in build_children(DGXTrainingJob.model_validate(bodies[0]), BuildContext(catalog))
+                if c["kind"] == "Pod"
+            )
+            groups = [[plain_pod(worker, f"plain-{i:04d}-{k}", PLAIN_NS) for k in range(WORKERS)] for i in range(n)]
+            async with api_client(token) as http:
+                create_pod: Callable[..., Awaitable[Any]] = client.CoreV1Api(http).create_namespaced_pod
 
-            await until("every node free (no pod left in the cluster)", nodes_free, timeout=60)
+                async def create_pods(pods: list[dict[str, Any]]) -> None:
+                    for pod in pods:
+                        await create_pod(PLAIN_NS, pod)
+
+                mark = cluster.audit_mark()
+                sched_before = await cluster.scheduler_metrics()
+                start = time.perf_counter()
+                bound = asyncio.create_task(cluster.bound_after(PLAIN_NS, n * WORKERS, start, bind_poll))
+                try:
+                    await asyncio.gather(*(create_pods(g) for g in groups))
+                    result["plain_created_s"] = time.perf_counter() - start
+                    result["plain_bound_s"] = await bound
+                finally:
+                    bound.cancel()
+                scheduler_rate("plain", metric_delta(await cluster.scheduler_metrics(), sched_before))
+                await until(
+                    "plain pods Running", lambda: cluster.pods_running(PLAIN_NS, n), timeout=TIMEOUT, interval=poll
+                )
+                result["plain_running_s"] = time.perf_counter() - start
+            plain_writes = len(cluster.audit_writes(mark, user))
+            log(
+                f"N={n}: plain pods bound {result['plain_bound_s']:.1f}s, Running {result['plain_running_s']:.1f}s "
+                f"({plain_writes} writes)"
+            )
+            await clear(PLAIN_NS)
 
             # (b) the operator
             await cluster.namespace(OPERATOR_NS)
-            op = start_operator(chart, token, root / "operator")
+            op = start_operator(chart, token, root / "operator", extra_args=("--progress-interval", f"{interval:g}s"))
             try:
                 mark, before = cluster.audit_mark(), await cluster.metrics()
                 start = time.perf_counter()
@@ -738,13 +1084,26 @@ async def cluster_run(n: int, root: Path) -> dict[str, float]:
                 result["rss_mb"] = rss_mb(op.process.pid)
                 result["writes"] = len(events)
                 result["writes_no_events"] = len(events) - event_writes(events)
-                if os.environ.get("BENCH_DETAIL"):
+                if detail:
                     after = await cluster.metrics()
                     print(
                         f"  operator writes at N={n}: {cross_check(audit_breakdown(events), before, after)}", flush=True
                     )
                     now = rss_mb(op.process.pid, "VmRSS")
                     print(f"  operator RSS now {now:.0f} MB, peak {result['rss_mb']:.0f} MB", flush=True)
+                if hold > 0:
+                    # The steady state: every job Running, the operator's writes counted apart.
+                    mark, started = cluster.audit_mark(), time.perf_counter()
+                    await asyncio.sleep(hold)
+                    result["hold_s"] = time.perf_counter() - started
+                    if not op.running:
+                        raise RuntimeError(f"the operator exited during the hold:\n{op.tail()}")
+                    events = cluster.audit_writes(mark, user)
+                    status, other = hold_split(events)
+                    result["hold_status"], result["hold_other"] = status, other
+                    if detail:
+                        counts = ", ".join(f"{k}: {v}" for k, v in sorted(audit_breakdown(events).items()))
+                        print(f"  operator writes in the {result['hold_s']:.0f}s hold: {counts or 'none'}", flush=True)
                 refused = op.forbidden()
                 if refused:
                     log(f"N={n}: RBAC refused the operator {len(refused)} times, e.g. {refused[0]}")
@@ -759,41 +1118,68 @@ async def cluster_run(n: int, root: Path) -> dict[str, float]:
     return result
 
 
-async def cluster_main(sizes: list[int], keep: Path | None) -> None:
+async def cluster_main(sizes: list[int], keep: Path | None, hold: float, interval: float) -> None:
+    if hold > 0:
+        print(
+            f"hold {hold:g}s, progress interval {interval:g}s: at most {hold_bound(hold, interval):.0f} status "
+            f"writes per job in the hold",
+            flush=True,
+        )
     print(
         f"{'N':>5} {'baseline s':>11} {'operator s':>11} {'ratio':>6} {'base Running s':>14} "
-        f"{'op Running s':>12} {'ratio':>6} {'base writes':>11} {'op writes':>9} {'minimum':>8} {'ampl.':>6} "
-        f"{'w/o events':>10} {'peak RSS MB':>11}",
+        f"{'op Running s':>12} {'ratio':>6} {'base pods/s':>11} {'plain pods/s':>12} {'sched ratio':>11} "
+        f"{'base writes':>11} {'op writes':>9} {'minimum':>8} {'ampl.':>6} {'w/o events':>10} {'peak RSS MB':>11} "
+        f"{HOLD_HEADER}",
         flush=True,
     )
     for n in sizes:
         with tempfile.TemporaryDirectory(prefix=f"kubedgx-bench-{n}-") as tmp:
-            r = await cluster_run(n, (keep / f"n{n}") if keep else Path(tmp))
-        minimum = n * MIN_WRITES_PER_JOB
+            r = await cluster_run(n, (keep / f"n{n}") if keep else Path(tmp), hold, interval)
+        minimum = n * MIN_WRITES_PER_JOB_CLUSTER
         print(
             f"{n:>5} {r['baseline_s']:>11.2f} {r['operator_s']:>11.2f} {r['operator_s'] / r['baseline_s']:>6.2f} "
             f"{r['baseline_running_s']:>14.2f} {r['operator_running_s']:>12.2f} "
-            f"{r['operator_running_s'] / r['baseline_running_s']:>6.2f} {r['baseline_writes']:>11.0f} "
-            f"{r['writes']:>9.0f} {minimum:>8} {r['writes'] / minimum:>6.2f} {r['writes_no_events'] / minimum:>10.2f} "
-            f"{r['rss_mb']:>11.1f}",
+            f"{r['operator_running_s'] / r['baseline_running_s']:>6.2f} {r['baseline_pods_s']:>11.1f} "
+            f"{r['plain_pods_s']:>12.1f} {r['baseline_pods_s'] / r['plain_pods_s']:>11.2f} "
+            f"{r['baseline_writes']:>11.0f} {r['writes']:>9.0f} {minimum:>8} {r['writes'] / minimum:>6.2f} "
+            f"{r['writes_no_events'] / minimum:>10.2f} {r['rss_mb']:>11.1f} {hold_columns(r, n, hold, interval)}",
             flush=True,
         )
 
 
-async def main(sizes: list[int], unrelated: int) -> None:
+#: Steady state: status writes per job-minute in the hold, the bound 60 / interval, other writes.
+HOLD_HEADER = f"{'hold status/job-min':>19} {'bound':>6} {'hold other':>10}"
+
+
+def hold_columns(r: dict[str, float], n: int, hold: float, interval: float) -> str:
+    """The hold's cells of a results row (dashes without a hold)."""
+    if hold <= 0 or "hold_s" not in r:
+        return f"{'-':>19} {'-':>6} {'-':>10}"
+    bound = 60 / interval if interval > 0 else 0.0
+    return f"{per_job_minute(r['hold_status'], n, r['hold_s']):>19.2f} {bound:>6.2f} {r['hold_other']:>10.0f}"
+
+
+async def main(sizes: list[int], unrelated: int, hold: float, interval: float) -> None:
     print(f"{unrelated} unrelated pods in {len(UNRELATED_NAMESPACES)} namespaces, the jobs' included", flush=True)
+    if hold > 0:
+        print(
+            f"hold {hold:g}s, progress interval {interval:g}s: at most {hold_bound(hold, interval):.0f} status "
+            f"writes per job in the hold",
+            flush=True,
+        )
     print(
         f"{'N':>5} {'baseline s':>11} {'operator s':>11} {'time ratio':>10} {'writes':>7} {'minimum':>8} "
-        f"{'ampl.':>6} {'ampl. w/o events':>16} {'peak RSS MB':>11} {'ready s':>7}"
+        f"{'ampl.':>6} {'ampl. w/o events':>16} {'peak RSS MB':>11} {'ready s':>7} {HOLD_HEADER}"
     )
     for n in sizes:
         base = await baseline(n, unrelated)
-        op = await operator(n, unrelated)
+        op = await operator(n, unrelated, hold, interval)
         minimum = n * MIN_WRITES_PER_JOB
         print(
             f"{n:>5} {base['seconds']:>11.2f} {op['seconds']:>11.2f} {op['seconds'] / base['seconds']:>10.2f} "
             f"{op['writes']:>7.0f} {minimum:>8} {op['writes'] / minimum:>6.2f} "
-            f"{op['writes_no_events'] / minimum:>16.2f} {op['rss_mb']:>11.1f} {op['ready']:>7.1f}",
+            f"{op['writes_no_events'] / minimum:>16.2f} {op['rss_mb']:>11.1f} {op['ready']:>7.1f} "
+            f"{hold_columns(op, n, hold, interval)}",
             flush=True,
         )
 
@@ -809,13 +1195,29 @@ if __name__ == "__main__":
         metavar="N",
         help=f"pods without kubedgx labels stored before the runs (default {DEFAULT_UNRELATED}; not with --cluster)",
     )
+    parser.add_argument(
+        "--hold",
+        type=float,
+        default=DEFAULT_HOLD,
+        metavar="SECONDS",
+        help=f"once every job runs, count the operator's writes this long (default {DEFAULT_HOLD:g}; 0: no hold)",
+    )
+    parser.add_argument(
+        "--progress-interval",
+        type=float,
+        default=DEFAULT_PROGRESS_INTERVAL,
+        metavar="SECONDS",
+        help=f"the operator's --progress-interval (default {DEFAULT_PROGRESS_INTERVAL:g}, its own default)",
+    )
     args = parser.parse_args()
     if args.unrelated is not None and args.unrelated < 0:
         parser.error("--unrelated: a number of pods, 0 or more")
+    if args.hold < 0 or args.progress_interval < 0:
+        parser.error("--hold and --progress-interval: seconds, 0 or more")
     if args.cluster:
         if args.unrelated:
             parser.error("--unrelated is for the emulator runs only")
-        asyncio.run(cluster_main(args.sizes or [100, 1000], args.keep))
+        asyncio.run(cluster_main(args.sizes or [100, 1000], args.keep, args.hold, args.progress_interval))
     else:
         unrelated = DEFAULT_UNRELATED if args.unrelated is None else args.unrelated
-        asyncio.run(main(args.sizes or [1, 100, 1000], unrelated))
+        asyncio.run(main(args.sizes or [1, 100, 1000], unrelated, args.hold, args.progress_interval))
