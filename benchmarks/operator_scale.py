@@ -38,14 +38,16 @@ hold), and every other write.
 ``--cluster``: the same two clients on a real Kubernetes control plane (tests/cluster/controlplane.py:
 etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok), one fresh cluster per N with
 N x 8 kwok nodes of the job's instance type (one worker per node), the chart's objects installed.
-Three runs share that cluster, one after the other, each in its own namespace, the previous one's
+Four runs share that cluster, one after the other, each in its own namespace, the previous one's
 namespace deleted and no pod left in the cluster before the next starts:
 
 - (a) the baseline, authenticated as the chart's ServiceAccount;
+- (d) kubedgx's workers for the scheduler alone: the baseline's objects again (each job's Service,
+  ConfigMap and 8 workers from the operator's builders, so the pods carry kubedgx's exact affinity
+  and a Service selects them), created while kube-scheduler is stopped;
 - (c) plain pods: N x 8 pods with the workers' resource requests and limits and their tolerations
   (the kwok nodes carry the GPU pool's taint), and nothing else of kubedgx's: no pod affinity, no
-  node affinity, no Service, no kubedgx labels; created as the same ServiceAccount, 8 in sequence
-  for each of N in parallel, as the baseline creates a job's pods;
+  node affinity, no Service, no kubedgx labels; created the same way, the scheduler stopped;
 - (b) the operator, run as in the cluster tests (tests/cluster/operator.py: start_operator).
 
 Writes are counted from the apiserver's audit log (every write by that ServiceAccount in the run's
@@ -57,18 +59,17 @@ Running). The operator's writes are counted once every job is Running and has po
 that transition. The minimum there is N x 12: the issue's N x 11 writes plus one status write per job
 for its Running transition (the baseline client stops at N x 11: it writes no Running status).
 
-Scheduler throughput, for (a) and (c): pods bound per second, from kube-scheduler's own metrics
-(its /metrics, read with the admin's client certificate, which the scheduler authenticates and
-authorizes through the apiserver): the delta of ``scheduler_schedule_attempts_total{result=
-"scheduled"}`` (counted after each Bind succeeds) over the seconds from the run's first create to the
-moment the API shows every pod of the run bound (spec.nodeName set, polled). "sched ratio" = the
-baseline's pods/s / the plain pods'. BENCH_DETAIL=1 also prints, per run, the mean of
-``scheduler_scheduling_attempt_duration_seconds``, ``scheduler_scheduling_algorithm_duration_seconds``
-and ``scheduler_framework_extension_point_duration_seconds`` by extension point, the unschedulable
-attempts, and 1 / the mean algorithm time (the pods/s the scheduling algorithm alone would allow).
-At small N the scheduler keeps pace with the client that creates the pods, so the rate is partly the
-client's (marked *: the client was still creating pods for half the run or more, CREATION_BOUND); at
-thousands of nodes it is the scheduler's.
+Scheduler throughput, for (d) and (c): every pod of the run waits in the API while kube-scheduler is
+stopped; then it is started, and from its readiness to the moment the API shows every pod bound
+(spec.nodeName set, polled) it only drains its queue, at its own pace, not the creating client's.
+pods/s = the pods it bound, from its own metrics (a fresh process: ``scheduler_schedule_attempts_total
+{result="scheduled"}``, counted after each Bind succeeded; its /metrics read with the admin's client
+certificate, which it authenticates and authorizes through the apiserver) / those seconds. "sched
+ratio" = the workers' pods/s / the plain pods'. BENCH_DETAIL=1 also prints, per run, the mean of
+``scheduler_scheduling_attempt_duration_seconds``, ``scheduler_scheduling_algorithm_duration_seconds``,
+``scheduler_framework_extension_point_duration_seconds`` by extension point and the slowest plugins of
+``scheduler_plugin_execution_duration_seconds`` (sampled), the unschedulable attempts, and 1 / the
+mean algorithm time (the pods/s the scheduling algorithm alone would allow).
 
 The hold (above) comes after (b) on the cluster too, its writes from the audit log, but with no
 trainer output: kwok answers ``pods/log`` with 404 NotFound, so there the operator finds no progress
@@ -564,6 +565,7 @@ async def operator(n: int, unrelated: int, hold: float, interval: float) -> dict
 
 GROUP, VERSION, PLURAL = "kubedgx.io", "v1alpha1", "dgxtrainingjobs"
 BASELINE_NS, PLAIN_NS, OPERATOR_NS = "bench-baseline", "bench-plain", "bench-operator"
+WORKERS_NS = "bench-workers"
 #: Verbs that write, as the audit log names them (failed writes count too, as in the emulator mode).
 AUDIT_WRITES = frozenset({"create", "update", "patch", "delete", "deletecollection"})
 #: ... and as apiserver_request_total's ``verb`` label names them.
@@ -819,6 +821,10 @@ def scheduler_sample(text: str) -> dict[str, float]:
             out[f"attempts {labels.get('result')}"] += value
             continue
         base, _, part = name.rpartition("_")
+        if base == "scheduler_plugin_execution_duration_seconds" and part in ("sum", "count"):
+            # Sampled by the scheduler (about 10% of cycles): read as means, never as totals.
+            out[f"plugin {labels.get('extension_point')} {labels.get('plugin')} {part}"] += value
+            continue
         if part not in ("sum", "count") or base not in histograms:
             continue
         key = histograms[base] or labels.get("extension_point")
@@ -843,23 +849,18 @@ def scheduler_detail(delta: dict[str, float]) -> str:
     points = ", ".join(f"{p} {mean(p)}" for p in EXTENSION_POINTS)
     algorithm = delta.get("algorithm sum", 0.0)
     most = f" (1 / that: {delta.get('algorithm count', 0.0) / algorithm:.0f} pods/s)" if algorithm > 0 else ""
+    plugins = []
+    for key, count in sorted(delta.items()):
+        if key.startswith("plugin ") and key.endswith(" count") and count:
+            _, point, plugin, _ = key.split(" ")
+            total = delta.get(f"plugin {point} {plugin} sum", 0.0)
+            if point in ("PreFilter", "Filter", "PreScore", "Score") and total / count >= 0.0001:
+                plugins.append((total / count, f"{point}/{plugin} {1000 * total / count:.2f} ms"))
+    slowest = ", ".join(text for _, text in sorted(plugins, reverse=True)[:6])
     return (
         f"attempts: {attempts or 'none'}; mean attempt {mean('attempt')}, algorithm {mean('algorithm')}{most}; {points}"
+        + (f"; slowest plugins (sampled means): {slowest}" if slowest else "")
     )
-
-
-#: A run's pods/s is (at least partly) the creating client's rather than the scheduler's when the
-#: client was still creating pods for this share of the run (first create to last bind) or more.
-CREATION_BOUND = 0.5
-
-
-def creation_bound(r: dict[str, float], run: str) -> bool:
-    return r[f"{run}_created_s"] >= CREATION_BOUND * r[f"{run}_bound_s"]
-
-
-def rate_cell(r: dict[str, float], run: str) -> str:
-    """A run's pods/s, marked with * when it is bound by creation (:func:`creation_bound`)."""
-    return f"{r[f'{run}_pods_s']:.1f}{'*' if creation_bound(r, run) else ''}"
 
 
 def plain_pod(worker: dict[str, Any], name: str, namespace: str) -> dict[str, Any]:
@@ -1013,16 +1014,28 @@ async def cluster_run(n: int, root: Path, hold: float, interval: float) -> dict[
                         return delta
                     await asyncio.sleep(0.2)
 
-            def scheduler_rate(run: str, delta: dict[str, float]) -> None:
-                """pods/s of a run: pods the scheduler bound / seconds from its first create to its last bind."""
-                result[f"{run}_pods_s"] = delta.get("attempts scheduled", 0.0) / result[f"{run}_bound_s"]
-                if delta.get("attempts scheduled", 0.0) != n * WORKERS:
-                    log(f"N={n}: the scheduler bound {delta.get('attempts scheduled', 0.0):.0f} pods in the {run} run")
+            async def paused_scheduler(run: str, namespace: str, create: Callable[[], Awaitable[None]]) -> None:
+                """A run's pods created while kube-scheduler is stopped, then the scheduler started: from
+                its readiness to the last bind it only drains its queue, at its own pace (a fresh process:
+                its counters start at 0). pods/s = pods it bound (scheduler_schedule_attempts_total
+                {result="scheduled"}) / those seconds."""
+                plane.components["kube-scheduler"].stop()
+                start = time.perf_counter()
+                await create()
+                result[f"{run}_created_s"] = time.perf_counter() - start
+                await asyncio.to_thread(plane._start, "kube-scheduler", plane._ready("kube-scheduler"), 120)
+                ready = time.perf_counter()
+                result[f"{run}_bound_s"] = await cluster.bound_after(namespace, n * WORKERS, ready, bind_poll)
+                delta = await scheduler_delta({})
+                scheduled = delta.get("attempts scheduled", 0.0)
+                result[f"{run}_pods_s"] = scheduled / result[f"{run}_bound_s"]
+                if scheduled != n * WORKERS:
+                    log(f"N={n}: the scheduler bound {scheduled:.0f} pods in the {run} run")
                 if detail:
                     print(
-                        f"  scheduler, {run} run at N={n}: {result[f'{run}_pods_s']:.1f} pods/s (created in "
-                        f"{result[f'{run}_created_s']:.2f}s, all bound after {result[f'{run}_bound_s']:.2f}s); "
-                        f"{scheduler_detail(delta)}",
+                        f"  scheduler, {run} run at N={n}: {result[f'{run}_pods_s']:.1f} pods/s ({n * WORKERS} pods "
+                        f"created in {result[f'{run}_created_s']:.1f}s with the scheduler stopped, all bound "
+                        f"{result[f'{run}_bound_s']:.1f}s after it was ready); {scheduler_detail(delta)}",
                         flush=True,
                     )
 
@@ -1033,18 +1046,10 @@ async def cluster_run(n: int, root: Path, hold: float, interval: float) -> dict[
             async with api_client(token) as http:
                 sa_core, sa_custom = client.CoreV1Api(http), client.CustomObjectsApi(http)
                 mark, before = cluster.audit_mark(), await cluster.metrics()
-                sched_before = await cluster.scheduler_metrics()
                 start = time.perf_counter()
-                bound = asyncio.create_task(cluster.bound_after(BASELINE_NS, n * WORKERS, start, bind_poll))
-                try:
-                    await asyncio.gather(*(minimal_writes(sa_core, sa_custom, catalog, b) for b in bodies))
-                    result["baseline_created_s"] = time.perf_counter() - start
-                    await until("baseline done", lambda: cluster.done(BASELINE_NS, n), timeout=TIMEOUT, interval=poll)
-                    result["baseline_s"] = time.perf_counter() - start
-                    result["baseline_bound_s"] = await bound
-                finally:
-                    bound.cancel()
-                scheduler_rate("baseline", await scheduler_delta(sched_before))
+                await asyncio.gather(*(minimal_writes(sa_core, sa_custom, catalog, b) for b in bodies))
+                await until("baseline done", lambda: cluster.done(BASELINE_NS, n), timeout=TIMEOUT, interval=poll)
+                result["baseline_s"] = time.perf_counter() - start
                 await until(
                     "baseline pods Running",
                     lambda: cluster.pods_running(BASELINE_NS, n),
@@ -1060,7 +1065,21 @@ async def cluster_run(n: int, root: Path, hold: float, interval: float) -> dict[
             log(f"N={n}: baseline {result['baseline_s']:.1f}s, Running {result['baseline_running_s']:.1f}s")
             await clear(BASELINE_NS)
 
-            # (c) plain pods: what the workers ask of a node, nothing else; 8 in sequence per "job"
+            # (d) kubedgx's workers for the scheduler alone: the baseline's objects (each job's Service,
+            # ConfigMap and 8 workers from the operator's builders) created with the scheduler stopped
+            await cluster.namespace(WORKERS_NS)
+            worker_jobs = await create_all([job_manifest(i, WORKERS_NS) for i in range(n)], create_job)
+            async with api_client(token) as http:
+                w_core, w_custom = client.CoreV1Api(http), client.CustomObjectsApi(http)
+
+                async def create_workers() -> None:
+                    await asyncio.gather(*(minimal_writes(w_core, w_custom, catalog, b) for b in worker_jobs))
+
+                await paused_scheduler("workers", WORKERS_NS, create_workers)
+            log(f"N={n}: kubedgx workers bound {result['workers_bound_s']:.1f}s after the scheduler was ready")
+            await clear(WORKERS_NS)
+
+            # (c) plain pods: what the workers ask of a node, nothing else; same pause
             await cluster.namespace(PLAIN_NS)
             worker = next(
                 c
@@ -1075,26 +1094,11 @@ async def cluster_run(n: int, root: Path, hold: float, interval: float) -> dict[
                     for pod in pods:
                         await create_pod(PLAIN_NS, pod)
 
-                mark = cluster.audit_mark()
-                sched_before = await cluster.scheduler_metrics()
-                start = time.perf_counter()
-                bound = asyncio.create_task(cluster.bound_after(PLAIN_NS, n * WORKERS, start, bind_poll))
-                try:
+                async def create_plain() -> None:
                     await asyncio.gather(*(create_pods(g) for g in groups))
-                    result["plain_created_s"] = time.perf_counter() - start
-                    result["plain_bound_s"] = await bound
-                finally:
-                    bound.cancel()
-                scheduler_rate("plain", await scheduler_delta(sched_before))
-                await until(
-                    "plain pods Running", lambda: cluster.pods_running(PLAIN_NS, n), timeout=TIMEOUT, interval=poll
-                )
-                result["plain_running_s"] = time.perf_counter() - start
-            plain_writes = len(cluster.audit_writes(mark, user))
-            log(
-                f"N={n}: plain pods bound {result['plain_bound_s']:.1f}s, Running {result['plain_running_s']:.1f}s "
-                f"({plain_writes} writes)"
-            )
+
+                await paused_scheduler("plain", PLAIN_NS, create_plain)
+            log(f"N={n}: plain pods bound {result['plain_bound_s']:.1f}s after the scheduler was ready")
             await clear(PLAIN_NS)
 
             # (b) the operator
@@ -1166,7 +1170,7 @@ async def cluster_main(sizes: list[int], keep: Path | None, hold: float, interva
         )
     print(
         f"{'N':>5} {'baseline s':>11} {'operator s':>11} {'ratio':>6} {'base Running s':>14} "
-        f"{'op Running s':>12} {'ratio':>6} {'base pods/s':>11} {'plain pods/s':>12} {'sched ratio':>11} "
+        f"{'op Running s':>12} {'ratio':>6} {'workers pods/s':>14} {'plain pods/s':>12} {'sched ratio':>11} "
         f"{'base writes':>11} {'op writes':>9} {'minimum':>8} {'ampl.':>6} {'w/o events':>10} {'peak RSS MB':>11} "
         f"{HOLD_HEADER}",
         flush=True,
@@ -1178,18 +1182,12 @@ async def cluster_main(sizes: list[int], keep: Path | None, hold: float, interva
         print(
             f"{n:>5} {r['baseline_s']:>11.2f} {r['operator_s']:>11.2f} {r['operator_s'] / r['baseline_s']:>6.2f} "
             f"{r['baseline_running_s']:>14.2f} {r['operator_running_s']:>12.2f} "
-            f"{r['operator_running_s'] / r['baseline_running_s']:>6.2f} {rate_cell(r, 'baseline'):>11} "
-            f"{rate_cell(r, 'plain'):>12} {r['baseline_pods_s'] / r['plain_pods_s']:>11.2f} "
+            f"{r['operator_running_s'] / r['baseline_running_s']:>6.2f} {r['workers_pods_s']:>14.1f} "
+            f"{r['plain_pods_s']:>12.1f} {r['workers_pods_s'] / r['plain_pods_s']:>11.2f} "
             f"{r['baseline_writes']:>11.0f} {r['writes']:>9.0f} {minimum:>8} {r['writes'] / minimum:>6.2f} "
             f"{r['writes_no_events'] / minimum:>10.2f} {r['rss_mb']:>11.1f} {hold_columns(r, n, hold, interval)}",
             flush=True,
         )
-        if creation_bound(r, "baseline") or creation_bound(r, "plain"):
-            print(
-                f"  *: at N={n} the client was still creating pods for {CREATION_BOUND:.0%} or more of the run "
-                "(first create to last bind): that pods/s is partly the client's pace, not only the scheduler's",
-                flush=True,
-            )
 
 
 #: Steady state: status writes per job-minute in the hold, the bound 60 / interval, other writes.

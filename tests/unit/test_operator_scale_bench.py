@@ -106,11 +106,3 @@ def test_the_hold_splits_job_status_writes_from_the_rest() -> None:
 
     events = [event("dgxtrainingjobs", "status"), event("dgxtrainingjobs"), event("leases"), event("pods", "status")]
     assert bench.hold_split(events) == (1, 3)
-
-
-def test_a_rate_the_creating_client_set_is_marked() -> None:
-    run = {"plain_pods_s": 164.7, "plain_created_s": 0.6, "plain_bound_s": 0.97}
-    assert bench.creation_bound(run, "plain")
-    assert bench.rate_cell(run, "plain") == "164.7*"
-    run = {"plain_pods_s": 9.5, "plain_created_s": 55.0, "plain_bound_s": 840.0}
-    assert bench.rate_cell(run, "plain") == "9.5"
