@@ -108,7 +108,9 @@ class CatalogSpec(_Model):
     """The YAML file's shape; loading errors name the offending key."""
 
     labels: Labels = Field(default_factory=Labels)
-    topology_key: str = "topology.kubernetes.io/zone"
+    #: A node label whose value a job's workers prefer to share (a zone, a rail-optimised block); None:
+    #: no such preference, the scheduler's cheapest placement (docs/benchmarks.md, "Placement cost").
+    topology_key: str | None = None
     gpu_tolerations: tuple[TolerationSpec, ...] = ()
     capacities: dict[str, CapacitySpec]
     gpus: tuple[GpuFamily, ...] = Field(min_length=1)
@@ -135,7 +137,7 @@ class Instance:
     capacity: str
     capacity_spec: CapacitySpec
     labels: Labels
-    topology_key: str
+    topology_key: str | None
     gpu_tolerations: tuple[TolerationSpec, ...] = field(default=())
 
     @property

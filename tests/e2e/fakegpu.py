@@ -41,7 +41,7 @@ def node_labels(inst: Instance) -> dict[str, str]:
         inst.labels.count: str(inst.gpus),
         "nvidia.com/gpu.present": "true",
         "nvidia.com/gpu.memory": str(inst.gpu_memory_gib * 1024),
-        inst.topology_key: ZONE,
+        inst.topology_key or "topology.kubernetes.io/zone": ZONE,
         FAKE_LABEL: "true",
         **inst.node_selector,
     }

@@ -93,7 +93,7 @@ def test_every_classic_combination_resolves(catalog: Catalog, key: str, gpus: in
     assert inst.family.nvlink_domain_nodes is None
     assert inst.labels.product == "nvidia.com/gpu.product"
     assert inst.labels.count == "nvidia.com/gpu.count"
-    assert inst.topology_key == "topology.kubernetes.io/zone"
+    assert inst.topology_key is None  # no topology preference unless the catalog names one
 
 
 @pytest.mark.parametrize("gpus", [1, 2, 4])
@@ -303,7 +303,7 @@ def test_custom_catalog_with_its_own_capacity_pool(tmp_path: Path) -> None:
     assert inst.tolerations == []
     # Defaults of the optional sections.
     assert inst.labels.product == "nvidia.com/gpu.product"
-    assert inst.topology_key == "topology.kubernetes.io/zone"
+    assert inst.topology_key is None  # no topology preference unless the catalog names one
     with pytest.raises(UnknownInstanceError, match="no capacity pool 'norm'"):
         cat.get("dgxh100.80g.8.norm")
 

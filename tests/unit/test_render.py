@@ -216,11 +216,20 @@ def test_every_instance_places_its_workers(name: str) -> None:
                 ]
             }
         ]
-        pod_affinity = spec["affinity"]["podAffinity"]
         if inst.family.multi_node_nvlink:
-            assert set(pod_affinity) == {"requiredDuringSchedulingIgnoredDuringExecution"}
-        else:
-            assert set(pod_affinity) == {"preferredDuringSchedulingIgnoredDuringExecution"}
+            assert set(spec["affinity"]["podAffinity"]) == {"requiredDuringSchedulingIgnoredDuringExecution"}
+        else:  # the catalog names no topologyKey: no preference the scheduler pays for on every pod
+            assert "podAffinity" not in spec["affinity"]
+        assert spec["topologySpreadConstraints"] == [
+            {
+                "maxSkew": 1,
+                "topologyKey": "kubernetes.io/hostname",
+                "whenUnsatisfiable": "ScheduleAnyway",
+                "labelSelector": {"matchLabels": {JOB_LABEL: pod["metadata"]["labels"][JOB_LABEL]}},
+                "nodeAffinityPolicy": "Ignore",
+                "nodeTaintsPolicy": "Ignore",
+            }
+        ]
         capacity = CATALOG.spec.capacities[inst.capacity]
         pool_tolerations = [t.model_dump(by_alias=True, exclude_none=True) for t in capacity.tolerations]
         assert spec["tolerations"] == [GPU_TOLERATION, *pool_tolerations]
@@ -398,8 +407,12 @@ def test_gb200_requires_one_nvlink_clique() -> None:
 
 
 @pytest.mark.parametrize("instance", ["dgxa100.40g.8.norm", "dgxh100.80g.8.spot", "dgxb200.180g.2.debug"])
-def test_other_products_prefer_the_topology_key(instance: str) -> None:
-    pod_affinity = one_pod({"spec.instance": instance})["spec"]["affinity"]["podAffinity"]
+def test_other_products_prefer_the_topology_key_when_the_catalog_names_one(instance: str) -> None:
+    assert "podAffinity" not in one_pod({"spec.instance": instance})["spec"]["affinity"]  # by default: none
+    data = CATALOG.spec.model_dump(by_alias=True, exclude_none=True, mode="json")
+    data["topologyKey"] = "topology.kubernetes.io/zone"
+    zoned = Catalog.from_mapping(data)
+    pod_affinity = one_pod({"spec.instance": instance}, catalog=zoned)["spec"]["affinity"]["podAffinity"]
     assert pod_affinity == {
         "preferredDuringSchedulingIgnoredDuringExecution": [
             {

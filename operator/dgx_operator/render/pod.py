@@ -155,7 +155,8 @@ def container_env(
 
 
 def affinity(job: JobIdentity, r: Resolved) -> dict[str, Any]:
-    """Whole nodes of the right GPU, one worker per node, workers kept in one NVLink domain."""
+    """Nodes of the right GPU, one worker of a job per node, a GB200 job's workers in one NVLink
+    clique, and the catalog's topology preference when it names one."""
     inst = r.instance
 
     def same_job() -> dict[str, Any]:
@@ -189,7 +190,9 @@ def affinity(job: JobIdentity, r: Resolved) -> dict[str, Any]:
                 {"labelSelector": same_job(), "topologyKey": inst.labels.clique}
             ]
         }
-    else:
+    elif inst.topology_key:
+        # Opt-in (the catalog's topologyKey): the scheduler scores it by walking every node of the
+        # cluster for every pod it places, ours or anyone's (scheduler-placement-cost.md).
         out["podAffinity"] = {
             "preferredDuringSchedulingIgnoredDuringExecution": [
                 {
@@ -199,6 +202,28 @@ def affinity(job: JobIdentity, r: Resolved) -> dict[str, Any]:
             ]
         }
     return out
+
+
+def topology_spread(job: JobIdentity) -> list[dict[str, Any]]:
+    """A soft spread of the job's workers over nodes, which replaces the scheduler's default spreading.
+
+    The job's headless Service selects its workers, and a pod that a Service selects and that
+    declares no spread constraint of its own gets the scheduler's defaults: spread over hostnames and
+    over zones. Over zones is the opposite of what training wants (a job's traffic crossing zones),
+    and scoring it counts the matching pods on every node of the cluster for every worker. Spreading
+    over hostnames alone is counted on the candidate nodes only, and with both inclusion policies
+    Ignore the other nodes cost one label lookup each; workers are one per node anyway (whole nodes by
+    their GPU request, parts of nodes by the anti-affinity term), so it moves no worker."""
+    return [
+        {
+            "maxSkew": 1,
+            "topologyKey": HOSTNAME_KEY,
+            "whenUnsatisfiable": "ScheduleAnyway",
+            "labelSelector": {"matchLabels": job_selector(job.name)},
+            "nodeAffinityPolicy": "Ignore",
+            "nodeTaintsPolicy": "Ignore",
+        }
+    ]
 
 
 def _data_volume(job: JobIdentity, mount_name: str, mount: DGXDataMountSpec, ctx: BuildContext) -> dict[str, Any]:
@@ -388,6 +413,7 @@ def worker_pod(
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": grace,
         "affinity": affinity(job, r),
+        "topologySpreadConstraints": topology_spread(job),
         "tolerations": tolerations(spec, r, ctx),
         "containers": [container],
         "volumes": volumes,
