@@ -322,6 +322,8 @@ class Sim:
     #: When the status was last written, and how many times (a step whose plan changes it writes).
     written_at: datetime | None = None
     writes: int = 0
+    #: Since when the steps have held back a change of the counts in flight (the controller's memory).
+    held_since: datetime | None = None
 
     def pod(self, index: int, state: str, **kw: Any) -> dict[str, Any]:
         return make_pod(self.job, self.ctx, index, state, **kw)
@@ -357,12 +359,16 @@ class Sim:
             pods, mounts=self.mounts, foreign=foreign, shared=shared, progress=progress, progress_live=progress_live
         )
         observed = dataclasses.replace(
-            observed, status_written_at=self.written_at, status_interval=self.status_interval
+            observed,
+            status_written_at=self.written_at,
+            status_interval=self.status_interval,
+            status_held_since=self.held_since,
         )
         assert_stable(self.job, self.ctx, observed, self.now)
         result = plan(self.job, self.ctx, observed, self.now)
         if self.job.status is None or result.status != self.job.status:
             self.written_at, self.writes = self.now, self.writes + 1
+        self.held_since = (self.held_since or self.now) if result.status_held else None
         self.job = step(self.job, result)
         self.last = result
         return result

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from dgx_operator.reconcile.planner.coalesce import SETTLE
 from dgx_operator.render import BuildContext
 from tests.unit.planner_sim import Sim, created, pods_of, sim_of
 
@@ -96,14 +97,30 @@ def test_a_held_count_goes_out_when_the_interval_ends(ctx: BuildContext) -> None
     assert running_message(sim).startswith(f"3/{WORKERS} workers running, need {WORKERS} (3 not scheduled yet)")
 
 
-def test_slow_workers_are_shown_within_an_interval(ctx: BuildContext) -> None:
-    """Workers further apart than the interval: each count is written when it happens (the last
-    write is an interval old), so the status is never more than an interval behind."""
+def test_slow_workers_are_shown_within_an_interval_and_the_settle(ctx: BuildContext) -> None:
+    """Workers further apart than the interval: each count waits SETTLE (a transition may follow it
+    within seconds) and is then written, so the status is never more than an interval plus SETTLE
+    behind."""
     sim = job(ctx)
+    settle = SETTLE.total_seconds()
     for k in range(1, 4):
-        sim.reconcile(states(sim, k, scheduled=WORKERS - k), at_s=INTERVAL * 2 * k)
+        pods = states(sim, k, scheduled=WORKERS - k)
+        result = sim.reconcile(pods, at_s=INTERVAL * 2 * k)
+        assert sim.workers().ready == k - 1
+        assert result.requeue_after == pytest.approx(settle)
+        sim.reconcile(pods, at_s=INTERVAL * 2 * k + settle)
         assert sim.workers().ready == k
     assert sim.writes == 4
+
+
+def test_a_count_a_transition_follows_within_the_settle_rides_along(ctx: BuildContext) -> None:
+    """As seen at N=300 on the real control plane: a job's first worker Running long after its start,
+    the rest a second later. The first count waits; the Running transition carries it."""
+    sim = job(ctx)
+    sim.reconcile(states(sim, 1, scheduled=WORKERS - 1), at_s=40)
+    assert sim.writes == 1
+    sim.reconcile(states(sim, WORKERS), at_s=41)
+    assert (sim.writes, sim.phase(), sim.status.nodes) == (2, "Running", f"{WORKERS}/{WORKERS}")
 
 
 def test_what_a_reader_acts_on_is_written_at_once(ctx: BuildContext) -> None:

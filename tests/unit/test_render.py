@@ -202,6 +202,10 @@ def test_every_instance_sizes_its_workers(name: str) -> None:
         assert env["WORLD_SIZE"] == str(2 * inst.gpus)
 
 
+def resolve_gpus(pod: dict[str, Any]) -> int:
+    return int(pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"])
+
+
 @pytest.mark.parametrize("name", INSTANCE_NAMES)
 def test_every_instance_places_its_workers(name: str) -> None:
     inst = CATALOG.instances[name]
@@ -220,16 +224,19 @@ def test_every_instance_places_its_workers(name: str) -> None:
             assert set(spec["affinity"]["podAffinity"]) == {"requiredDuringSchedulingIgnoredDuringExecution"}
         else:  # the catalog names no topologyKey: no preference the scheduler pays for on every pod
             assert "podAffinity" not in spec["affinity"]
-        assert spec["topologySpreadConstraints"] == [
-            {
-                "maxSkew": 1,
-                "topologyKey": "kubernetes.io/hostname",
-                "whenUnsatisfiable": "ScheduleAnyway",
-                "labelSelector": {"matchLabels": {JOB_LABEL: pod["metadata"]["labels"][JOB_LABEL]}},
-                "nodeAffinityPolicy": "Ignore",
-                "nodeTaintsPolicy": "Ignore",
-            }
-        ]
+        if resolve_gpus(pod) < inst.gpus:  # part of a node: hard, one worker per node (test_one_worker_per_node)
+            assert spec["topologySpreadConstraints"][0]["whenUnsatisfiable"] == "DoNotSchedule"
+        else:
+            assert spec["topologySpreadConstraints"] == [
+                {
+                    "maxSkew": 1,
+                    "topologyKey": "kubernetes.io/hostname",
+                    "whenUnsatisfiable": "ScheduleAnyway",
+                    "labelSelector": {"matchLabels": {JOB_LABEL: pod["metadata"]["labels"][JOB_LABEL]}},
+                    "nodeAffinityPolicy": "Ignore",
+                    "nodeTaintsPolicy": "Ignore",
+                }
+            ]
         capacity = CATALOG.spec.capacities[inst.capacity]
         pool_tolerations = [t.model_dump(by_alias=True, exclude_none=True) for t in capacity.tolerations]
         assert spec["tolerations"] == [GPU_TOLERATION, *pool_tolerations]
@@ -384,14 +391,20 @@ def test_node_affinity_on_product_and_count() -> None:
 def test_one_worker_per_node() -> None:
     """A worker asking part of a node's GPUs is kept off nodes where one of its job's runs; a
     whole-node worker needs no such term: it asks every GPU the node has (the GPU-count term)."""
-    anti = one_pod({"spec.resources.gpu": 4})["spec"]["affinity"]["podAntiAffinity"]
-    assert anti == {
-        "requiredDuringSchedulingIgnoredDuringExecution": [
-            {"labelSelector": {"matchLabels": {JOB_LABEL: "job"}}, "topologyKey": "kubernetes.io/hostname"}
-        ]
-    }
+    part = one_pod({"spec.resources.gpu": 4, "spec.elastic": {"minNodes": 2, "maxNodes": 3}})["spec"]
+    assert "podAntiAffinity" not in part["affinity"]  # it would tax every later pod of the cluster
+    assert part["topologySpreadConstraints"] == [
+        {
+            "maxSkew": 1,
+            "topologyKey": "kubernetes.io/hostname",
+            "whenUnsatisfiable": "DoNotSchedule",
+            "labelSelector": {"matchLabels": {JOB_LABEL: "job"}},
+            "minDomains": 3,
+        }
+    ]
     whole = one_pod()["spec"]
     assert "podAntiAffinity" not in whole["affinity"]
+    assert whole["topologySpreadConstraints"][0]["whenUnsatisfiable"] == "ScheduleAnyway"
     gpus = whole["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]
     count = whole["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]
     assert {"key": "nvidia.com/gpu.count", "operator": "In", "values": [gpus]} in count["matchExpressions"]

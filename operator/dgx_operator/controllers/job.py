@@ -186,6 +186,8 @@ class Controller(ReconcileLoop):
     #: When this process last wrote each job's status (``now``): the planner holds a change of the
     #: counts in flight alone until that write is status_interval old.
     status_writes: dict[Key, datetime] = field(default_factory=dict)
+    #: Since when each job's passes have held back a change of its counts in flight.
+    status_held: dict[Key, datetime] = field(default_factory=dict)
 
     async def step(self, key: Key) -> float | None:
         result = await self.reconcile(*key)
@@ -208,6 +210,7 @@ class Controller(ReconcileLoop):
         self.progress_seen.pop(key, None)
         self.failure_reads.pop(key, None)
         self.status_writes.pop(key, None)
+        self.status_held.pop(key, None)
         self.locks.pop(key, None)
         self.unreadable_jobs.discard(key)
         if self.metrics is not None:
@@ -256,7 +259,8 @@ class Controller(ReconcileLoop):
             ctx = BuildContext(
                 catalog=self.catalog, defaults=self.defaults, data_mounts=observed[1], data_digests=observed[2]
             )
-            result = plan(job, ctx, observed[0], self.now())
+            now = self.now()
+            result = plan(job, ctx, observed[0], now)
             foreign, refused = await self.act(key, body, job, result, observed[0].pods)
             if foreign or refused:
                 # A child's name is taken by someone else, or the apiserver refused a child for a
@@ -267,6 +271,10 @@ class Controller(ReconcileLoop):
                 retry = dataclasses.replace(again, foreign=tuple(foreign), refused=tuple(refused))
                 result = plan(job, ctx, retry, self.now())
                 await self.act(key, body, job, result, retry.pods)
+            if result.status_held:
+                self.status_held.setdefault(key, now)
+            else:
+                self.status_held.pop(key, None)
             if result.release_finalizer and FINALIZER in (body["metadata"].get("finalizers") or []):
                 remaining = [f for f in body["metadata"]["finalizers"] if f != FINALIZER]
                 await self.kube.set_finalizers(namespace, name, body["metadata"].get("resourceVersion"), remaining)
@@ -325,6 +333,7 @@ class Controller(ReconcileLoop):
             progress_live=self.progress_interval > 0,
             status_written_at=self.status_writes.get(key),
             status_interval=self.status_interval,
+            status_held_since=self.status_held.get(key),
             queueing=queueing,
             pods=tuple(views),
             service=f"Service/{service_name(name)}" in expected,

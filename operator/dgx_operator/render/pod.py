@@ -171,17 +171,6 @@ def affinity(job: JobIdentity, r: Resolved) -> dict[str, Any]:
             "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": node_terms}]}
         },
     }
-    if r.gpus < inst.gpus:
-        # A worker that asks part of a node's GPUs: two of one job's could share a node, so it is
-        # forbidden here. A whole-node worker asks every GPU the node has (the count term above),
-        # and the scheduler's resource fit already keeps a second one off: a required anti-affinity
-        # term would buy nothing and cost every later pod of the cluster a walk over all pods that
-        # carry one (InterPodAffinity's PreFilter; benchmarks/notes/scheduler-placement-cost.md).
-        out["podAntiAffinity"] = {
-            "requiredDuringSchedulingIgnoredDuringExecution": [
-                {"labelSelector": same_job(), "topologyKey": HOSTNAME_KEY}
-            ]
-        }
     if inst.multi_node_nvlink:
         # GB200 NVL: GPUs talk over NVLink only inside one clique, so every worker must share it.
         # The first worker matches itself, which the scheduler accepts for self-affinity.
@@ -204,22 +193,40 @@ def affinity(job: JobIdentity, r: Resolved) -> dict[str, Any]:
     return out
 
 
-def topology_spread(job: JobIdentity) -> list[dict[str, Any]]:
-    """A soft spread of the job's workers over nodes, which replaces the scheduler's default spreading.
+def topology_spread(job: JobIdentity, r: Resolved) -> list[dict[str, Any]]:
+    """One worker of a job per node, in the cheapest form the scheduler offers, and no default spreading.
 
-    The job's headless Service selects its workers, and a pod that a Service selects and that
-    declares no spread constraint of its own gets the scheduler's defaults: spread over hostnames and
-    over zones. Over zones is the opposite of what training wants (a job's traffic crossing zones),
-    and scoring it counts the matching pods on every node of the cluster for every worker. Spreading
-    over hostnames alone is counted on the candidate nodes only, and with both inclusion policies
-    Ignore the other nodes cost one label lookup each; workers are one per node anyway (whole nodes by
-    their GPU request, parts of nodes by the anti-affinity term), so it moves no worker."""
+    A whole-node worker asks every GPU the node has (the GPU-count term of its node affinity), so the
+    scheduler's resource fit already keeps a second one off. A worker asking part of a node's GPUs
+    could share a node with another of its job's: a hard spread over hostnames (maxSkew 1, with
+    minDomains the job's largest worker count, so that the minimum it measures skew against stays 0
+    and never a second worker fits on a node) forbids it. Its cost falls on the job's own pods only,
+    where a required pod anti-affinity term would make the scheduler check every later pod of the
+    cluster, anyone's, against every pod that carries one (benchmarks/notes/scheduler-placement-cost.md).
+
+    Either way the pod declares a spread of its own, which replaces the scheduler's default one: the
+    job's headless Service selects its workers, and a pod a Service selects that declares none is
+    spread over hostnames and zones. Over zones is the opposite of what training wants (a job's
+    traffic crossing zones), and scoring it counts the matching pods on every node of the cluster for
+    every worker. The whole-node form is soft and counted on the candidate nodes only, and with both
+    inclusion policies Ignore every other node costs one label lookup; it moves no worker."""
+    selector = {"matchLabels": job_selector(job.name)}
+    if r.gpus < r.instance.gpus:
+        return [
+            {
+                "maxSkew": 1,
+                "topologyKey": HOSTNAME_KEY,
+                "whenUnsatisfiable": "DoNotSchedule",
+                "labelSelector": selector,
+                "minDomains": max(1, r.max_nodes),
+            }
+        ]
     return [
         {
             "maxSkew": 1,
             "topologyKey": HOSTNAME_KEY,
             "whenUnsatisfiable": "ScheduleAnyway",
-            "labelSelector": {"matchLabels": job_selector(job.name)},
+            "labelSelector": selector,
             "nodeAffinityPolicy": "Ignore",
             "nodeTaintsPolicy": "Ignore",
         }
@@ -413,7 +420,7 @@ def worker_pod(
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": grace,
         "affinity": affinity(job, r),
-        "topologySpreadConstraints": topology_spread(job),
+        "topologySpreadConstraints": topology_spread(job, r),
         "tolerations": tolerations(spec, r, ctx),
         "containers": [container],
         "volumes": volumes,

@@ -8,18 +8,23 @@ reason stay the same ("3/8 workers running, need 8 (2 not scheduled yet)").
 Why: each worker of a job turning Running (or being scheduled) changes those counts, so a job of
 N workers wrote its status N times on its way to Running, and every write wakes every watcher of
 the job (kubectl, Argo CD, Flyte, the operator itself). Held back, they ride along with the next
-real transition, or go out when the interval ends: the status is never more than one interval
-behind, and N workers turning Running one by one within an interval make two writes (the job's
-start and its Running transition). See docs/benchmarks.md, "Status writes".
+real transition, or go out once the job's last write is an interval old and the change has waited
+SETTLE (a job's workers come up in bursts: a change that a transition follows within seconds then
+rides along with it). So the status is never more than an interval plus SETTLE behind, and N
+workers turning Running one by one within an interval make two writes (the job's start and its
+Running transition). See docs/operator.md, "How often the status is written".
 
 Pure: it compares the stored status with the planned one and, when only those counts differ and
-the last write of this process is younger than the interval, keeps the stored counts in the plan
-and asks for a pass when the interval ends.
+the write is not due yet, keeps the stored counts in the plan, says so (Plan.status_held: the
+controller remembers since when) and asks for a pass when it is due.
 """
 
 from __future__ import annotations
 
 from datetime import timedelta
+
+#: How long a change of the counts in flight waits before it is written, at least.
+SETTLE = timedelta(seconds=2)
 
 from dgx_operator.api.trainingjob import DGXTrainingJobStatus
 from dgx_operator.reconcile.planner.draft import Draft
@@ -51,16 +56,18 @@ def coalesce(d: Draft) -> None:
     old = d.job.status
     interval = d.observed.status_interval
     written = d.observed.status_written_at
-    if old is None or interval <= 0 or written is None:
-        return
-    due = written + timedelta(seconds=interval)
-    if d.now >= due or d.status == old:
+    if old is None or interval <= 0 or written is None or d.status == old:
         return
     held = held_counts(old, d.status)
     if held != old:
         return  # something a reader acts on changed: written now, counts included
+    since = d.observed.status_held_since or d.now
+    due = max(written + timedelta(seconds=interval), since + SETTLE)
+    if d.now >= due:
+        return
     # In place: the plan holds this very status object.
     for name in DGXTrainingJobStatus.model_fields:
         setattr(d.status, name, getattr(held, name))
+    d.plan.status_held = True
     wait = (due - d.now).total_seconds()
     d.plan.requeue_after = wait if d.plan.requeue_after is None else min(d.plan.requeue_after, wait)

@@ -103,6 +103,9 @@ class Observed:
     #: alone waits until that write is an interval old (see planner.coalesce).
     status_written_at: datetime | None = None
     status_interval: float = 0.0
+    #: Since when the passes have held back a change of the counts in flight (None: the last pass
+    #: held nothing): it is written once it has waited planner.coalesce.SETTLE.
+    status_held_since: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -129,6 +132,8 @@ class Plan:
     release_finalizer: bool = False
     #: Writes to the job's Kueue Workload (see reconcile.queueing).
     workloads: WorkloadWrites = field(default_factory=WorkloadWrites)
+    #: The status keeps stored counts in flight newer ones would change (planner.coalesce).
+    status_held: bool = False
 
 
 def condition(status: DGXTrainingJobStatus, type_: str) -> Condition | None:
