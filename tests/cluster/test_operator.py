@@ -101,6 +101,31 @@ def test_an_elastic_job_runs_on_fewer_nodes_than_max_when_no_more_fit(operator: 
     assert env["PET_NNODES"] == "2:6"
 
 
+def test_workers_asking_part_of_a_node_run_one_per_node_and_share_with_other_jobs(
+    operator: Operator, namespace: Kubectl
+) -> None:
+    """2 of a node's 8 GPUs per worker: four of one job would fit on one node by resources, but the
+    hard hostname spread (render.pod.topology_spread) puts them on four nodes and leaves the fifth
+    Pending, Unschedulable, on the four H100 nodes; another job's worker may still share a node."""
+    job = command_job("parts", min_nodes=2, max_nodes=5)
+    job["spec"]["resources"]["gpu"] = 2
+    namespace.apply(job)
+    wait_job(namespace, "parts", "Running on 4", lambda j: dig(j, "status", "phase") == "Running"
+             and len(running_workers(namespace, "parts")) == 4, timeout=TIMEOUT)  # fmt: skip
+    nodes = {dig(p, "spec", "nodeName") for p in running_workers(namespace, "parts")}
+    assert len(nodes) == 4, "one worker of a job per node"
+    pending = [p for p in live_workers(namespace, "parts") if dig(p, "status", "phase") == "Pending"]
+    assert len(pending) == 1
+    scheduled = condition(pending[0], "PodScheduled")
+    assert scheduled is not None
+    assert "topology spread" in str(scheduled.get("message")), scheduled
+    other = command_job("sharer", min_nodes=1, max_nodes=1)
+    other["spec"]["resources"]["gpu"] = 2
+    namespace.apply(other)
+    wait_job(namespace, "sharer", "1/1 workers Running", running_with(1), timeout=TIMEOUT)
+    assert {dig(p, "spec", "nodeName") for p in running_workers(namespace, "sharer")} <= nodes
+
+
 def test_a_spot_job_lands_on_spot_nodes_only(operator: Operator, namespace: Kubectl) -> None:
     job = command_job("spot", min_nodes=2, max_nodes=2)
     job["spec"]["instance"] = "dgxh100.80g.8.spot"

@@ -23,11 +23,11 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-#: How long a change of the counts in flight waits before it is written, at least.
-SETTLE = timedelta(seconds=2)
-
 from dgx_operator.api.trainingjob import DGXTrainingJobStatus
 from dgx_operator.reconcile.planner.draft import Draft
+
+#: How long a change of the counts in flight waits before it is written, at least.
+SETTLE = timedelta(seconds=2)
 
 
 def held_counts(old: DGXTrainingJobStatus, new: DGXTrainingJobStatus) -> DGXTrainingJobStatus:
