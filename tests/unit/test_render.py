@@ -131,19 +131,29 @@ def test_headless_service() -> None:
     spec = svc["spec"]
     assert spec["clusterIP"] == "None"
     assert spec["publishNotReadyAddresses"] is True
-    assert spec["selector"] == {JOB_LABEL: "job"}
+    assert spec["selector"] == {JOB_LABEL: "job", "kubedgx.io/replica-index": "0"}
     assert [(p["name"], p["port"], p["targetPort"], p["protocol"]) for p in spec["ports"]] == [
         ("rdzv", 29555, 29555, "TCP"),
         ("master", 24000, 24000, "TCP"),
     ]
 
 
-def test_service_selects_every_worker() -> None:
-    children = build({"spec.elastic": {"minNodes": 2}})
+def test_service_selects_worker_0_and_every_worker_publishes_its_ip() -> None:
+    """Worker 0's name is the rendezvous address; a Service selecting every worker would bring the
+    scheduler's default spreading to all of them. The others publish their pod IP to torchrun."""
+    children = build({"spec.elastic": {"minNodes": 2, "maxNodes": 3}})
     (svc,) = [c for c in children if c["kind"] == "Service"]
+    selected = []
     for pod in pods_of(children):
         labels = pod["metadata"]["labels"]
-        assert all(labels.get(k) == v for k, v in svc["spec"]["selector"].items())
+        if all(labels.get(k) == v for k, v in svc["spec"]["selector"].items()):
+            selected.append(pod["metadata"]["name"])
+        env = {e["name"]: e for e in the_container(pod)["env"]}
+        assert env["PET_LOCAL_ADDR"] == {
+            "name": "PET_LOCAL_ADDR",
+            "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}},
+        }
+    assert selected == ["job-worker-0"]
 
 
 @pytest.mark.parametrize("mode", ["trainer", "command"])
@@ -226,17 +236,8 @@ def test_every_instance_places_its_workers(name: str) -> None:
             assert "podAffinity" not in spec["affinity"]
         if resolve_gpus(pod) < inst.gpus:  # part of a node: hard, one worker per node (test_one_worker_per_node)
             assert spec["topologySpreadConstraints"][0]["whenUnsatisfiable"] == "DoNotSchedule"
-        else:
-            assert spec["topologySpreadConstraints"] == [
-                {
-                    "maxSkew": 1,
-                    "topologyKey": "kubernetes.io/hostname",
-                    "whenUnsatisfiable": "ScheduleAnyway",
-                    "labelSelector": {"matchLabels": {JOB_LABEL: pod["metadata"]["labels"][JOB_LABEL]}},
-                    "nodeAffinityPolicy": "Ignore",
-                    "nodeTaintsPolicy": "Ignore",
-                }
-            ]
+        else:  # the GPU request keeps a second worker off; no spreading for the scheduler to score
+            assert "topologySpreadConstraints" not in spec
         capacity = CATALOG.spec.capacities[inst.capacity]
         pool_tolerations = [t.model_dump(by_alias=True, exclude_none=True) for t in capacity.tolerations]
         assert spec["tolerations"] == [GPU_TOLERATION, *pool_tolerations]
@@ -404,7 +405,7 @@ def test_one_worker_per_node() -> None:
     ]
     whole = one_pod()["spec"]
     assert "podAntiAffinity" not in whole["affinity"]
-    assert whole["topologySpreadConstraints"][0]["whenUnsatisfiable"] == "ScheduleAnyway"
+    assert "topologySpreadConstraints" not in whole
     gpus = whole["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]
     count = whole["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]
     assert {"key": "nvidia.com/gpu.count", "operator": "In", "values": [gpus]} in count["matchExpressions"]

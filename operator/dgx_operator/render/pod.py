@@ -150,6 +150,10 @@ def container_env(
     env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in ours.items() if k not in user_names]
     env.append({"name": "KUBEDGX_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}})
     env.append({"name": "KUBEDGX_NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}})
+    # torchrun's address of this node: the pod's IP. The agent that rendezvous makes rank 0 hosts the
+    # round's store at this address, and without it torchrun publishes its FQDN, which resolves only
+    # for pods the headless Service selects: worker 0 alone (headless_service says why).
+    env.append({"name": "PET_LOCAL_ADDR", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
     env.extend(e.to_manifest() for e in spec.env)
     return env
 
@@ -194,41 +198,28 @@ def affinity(job: JobIdentity, r: Resolved) -> dict[str, Any]:
 
 
 def topology_spread(job: JobIdentity, r: Resolved) -> list[dict[str, Any]]:
-    """One worker of a job per node, in the cheapest form the scheduler offers, and no default spreading.
+    """One worker of a job per node where the resources do not already say so, in the cheapest form
+    the scheduler offers.
 
     A whole-node worker asks every GPU the node has (the GPU-count term of its node affinity), so the
-    scheduler's resource fit already keeps a second one off. A worker asking part of a node's GPUs
-    could share a node with another of its job's: a hard spread over hostnames (maxSkew 1, with
-    minDomains the job's largest worker count, so that the minimum it measures skew against stays 0
-    and never a second worker fits on a node) forbids it. Its cost falls on the job's own pods only,
-    where a required pod anti-affinity term would make the scheduler check every later pod of the
-    cluster, anyone's, against every pod that carries one (benchmarks/notes/scheduler-placement-cost.md).
-
-    Either way the pod declares a spread of its own, which replaces the scheduler's default one: the
-    job's headless Service selects its workers, and a pod a Service selects that declares none is
-    spread over hostnames and zones. Over zones is the opposite of what training wants (a job's
-    traffic crossing zones), and scoring it counts the matching pods on every node of the cluster for
-    every worker. The whole-node form is soft and counted on the candidate nodes only, and with both
-    inclusion policies Ignore every other node costs one label lookup; it moves no worker."""
-    selector = {"matchLabels": job_selector(job.name)}
-    if r.gpus < r.instance.gpus:
-        return [
-            {
-                "maxSkew": 1,
-                "topologyKey": HOSTNAME_KEY,
-                "whenUnsatisfiable": "DoNotSchedule",
-                "labelSelector": selector,
-                "minDomains": max(1, r.max_nodes),
-            }
-        ]
+    scheduler's resource fit keeps a second one off: no term at all, and no spreading either (the
+    job's headless Service selects worker 0 only, so the others get none of the scheduler's default
+    spreading; scoring any spread walks every node of the cluster for every pod). A worker asking
+    part of a node's GPUs could share a node with another of its job's: a hard spread over hostnames
+    (maxSkew 1, with minDomains the job's largest worker count, so that the minimum it measures skew
+    against stays 0 and never a second worker fits on a node) forbids it. Its cost falls on the job's
+    own pods only, where a required pod anti-affinity term would make the scheduler check every later
+    pod of the cluster, anyone's, against every pod that carries one
+    (benchmarks/notes/scheduler-placement-cost.md)."""
+    if r.gpus >= r.instance.gpus:
+        return []
     return [
         {
             "maxSkew": 1,
             "topologyKey": HOSTNAME_KEY,
-            "whenUnsatisfiable": "ScheduleAnyway",
-            "labelSelector": selector,
-            "nodeAffinityPolicy": "Ignore",
-            "nodeTaintsPolicy": "Ignore",
+            "whenUnsatisfiable": "DoNotSchedule",
+            "labelSelector": {"matchLabels": job_selector(job.name)},
+            "minDomains": max(1, r.max_nodes),
         }
     ]
 
@@ -420,7 +411,6 @@ def worker_pod(
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": grace,
         "affinity": affinity(job, r),
-        "topologySpreadConstraints": topology_spread(job, r),
         "tolerations": tolerations(spec, r, ctx),
         "containers": [container],
         "volumes": volumes,
@@ -430,6 +420,9 @@ def worker_pod(
     }
     if init_containers:
         pod_spec["initContainers"] = init_containers
+    spread = topology_spread(job, r)
+    if spread:
+        pod_spec["topologySpreadConstraints"] = spread
     priority_class = ctx.defaults.priority_classes.get(spec.priority)
     if priority_class:
         pod_spec["priorityClassName"] = priority_class
