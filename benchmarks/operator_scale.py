@@ -45,9 +45,10 @@ namespace deleted and no pod left in the cluster before the next starts:
 - (d) kubedgx's workers for the scheduler alone: the baseline's objects again (each job's Service,
   ConfigMap and 8 workers from the operator's builders, so the pods carry kubedgx's exact affinity
   and a Service selects them), created while kube-scheduler is stopped;
-- (c) plain pods: N x 8 pods with the workers' resource requests and limits and their tolerations
-  (the kwok nodes carry the GPU pool's taint), and nothing else of kubedgx's: no pod affinity, no
-  node affinity, no Service, no kubedgx labels; created the same way, the scheduler stopped;
+- (c) plain pods: N x 8 pods with the workers' resource requests and limits, their tolerations (the
+  kwok nodes carry the GPU pool's taint) and a nodeSelector for the GPU product and count (what any
+  pod that wants such a node says), and nothing else of kubedgx's: no pod affinity, no spreading, no
+  Service, no kubedgx labels; created the same way, the scheduler stopped;
 - (b) the operator, run as in the cluster tests (tests/cluster/operator.py: start_operator).
 
 Writes are counted from the apiserver's audit log (every write by that ServiceAccount in the run's
@@ -87,6 +88,7 @@ import copy
 import json
 import os
 import re
+import signal
 import socket
 import ssl
 import subprocess
@@ -566,6 +568,8 @@ async def operator(n: int, unrelated: int, hold: float, interval: float) -> dict
 GROUP, VERSION, PLURAL = "kubedgx.io", "v1alpha1", "dgxtrainingjobs"
 BASELINE_NS, PLAIN_NS, OPERATOR_NS = "bench-baseline", "bench-plain", "bench-operator"
 WORKERS_NS = "bench-workers"
+#: The kwok processes of tests/cluster/controlplane.py (the nodes' kubelets).
+KWOK = ("kwok", "kwok-lossy")
 #: Verbs that write, as the audit log names them (failed writes count too, as in the emulator mode).
 AUDIT_WRITES = frozenset({"create", "update", "patch", "delete", "deletecollection"})
 #: ... and as apiserver_request_total's ``verb`` label names them.
@@ -853,29 +857,38 @@ def scheduler_detail(delta: dict[str, float]) -> str:
     for key, count in sorted(delta.items()):
         if key.startswith("plugin ") and key.endswith(" count") and count:
             _, point, plugin, _ = key.split(" ")
-            total = delta.get(f"plugin {point} {plugin} sum", 0.0)
-            if point in ("PreFilter", "Filter", "PreScore", "Score") and total / count >= 0.0001:
-                plugins.append((total / count, f"{point}/{plugin} {1000 * total / count:.2f} ms"))
-    slowest = ", ".join(text for _, text in sorted(plugins, reverse=True)[:6])
+            plugins.append((delta.get(f"plugin {point} {plugin} sum", 0.0), count, f"{point}/{plugin}"))
+    everything = sum(total for total, _, _ in plugins) or 1.0
+    slowest = ", ".join(
+        f"{name} {100 * total / everything:.0f}% ({1e6 * total / count:.1f} us a call)"
+        for total, count, name in sorted(plugins, reverse=True)[:8]
+    )
     return (
         f"attempts: {attempts or 'none'}; mean attempt {mean('attempt')}, algorithm {mean('algorithm')}{most}; {points}"
-        + (f"; slowest plugins (sampled means): {slowest}" if slowest else "")
+        + (f"; plugins by share of their sampled time: {slowest}" if slowest else "")
     )
 
 
 def plain_pod(worker: dict[str, Any], name: str, namespace: str) -> dict[str, Any]:
-    """A pod asking what a kubedgx worker asks of a node (its containers' resource requests and
-    limits, the tolerations of the GPU pool's taints, any nodeSelector) and nothing else of kubedgx's:
-    no pod or node affinity, no Service selecting it, no kubedgx label, no volumes."""
+    """A pod asking what a kubedgx worker asks of a node and nothing else of kubedgx's: its
+    containers' resource requests and limits, the tolerations of the GPU pool's taints, and the node
+    it wants said as any pod that wants an 8-GPU H100 node says it (a nodeSelector on GPU Feature
+    Discovery's product and count labels, one value each, where the worker's node affinity lists
+    every product name of the family); no pod affinity, no spreading, no Service, no kubedgx label,
+    no volumes."""
     spec = worker["spec"]
     containers = [
         {"name": c["name"], "image": c["image"], "resources": copy.deepcopy(c.get("resources") or {})}
         for c in spec["containers"]
     ]
     plain: dict[str, Any] = {"containers": containers, "restartPolicy": "Never"}
-    for field in ("tolerations", "nodeSelector"):
-        if spec.get(field):
-            plain[field] = copy.deepcopy(spec[field])
+    if spec.get("tolerations"):
+        plain["tolerations"] = copy.deepcopy(spec["tolerations"])
+    selector = dict(spec.get("nodeSelector") or {})
+    terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    for expression in terms[0]["matchExpressions"]:
+        selector[expression["key"]] = expression["values"][0]
+    plain["nodeSelector"] = selector
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -940,7 +953,9 @@ async def api_client(kubeconfig: Path) -> Any:
         yield http
 
 
-async def cluster_run(n: int, root: Path, hold: float, interval: float) -> dict[str, float]:
+async def cluster_run(
+    n: int, root: Path, hold: float, interval: float, scheduler_only: bool = False
+) -> dict[str, float]:
     binaries = build_control_plane(out=sys.stderr)
     audit_path = root / "audit.log"
     policy = root / "audit-policy.yaml"
@@ -1023,10 +1038,23 @@ async def cluster_run(n: int, root: Path, hold: float, interval: float) -> dict[
                 start = time.perf_counter()
                 await create()
                 result[f"{run}_created_s"] = time.perf_counter() - start
-                await asyncio.to_thread(plane._start, "kube-scheduler", plane._ready("kube-scheduler"), 120)
-                ready = time.perf_counter()
-                result[f"{run}_bound_s"] = await cluster.bound_after(namespace, n * WORKERS, ready, bind_poll)
-                delta = await scheduler_delta({})
+                # kwok paused too (SIGSTOP: a restarted kwok would wait for its node Leases to expire),
+                # until every pod is bound: running the pods as they are bound (status writes, and for
+                # the workers the EndpointSlices of their Services) would take the scheduler's CPU on
+                # this 2-core machine, more so for the run with Services.
+                kwoks = [plane.components[name].process for name in KWOK]
+                for process in kwoks:
+                    if process is not None:
+                        process.send_signal(signal.SIGSTOP)
+                try:
+                    await asyncio.to_thread(plane._start, "kube-scheduler", plane._ready("kube-scheduler"), 120)
+                    ready = time.perf_counter()
+                    result[f"{run}_bound_s"] = await cluster.bound_after(namespace, n * WORKERS, ready, bind_poll)
+                    delta = await scheduler_delta({})
+                finally:
+                    for process in kwoks:
+                        if process is not None:
+                            process.send_signal(signal.SIGCONT)
                 scheduled = delta.get("attempts scheduled", 0.0)
                 result[f"{run}_pods_s"] = scheduled / result[f"{run}_bound_s"]
                 if scheduled != n * WORKERS:
@@ -1039,31 +1067,37 @@ async def cluster_run(n: int, root: Path, hold: float, interval: float) -> dict[
                         flush=True,
                     )
 
-            # (a) the baseline, as the chart's ServiceAccount
-            await cluster.namespace(BASELINE_NS)
-            bodies = await create_all([job_manifest(i, BASELINE_NS) for i in range(n)], create_job)
+            async def baseline_run() -> None:
+                """(a) the baseline, as the chart's ServiceAccount."""
+                await cluster.namespace(BASELINE_NS)
+                bodies = await create_all([job_manifest(i, BASELINE_NS) for i in range(n)], create_job)
+                async with api_client(token) as http:
+                    sa_core, sa_custom = client.CoreV1Api(http), client.CustomObjectsApi(http)
+                    mark, before = cluster.audit_mark(), await cluster.metrics()
+                    start = time.perf_counter()
+                    await asyncio.gather(*(minimal_writes(sa_core, sa_custom, catalog, b) for b in bodies))
+                    await until("baseline done", lambda: cluster.done(BASELINE_NS, n), timeout=TIMEOUT, interval=poll)
+                    result["baseline_s"] = time.perf_counter() - start
+                    await until(
+                        "baseline pods Running",
+                        lambda: cluster.pods_running(BASELINE_NS, n),
+                        timeout=TIMEOUT,
+                        interval=poll,
+                    )
+                    result["baseline_running_s"] = time.perf_counter() - start
+                events = cluster.audit_writes(mark, user)
+                result["baseline_writes"] = len(events)
+                if detail:
+                    after = await cluster.metrics()
+                    print(
+                        f"  baseline writes at N={n}: {cross_check(audit_breakdown(events), before, after)}", flush=True
+                    )
+                log(f"N={n}: baseline {result['baseline_s']:.1f}s, Running {result['baseline_running_s']:.1f}s")
+                await clear(BASELINE_NS)
+
             catalog = Catalog.load()
-            async with api_client(token) as http:
-                sa_core, sa_custom = client.CoreV1Api(http), client.CustomObjectsApi(http)
-                mark, before = cluster.audit_mark(), await cluster.metrics()
-                start = time.perf_counter()
-                await asyncio.gather(*(minimal_writes(sa_core, sa_custom, catalog, b) for b in bodies))
-                await until("baseline done", lambda: cluster.done(BASELINE_NS, n), timeout=TIMEOUT, interval=poll)
-                result["baseline_s"] = time.perf_counter() - start
-                await until(
-                    "baseline pods Running",
-                    lambda: cluster.pods_running(BASELINE_NS, n),
-                    timeout=TIMEOUT,
-                    interval=poll,
-                )
-                result["baseline_running_s"] = time.perf_counter() - start
-            events = cluster.audit_writes(mark, user)
-            result["baseline_writes"] = len(events)
-            if detail:
-                after = await cluster.metrics()
-                print(f"  baseline writes at N={n}: {cross_check(audit_breakdown(events), before, after)}", flush=True)
-            log(f"N={n}: baseline {result['baseline_s']:.1f}s, Running {result['baseline_running_s']:.1f}s")
-            await clear(BASELINE_NS)
+            if not scheduler_only:
+                await baseline_run()
 
             # (d) kubedgx's workers for the scheduler alone: the baseline's objects (each job's Service,
             # ConfigMap and 8 workers from the operator's builders) created with the scheduler stopped
@@ -1083,7 +1117,7 @@ async def cluster_run(n: int, root: Path, hold: float, interval: float) -> dict[
             await cluster.namespace(PLAIN_NS)
             worker = next(
                 c
-                for c in build_children(DGXTrainingJob.model_validate(bodies[0]), BuildContext(catalog))
+                for c in build_children(DGXTrainingJob.model_validate(worker_jobs[0]), BuildContext(catalog))
                 if c["kind"] == "Pod"
             )
             groups = [[plain_pod(worker, f"plain-{i:04d}-{k}", PLAIN_NS) for k in range(WORKERS)] for i in range(n)]
@@ -1101,6 +1135,8 @@ async def cluster_run(n: int, root: Path, hold: float, interval: float) -> dict[
             log(f"N={n}: plain pods bound {result['plain_bound_s']:.1f}s after the scheduler was ready")
             await clear(PLAIN_NS)
 
+            if scheduler_only:
+                return result
             # (b) the operator
             await cluster.namespace(OPERATOR_NS)
             op = start_operator(chart, token, root / "operator", extra_args=("--progress-interval", f"{interval:g}s"))
@@ -1161,7 +1197,20 @@ async def cluster_run(n: int, root: Path, hold: float, interval: float) -> dict[
     return result
 
 
-async def cluster_main(sizes: list[int], keep: Path | None, hold: float, interval: float) -> None:
+async def cluster_main(
+    sizes: list[int], keep: Path | None, hold: float, interval: float, scheduler_only: bool = False
+) -> None:
+    if scheduler_only:
+        print(f"{'N':>5} {'nodes':>6} {'workers pods/s':>14} {'plain pods/s':>12} {'sched ratio':>11}", flush=True)
+        for n in sizes:
+            with tempfile.TemporaryDirectory(prefix=f"kubedgx-bench-{n}-") as tmp:
+                r = await cluster_run(n, (keep / f"n{n}") if keep else Path(tmp), 0, interval, scheduler_only=True)
+            print(
+                f"{n:>5} {n * WORKERS:>6} {r['workers_pods_s']:>14.1f} {r['plain_pods_s']:>12.1f} "
+                f"{r['workers_pods_s'] / r['plain_pods_s']:>11.2f}",
+                flush=True,
+            )
+        return
     if hold > 0:
         print(
             f"hold {hold:g}s, progress interval {interval:g}s: at most {hold_bound(hold, interval):.0f} status "
@@ -1252,7 +1301,14 @@ if __name__ == "__main__":
         metavar="SECONDS",
         help=f"the operator's --progress-interval (default {DEFAULT_PROGRESS_INTERVAL:g}, its own default)",
     )
+    parser.add_argument(
+        "--scheduler-only",
+        action="store_true",
+        help="--cluster: only the scheduler's two runs (kubedgx's workers, plain pods), not the baseline and operator",
+    )
     args = parser.parse_args()
+    if args.scheduler_only and not args.cluster:
+        parser.error("--scheduler-only is for --cluster runs")
     if args.unrelated is not None and args.unrelated < 0:
         parser.error("--unrelated: a number of pods, 0 or more")
     if args.hold < 0 or args.progress_interval < 0:
@@ -1260,7 +1316,9 @@ if __name__ == "__main__":
     if args.cluster:
         if args.unrelated:
             parser.error("--unrelated is for the emulator runs only")
-        asyncio.run(cluster_main(args.sizes or [100, 1000], args.keep, args.hold, args.progress_interval))
+        asyncio.run(
+            cluster_main(args.sizes or [100, 1000], args.keep, args.hold, args.progress_interval, args.scheduler_only)
+        )
     else:
         unrelated = DEFAULT_UNRELATED if args.unrelated is None else args.unrelated
         asyncio.run(main(args.sizes or [1, 100, 1000], unrelated, args.hold, args.progress_interval))

@@ -77,6 +77,11 @@ def test_a_plain_pod_asks_a_node_what_a_worker_asks_and_nothing_else() -> None:
     assert plain["spec"]["tolerations"] == worker["spec"]["tolerations"]
     assert "affinity" in worker["spec"]
     assert set(plain["spec"]) <= {"containers", "restartPolicy", "tolerations", "nodeSelector"}
+    # The node it wants, as a plain pod says it: the product and the GPU count, one value each.
+    assert plain["spec"]["nodeSelector"] == {
+        "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+        "nvidia.com/gpu.count": "8",
+    }
     assert not any(k.startswith(("kubedgx.io/", "app.kubernetes.io/")) for k in plain["metadata"]["labels"])
 
 
