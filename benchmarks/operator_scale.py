@@ -1139,7 +1139,10 @@ async def cluster_run(
                 return result
             # (b) the operator
             await cluster.namespace(OPERATOR_NS)
-            op = start_operator(chart, token, root / "operator", extra_args=("--progress-interval", f"{interval:g}s"))
+            # As the chart runs it: no debug logging (which formats every response body it reads).
+            op = start_operator(
+                chart, token, root / "operator", extra_args=("--progress-interval", f"{interval:g}s"), verbose=False
+            )
             try:
                 mark, before = cluster.audit_mark(), await cluster.metrics()
                 start = time.perf_counter()

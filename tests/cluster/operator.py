@@ -22,6 +22,8 @@ import shutil
 import socket
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -142,15 +144,26 @@ def operator_environment(objects: list[Rendered], kubeconfig: Path, workdir: Pat
 
 
 def start_operator(objects: list[Rendered], kubeconfig: Path, workdir: Path,
-                   extra_args: tuple[str, ...] = ()) -> Operator:  # fmt: skip
-    """Start the operator and wait until it has started its watches (stopped again if it does not)."""
+                   extra_args: tuple[str, ...] = (), *, verbose: bool = True) -> Operator:  # fmt: skip
+    """Start the operator and wait until it has started its watches (stopped again if it does not).
+
+    ``verbose``: debug logging, which the tests read (their failures and the watch-stream line
+    this waits for). Without it (as the chart runs it: benchmarks/operator_scale.py measures its
+    memory) the wait is for /readyz on a health port of its own, answered once kopf has run the
+    startup handlers that open the watches."""
     assert KUBEDGX is not None, "the kubedgx console script is not installed (pip install -e .)"
     workdir.mkdir(parents=True, exist_ok=True)
     env, args = operator_environment(objects, kubeconfig, workdir)
+    health: int | None = None
+    if not verbose:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            health = sock.getsockname()[1]
+        env["KUBEDGX_HEALTH_PORT"] = str(health)
     log_path = workdir / "operator.log"
     with log_path.open("ab") as log:
         process = subprocess.Popen(
-            [KUBEDGX, *args, "--verbose", *extra_args],
+            [KUBEDGX, *args, *(["--verbose"] if verbose else []), *extra_args],
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -164,7 +177,14 @@ def start_operator(objects: list[Rendered], kubeconfig: Path, workdir: Path,
             "the operator to start watching" + (f" and serve its webhook on port {port}" if port else ""),
             lambda: (
                 (not op.running and _raise(f"the operator exited {process.returncode}:\n{op.tail()}"))
-                or ("Starting the watch-stream for dgxtrainingjobs" in op.log() and (port is None or _accepts(port)))
+                or (
+                    (
+                        _ready(health)
+                        if health is not None
+                        else "Starting the watch-stream for dgxtrainingjobs" in op.log()
+                    )
+                    and (port is None or _accepts(port))
+                )
             ),
             timeout=60,
             interval=0.3,
@@ -185,6 +205,15 @@ def run_operator(plane: ControlPlane, owner: str, objects: list[Rendered], kubec
         yield op
     finally:
         plane.slot.release(owner)
+
+
+def _ready(port: int) -> bool:
+    """The operator's /readyz answers 200."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as response:
+            return bool(response.status == 200)
+    except (OSError, urllib.error.URLError):
+        return False
 
 
 def _webhook_port(args: tuple[str, ...]) -> int | None:
