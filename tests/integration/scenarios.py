@@ -109,7 +109,7 @@ class Operator:
     def cache_is_current(self, name: str = JOB) -> bool:
         """The operator's view of the job's pods (kopf's index, as the planner reads it) is what the API
         server holds."""
-        cached = {PodView.of(p) for p in self.controller.pods_of(NS, name)}
+        cached = set(self.controller.pods_of(NS, name))
         stored = {PodView.of(p) for p in self.emulator.select("pods", NS, labels={JOB_LABEL: name})}
         return cached == stored
 

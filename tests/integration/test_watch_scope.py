@@ -66,7 +66,7 @@ async def test_children_are_listed_and_watched_by_our_label_in_pages(
     await emulator.wait_for(
         lambda: all(controller.pods_of(NS, f"job-{i}") for i in range(3)), message="the pod index holds the workers"
     )
-    old = sorted(p["metadata"]["name"] for p in controller.pods_of(NS, "old"))
+    old = sorted(p.name for p in controller.pods_of(NS, "old"))
     assert old == [f"old-worker-{i}" for i in range(3)]
 
     for resource in CHILDREN:

@@ -178,8 +178,8 @@ class Cluster:
         self.now = T0 + timedelta(seconds=seconds)
 
     def controller(self, catalog: Catalog, metrics: Metrics) -> Controller:
-        def pods_of(namespace: str, job: str) -> list[Mapping[str, Any]]:
-            return [p for p in self.pods.values() if p["metadata"]["labels"].get(JOB_LABEL) == job]
+        def pods_of(namespace: str, job: str) -> list[PodView]:
+            return [PodView.of(p) for p in self.pods.values() if p["metadata"]["labels"].get(JOB_LABEL) == job]
 
         def post_event(body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
             self.events.append((reason, message))

@@ -25,7 +25,7 @@ from dgx_operator.controllers.loop import ReconcileLoop
 from dgx_operator.controllers.metrics import Metrics
 from dgx_operator.controllers.mount import MountController
 from dgx_operator.kube import Kube
-from dgx_operator.reconcile.pods import slim
+from dgx_operator.reconcile.pods import PodView
 from dgx_operator.reconcile.queueing import GROUP as KUEUE
 from dgx_operator.reconcile.queueing import Flavor, slim_workload
 from dgx_operator.render.names import JOB_LABEL
@@ -201,7 +201,7 @@ async def probe_jobs(memo: Any, **_: Any) -> int:
 
 @kopf.index("pods", labels=OURS)
 async def pods_by_job(namespace: Any, labels: Any, body: Any, **_: Any) -> Any:
-    return {(namespace, labels[JOB_LABEL]): slim(body)}
+    return {(namespace, labels[JOB_LABEL]): PodView.of(body)}
 
 
 @kopf.index("services", labels=OURS)
