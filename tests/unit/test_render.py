@@ -236,8 +236,20 @@ def test_every_instance_places_its_workers(name: str) -> None:
             assert "podAffinity" not in spec["affinity"]
         if resolve_gpus(pod) < inst.gpus:  # part of a node: hard, one worker per node (test_one_worker_per_node)
             assert spec["topologySpreadConstraints"][0]["whenUnsatisfiable"] == "DoNotSchedule"
-        else:  # the GPU request keeps a second worker off; no spreading for the scheduler to score
+        elif pod["metadata"]["labels"]["kubedgx.io/replica-index"] != "0":
+            # The GPU request keeps a second worker off; no spreading for the scheduler to score.
             assert "topologySpreadConstraints" not in spec
+        else:  # worker 0, which the Service selects: a soft spread in place of the scheduler's default
+            assert spec["topologySpreadConstraints"] == [
+                {
+                    "maxSkew": 1,
+                    "topologyKey": "kubernetes.io/hostname",
+                    "whenUnsatisfiable": "ScheduleAnyway",
+                    "labelSelector": {"matchLabels": {JOB_LABEL: pod["metadata"]["labels"][JOB_LABEL]}},
+                    "nodeAffinityPolicy": "Ignore",
+                    "nodeTaintsPolicy": "Ignore",
+                }
+            ]
         capacity = CATALOG.spec.capacities[inst.capacity]
         pool_tolerations = [t.model_dump(by_alias=True, exclude_none=True) for t in capacity.tolerations]
         assert spec["tolerations"] == [GPU_TOLERATION, *pool_tolerations]
@@ -403,9 +415,11 @@ def test_one_worker_per_node() -> None:
             "minDomains": 3,
         }
     ]
-    whole = one_pod()["spec"]
-    assert "podAntiAffinity" not in whole["affinity"]
-    assert "topologySpreadConstraints" not in whole
+    whole = pods_of(build({"spec.elastic": {"minNodes": 2}}))
+    assert all("podAntiAffinity" not in p["spec"]["affinity"] for p in whole)
+    assert "topologySpreadConstraints" not in whole[1]["spec"]
+    assert whole[0]["spec"]["topologySpreadConstraints"][0]["whenUnsatisfiable"] == "ScheduleAnyway"
+    whole = whole[0]["spec"]
     gpus = whole["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]
     count = whole["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]
     assert {"key": "nvidia.com/gpu.count", "operator": "In", "values": [gpus]} in count["matchExpressions"]

@@ -197,29 +197,47 @@ def affinity(job: JobIdentity, r: Resolved) -> dict[str, Any]:
     return out
 
 
-def topology_spread(job: JobIdentity, r: Resolved) -> list[dict[str, Any]]:
+def topology_spread(job: JobIdentity, r: Resolved, index: int) -> list[dict[str, Any]]:
     """One worker of a job per node where the resources do not already say so, in the cheapest form
-    the scheduler offers.
+    the scheduler offers, and none of the scheduler's default spreading.
 
     A whole-node worker asks every GPU the node has (the GPU-count term of its node affinity), so the
-    scheduler's resource fit keeps a second one off: no term at all, and no spreading either (the
-    job's headless Service selects worker 0 only, so the others get none of the scheduler's default
-    spreading; scoring any spread walks every node of the cluster for every pod). A worker asking
-    part of a node's GPUs could share a node with another of its job's: a hard spread over hostnames
-    (maxSkew 1, with minDomains the job's largest worker count, so that the minimum it measures skew
-    against stays 0 and never a second worker fits on a node) forbids it. Its cost falls on the job's
-    own pods only, where a required pod anti-affinity term would make the scheduler check every later
-    pod of the cluster, anyone's, against every pod that carries one
-    (benchmarks/notes/scheduler-placement-cost.md)."""
-    if r.gpus >= r.instance.gpus:
+    scheduler's resource fit keeps a second one off: no term. A worker asking part of a node's GPUs
+    could share a node with another of its job's: a hard spread over hostnames (maxSkew 1, with
+    minDomains the job's largest worker count, so that the minimum it measures skew against stays 0
+    and never a second worker fits on a node) forbids it. Its cost falls on the job's own pods only,
+    where a required pod anti-affinity term would make the scheduler check every later pod of the
+    cluster, anyone's, against every pod that carries one
+    (benchmarks/notes/scheduler-placement-cost.md).
+
+    Default spreading: a pod a Service selects that declares no spread of its own is spread over
+    hostnames and zones, and the scheduler scores that by counting the matching pods on every node of
+    the cluster (14 ms a worker at 8,000 nodes, docs/benchmarks.md "Placement cost"); over zones is
+    also the opposite of what training wants. The headless Service selects worker 0 alone, so a
+    whole-node worker 0 declares a soft spread over hostnames, which replaces the default and moves
+    nothing (one worker per node anyway): its score is counted on the candidate nodes only, and with
+    both inclusion policies Ignore every other node costs a label lookup."""
+    selector = {"matchLabels": job_selector(job.name)}
+    if r.gpus < r.instance.gpus:
+        return [
+            {
+                "maxSkew": 1,
+                "topologyKey": HOSTNAME_KEY,
+                "whenUnsatisfiable": "DoNotSchedule",
+                "labelSelector": selector,
+                "minDomains": max(1, r.max_nodes),
+            }
+        ]
+    if index != 0:
         return []
     return [
         {
             "maxSkew": 1,
             "topologyKey": HOSTNAME_KEY,
-            "whenUnsatisfiable": "DoNotSchedule",
-            "labelSelector": {"matchLabels": job_selector(job.name)},
-            "minDomains": max(1, r.max_nodes),
+            "whenUnsatisfiable": "ScheduleAnyway",
+            "labelSelector": selector,
+            "nodeAffinityPolicy": "Ignore",
+            "nodeTaintsPolicy": "Ignore",
         }
     ]
 
@@ -420,7 +438,7 @@ def worker_pod(
     }
     if init_containers:
         pod_spec["initContainers"] = init_containers
-    spread = topology_spread(job, r)
+    spread = topology_spread(job, r, index)
     if spread:
         pod_spec["topologySpreadConstraints"] = spread
     priority_class = ctx.defaults.priority_classes.get(spec.priority)
