@@ -954,7 +954,12 @@ async def api_client(kubeconfig: Path) -> Any:
 
 
 async def cluster_run(
-    n: int, root: Path, hold: float, interval: float, scheduler_only: bool = False
+    n: int,
+    root: Path,
+    hold: float,
+    interval: float,
+    scheduler_only: bool = False,
+    scheduler_runs: tuple[str, ...] = ("workers", "plain"),
 ) -> dict[str, float]:
     binaries = build_control_plane(out=sys.stderr)
     audit_path = root / "audit.log"
@@ -1099,41 +1104,46 @@ async def cluster_run(
             if not scheduler_only:
                 await baseline_run()
 
-            # (d) kubedgx's workers for the scheduler alone: the baseline's objects (each job's Service,
-            # ConfigMap and 8 workers from the operator's builders) created with the scheduler stopped
-            await cluster.namespace(WORKERS_NS)
-            worker_jobs = await create_all([job_manifest(i, WORKERS_NS) for i in range(n)], create_job)
-            async with api_client(token) as http:
-                w_core, w_custom = client.CoreV1Api(http), client.CustomObjectsApi(http)
+            worker_jobs = [job_manifest(i, WORKERS_NS) for i in range(n)]
+            if "workers" in scheduler_runs:
+                # (d) kubedgx's workers for the scheduler alone: the baseline's objects (each job's Service,
+                # ConfigMap and 8 workers from the operator's builders) created with the scheduler stopped
+                await cluster.namespace(WORKERS_NS)
+                worker_jobs = await create_all([job_manifest(i, WORKERS_NS) for i in range(n)], create_job)
+                async with api_client(token) as http:
+                    w_core, w_custom = client.CoreV1Api(http), client.CustomObjectsApi(http)
 
-                async def create_workers() -> None:
-                    await asyncio.gather(*(minimal_writes(w_core, w_custom, catalog, b) for b in worker_jobs))
+                    async def create_workers() -> None:
+                        await asyncio.gather(*(minimal_writes(w_core, w_custom, catalog, b) for b in worker_jobs))
 
-                await paused_scheduler("workers", WORKERS_NS, create_workers)
-            log(f"N={n}: kubedgx workers bound {result['workers_bound_s']:.1f}s after the scheduler was ready")
-            await clear(WORKERS_NS)
+                    await paused_scheduler("workers", WORKERS_NS, create_workers)
+                log(f"N={n}: kubedgx workers bound {result['workers_bound_s']:.1f}s after the scheduler was ready")
+                if "plain" in scheduler_runs or not scheduler_only:  # a run follows on this cluster
+                    await clear(WORKERS_NS)
 
-            # (c) plain pods: what the workers ask of a node, nothing else; same pause
-            await cluster.namespace(PLAIN_NS)
-            worker = next(
-                c
-                for c in build_children(DGXTrainingJob.model_validate(worker_jobs[0]), BuildContext(catalog))
-                if c["kind"] == "Pod"
-            )
-            groups = [[plain_pod(worker, f"plain-{i:04d}-{k}", PLAIN_NS) for k in range(WORKERS)] for i in range(n)]
-            async with api_client(token) as http:
-                create_pod: Callable[..., Awaitable[Any]] = client.CoreV1Api(http).create_namespaced_pod
+            if "plain" in scheduler_runs:
+                # (c) plain pods: what the workers ask of a node, nothing else; same pause
+                await cluster.namespace(PLAIN_NS)
+                worker = next(
+                    c
+                    for c in build_children(DGXTrainingJob.model_validate(worker_jobs[0]), BuildContext(catalog))
+                    if c["kind"] == "Pod"
+                )
+                groups = [[plain_pod(worker, f"plain-{i:04d}-{k}", PLAIN_NS) for k in range(WORKERS)] for i in range(n)]
+                async with api_client(token) as http:
+                    create_pod: Callable[..., Awaitable[Any]] = client.CoreV1Api(http).create_namespaced_pod
 
-                async def create_pods(pods: list[dict[str, Any]]) -> None:
-                    for pod in pods:
-                        await create_pod(PLAIN_NS, pod)
+                    async def create_pods(pods: list[dict[str, Any]]) -> None:
+                        for pod in pods:
+                            await create_pod(PLAIN_NS, pod)
 
-                async def create_plain() -> None:
-                    await asyncio.gather(*(create_pods(g) for g in groups))
+                    async def create_plain() -> None:
+                        await asyncio.gather(*(create_pods(g) for g in groups))
 
-                await paused_scheduler("plain", PLAIN_NS, create_plain)
-            log(f"N={n}: plain pods bound {result['plain_bound_s']:.1f}s after the scheduler was ready")
-            await clear(PLAIN_NS)
+                    await paused_scheduler("plain", PLAIN_NS, create_plain)
+                log(f"N={n}: plain pods bound {result['plain_bound_s']:.1f}s after the scheduler was ready")
+                if not scheduler_only:
+                    await clear(PLAIN_NS)
 
             if scheduler_only:
                 return result
@@ -1201,16 +1211,23 @@ async def cluster_run(
 
 
 async def cluster_main(
-    sizes: list[int], keep: Path | None, hold: float, interval: float, scheduler_only: bool = False
+    sizes: list[int],
+    keep: Path | None,
+    hold: float,
+    interval: float,
+    scheduler_only: bool = False,
+    scheduler_runs: tuple[str, ...] = ("workers", "plain"),
 ) -> None:
     if scheduler_only:
         print(f"{'N':>5} {'nodes':>6} {'workers pods/s':>14} {'plain pods/s':>12} {'sched ratio':>11}", flush=True)
         for n in sizes:
             with tempfile.TemporaryDirectory(prefix=f"kubedgx-bench-{n}-") as tmp:
-                r = await cluster_run(n, (keep / f"n{n}") if keep else Path(tmp), 0, interval, scheduler_only=True)
+                root = (keep / f"n{n}") if keep else Path(tmp)
+                r = await cluster_run(n, root, 0, interval, scheduler_only=True, scheduler_runs=scheduler_runs)
+            workers, plain = r.get("workers_pods_s"), r.get("plain_pods_s")
+            ratio = f"{workers / plain:>11.2f}" if workers and plain else f"{'-':>11}"
             print(
-                f"{n:>5} {n * WORKERS:>6} {r['workers_pods_s']:>14.1f} {r['plain_pods_s']:>12.1f} "
-                f"{r['workers_pods_s'] / r['plain_pods_s']:>11.2f}",
+                f"{n:>5} {n * WORKERS:>6} {workers or 0:>14.1f} {plain or 0:>12.1f} {ratio}",
                 flush=True,
             )
         return
@@ -1309,7 +1326,16 @@ if __name__ == "__main__":
         action="store_true",
         help="--cluster: only the scheduler's two runs (kubedgx's workers, plain pods), not the baseline and operator",
     )
+    parser.add_argument(
+        "--scheduler-runs",
+        default="workers,plain",
+        metavar="RUNS",
+        help="--scheduler-only: which of its runs, comma-separated (workers,plain)",
+    )
     args = parser.parse_args()
+    runs = tuple(r for r in args.scheduler_runs.split(",") if r)
+    if not runs or set(runs) - {"workers", "plain"}:
+        parser.error("--scheduler-runs: workers, plain or both, comma-separated")
     if args.scheduler_only and not args.cluster:
         parser.error("--scheduler-only is for --cluster runs")
     if args.unrelated is not None and args.unrelated < 0:
@@ -1320,7 +1346,9 @@ if __name__ == "__main__":
         if args.unrelated:
             parser.error("--unrelated is for the emulator runs only")
         asyncio.run(
-            cluster_main(args.sizes or [100, 1000], args.keep, args.hold, args.progress_interval, args.scheduler_only)
+            cluster_main(
+                args.sizes or [100, 1000], args.keep, args.hold, args.progress_interval, args.scheduler_only, runs
+            )
         )
     else:
         unrelated = DEFAULT_UNRELATED if args.unrelated is None else args.unrelated
