@@ -131,29 +131,22 @@ def test_headless_service() -> None:
     spec = svc["spec"]
     assert spec["clusterIP"] == "None"
     assert spec["publishNotReadyAddresses"] is True
-    assert spec["selector"] == {JOB_LABEL: "job", "kubedgx.io/replica-index": "0"}
+    assert spec["selector"] == {JOB_LABEL: "job"}
     assert [(p["name"], p["port"], p["targetPort"], p["protocol"]) for p in spec["ports"]] == [
         ("rdzv", 29555, 29555, "TCP"),
         ("master", 24000, 24000, "TCP"),
     ]
 
 
-def test_service_selects_worker_0_and_every_worker_publishes_its_ip() -> None:
-    """Worker 0's name is the rendezvous address; a Service selecting every worker would bring the
-    scheduler's default spreading to all of them. The others publish their pod IP to torchrun."""
-    children = build({"spec.elastic": {"minNodes": 2, "maxNodes": 3}})
+def test_service_selects_every_worker() -> None:
+    """Every worker known by its name: torchrun orders a rendezvous' nodes by name, which keeps
+    worker 0 rank 0 (the worker whose progress and summary the operator reads)."""
+    children = build({"spec.elastic": {"minNodes": 2}})
     (svc,) = [c for c in children if c["kind"] == "Service"]
-    selected = []
     for pod in pods_of(children):
         labels = pod["metadata"]["labels"]
-        if all(labels.get(k) == v for k, v in svc["spec"]["selector"].items()):
-            selected.append(pod["metadata"]["name"])
-        env = {e["name"]: e for e in the_container(pod)["env"]}
-        assert env["PET_LOCAL_ADDR"] == {
-            "name": "PET_LOCAL_ADDR",
-            "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}},
-        }
-    assert selected == ["job-worker-0"]
+        assert all(labels.get(k) == v for k, v in svc["spec"]["selector"].items())
+        assert "PET_LOCAL_ADDR" not in {e["name"] for e in the_container(pod)["env"]}
 
 
 @pytest.mark.parametrize("mode", ["trainer", "command"])
@@ -236,10 +229,7 @@ def test_every_instance_places_its_workers(name: str) -> None:
             assert "podAffinity" not in spec["affinity"]
         if resolve_gpus(pod) < inst.gpus:  # part of a node: hard, one worker per node (test_one_worker_per_node)
             assert spec["topologySpreadConstraints"][0]["whenUnsatisfiable"] == "DoNotSchedule"
-        elif pod["metadata"]["labels"]["kubedgx.io/replica-index"] != "0":
-            # The GPU request keeps a second worker off; no spreading for the scheduler to score.
-            assert "topologySpreadConstraints" not in spec
-        else:  # worker 0, which the Service selects: a soft spread in place of the scheduler's default
+        else:  # a soft spread in place of the scheduler's default one (the Service selects every worker)
             assert spec["topologySpreadConstraints"] == [
                 {
                     "maxSkew": 1,
@@ -417,8 +407,7 @@ def test_one_worker_per_node() -> None:
     ]
     whole = pods_of(build({"spec.elastic": {"minNodes": 2}}))
     assert all("podAntiAffinity" not in p["spec"]["affinity"] for p in whole)
-    assert "topologySpreadConstraints" not in whole[1]["spec"]
-    assert whole[0]["spec"]["topologySpreadConstraints"][0]["whenUnsatisfiable"] == "ScheduleAnyway"
+    assert all(p["spec"]["topologySpreadConstraints"][0]["whenUnsatisfiable"] == "ScheduleAnyway" for p in whole)
     whole = whole[0]["spec"]
     gpus = whole["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]
     count = whole["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]

@@ -10,7 +10,6 @@ from typing import Any
 from dgx_operator.api.trainingjob import DGXTrainingJob, DGXTrainingJobSpec
 from dgx_operator.render.names import (
     CONFIG_FILE,
-    INDEX_LABEL,
     common_labels,
     job_selector,
     service_name,
@@ -34,15 +33,12 @@ __all__ = [
 
 
 def headless_service(job: JobIdentity, r: Resolved, master_port: int) -> dict[str, Any]:
-    """DNS for <job>-worker-0.<job>, the rendezvous address; publishes not-ready pods, since
-    rendezvous precedes readiness.
+    """DNS for <job>-worker-<i>.<job>; publishes not-ready pods, since rendezvous precedes readiness.
 
-    It selects worker 0 only. A pod a Service selects, with no spread constraint of its own, gets the
-    scheduler's default spreading over hostnames and zones: over zones is the opposite of what training
-    wants, and scoring it walks every node of the cluster for every worker (at 2,400 nodes the
-    scheduler placed kubedgx's workers 0.65 times as fast as plain pods: docs/benchmarks.md,
-    "Placement cost"). The other workers need no name: torchrun's agents publish their pod IP
-    (PET_LOCAL_ADDR), and every pod resolves its own hostname from /etc/hosts."""
+    It selects every worker: torchrun orders a rendezvous' nodes by their names, so worker 0 is rank 0
+    (the one whose progress and summary the operator reads) only while every worker is known by its
+    name. A pod a Service selects gets the scheduler's default spreading unless it declares a spread of
+    its own; every worker does (render.pod.topology_spread)."""
     return {
         "apiVersion": "v1",
         "kind": "Service",
@@ -55,7 +51,7 @@ def headless_service(job: JobIdentity, r: Resolved, master_port: int) -> dict[st
         "spec": {
             "clusterIP": "None",
             "publishNotReadyAddresses": True,
-            "selector": {**job_selector(job.name), INDEX_LABEL: "0"},
+            "selector": job_selector(job.name),
             "ports": [
                 {"name": "rdzv", "port": r.rdzv_port, "targetPort": r.rdzv_port, "protocol": "TCP"},
                 {"name": "master", "port": master_port, "targetPort": master_port, "protocol": "TCP"},

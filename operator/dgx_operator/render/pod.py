@@ -150,10 +150,6 @@ def container_env(
     env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in ours.items() if k not in user_names]
     env.append({"name": "KUBEDGX_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}})
     env.append({"name": "KUBEDGX_NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}})
-    # torchrun's address of this node: the pod's IP. The agent that rendezvous makes rank 0 hosts the
-    # round's store at this address, and without it torchrun publishes its FQDN, which resolves only
-    # for pods the headless Service selects: worker 0 alone (headless_service says why).
-    env.append({"name": "PET_LOCAL_ADDR", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
     env.extend(e.to_manifest() for e in spec.env)
     return env
 
@@ -197,7 +193,7 @@ def affinity(job: JobIdentity, r: Resolved) -> dict[str, Any]:
     return out
 
 
-def topology_spread(job: JobIdentity, r: Resolved, index: int) -> list[dict[str, Any]]:
+def topology_spread(job: JobIdentity, r: Resolved) -> list[dict[str, Any]]:
     """One worker of a job per node where the resources do not already say so, in the cheapest form
     the scheduler offers, and none of the scheduler's default spreading.
 
@@ -213,10 +209,11 @@ def topology_spread(job: JobIdentity, r: Resolved, index: int) -> list[dict[str,
     Default spreading: a pod a Service selects that declares no spread of its own is spread over
     hostnames and zones, and the scheduler scores that by counting the matching pods on every node of
     the cluster (14 ms a worker at 8,000 nodes, docs/benchmarks.md "Placement cost"); over zones is
-    also the opposite of what training wants. The headless Service selects worker 0 alone, so a
-    whole-node worker 0 declares a soft spread over hostnames, which replaces the default and moves
-    nothing (one worker per node anyway): its score is counted on the candidate nodes only, and with
-    both inclusion policies Ignore every other node costs a label lookup."""
+    also the opposite of what training wants. The headless Service selects every worker (their names
+    keep worker 0 rank 0), so a whole-node worker declares a soft spread over hostnames, which
+    replaces the default and moves nothing (one worker per node anyway): its score is counted on the
+    candidate nodes only, and with both inclusion policies Ignore every other node costs a label
+    lookup."""
     selector = {"matchLabels": job_selector(job.name)}
     if r.gpus < r.instance.gpus:
         return [
@@ -228,8 +225,6 @@ def topology_spread(job: JobIdentity, r: Resolved, index: int) -> list[dict[str,
                 "minDomains": max(1, r.max_nodes),
             }
         ]
-    if index != 0:
-        return []
     return [
         {
             "maxSkew": 1,
@@ -438,7 +433,7 @@ def worker_pod(
     }
     if init_containers:
         pod_spec["initContainers"] = init_containers
-    spread = topology_spread(job, r, index)
+    spread = topology_spread(job, r)
     if spread:
         pod_spec["topologySpreadConstraints"] = spread
     priority_class = ctx.defaults.priority_classes.get(spec.priority)
