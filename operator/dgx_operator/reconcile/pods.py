@@ -333,9 +333,9 @@ def artifacts_of(pod: PodView) -> tuple[list[tuple[int, str, str]], list[str]]:
 
 
 def slim(pod: Mapping[str, Any]) -> dict[str, Any]:
-    """The parts of a pod that :meth:`PodView.of` reads, and nothing else. The operator's pod index
-    holds this instead of whole pods: at 1000 jobs x 8 workers the full bodies (env, affinity,
-    volumes) would be most of its memory."""
+    """The parts of a pod that :meth:`PodView.of` reads, and nothing else. The controller's
+    expectations hold this for each worker it created until the watch shows it, instead of the whole
+    manifest (env, affinity, volumes); the pod index holds PodViews."""
     meta = pod.get("metadata") or {}
     status = pod.get("status") or {}
     annotations = meta.get("annotations") or {}
