@@ -5,6 +5,12 @@ controller: 404 on delete means "already gone", 409 on create means "exists" *on
 existing object's controller owner is this job (anything else is a foreign object the job must not
 adopt), 409 on a status patch means "someone wrote in between: plan again". 429 and 5xx are
 transient and raised as :class:`TransientError` for the caller's backoff.
+
+The calls go out over aiohttp with the credentials kopf's login finds (:func:`credentials`), the
+same its watches use, and answers are read as plain JSON. Not through kubernetes_asyncio: its
+package imports every generated model class on import (some 40 MB of the operator's memory, a
+fifth of its peak at 1,000 jobs), its models reject objects lacking fields they insist on, and the
+operator never used them.
 """
 
 from __future__ import annotations
@@ -15,22 +21,54 @@ import logging
 import os
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, NoReturn
+from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 import aiohttp
-from kubernetes_asyncio import client, config
-from kubernetes_asyncio.client.exceptions import ApiException
 
 from dgx_operator.api import GROUP, VERSION
 from dgx_operator.api.crdgen import DATA_MOUNTS, TRAINING_JOBS
+
+if TYPE_CHECKING:
+    import kopf
 
 JOBS = TRAINING_JOBS.plural
 MOUNTS = DATA_MOUNTS.plural
 MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
+JSON = "application/json"
 WEBHOOK_CONFIGURATIONS = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations"
+#: Where a pod finds its ServiceAccount's credentials (the kubelet mounts them).
+SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 
 log = logging.getLogger(__name__)
+
+
+class ApiError(Exception):
+    """The API server answered a call with an error. ``status`` is the HTTP code, ``reason`` its
+    phrase, ``body`` the answer as sent (a ``Status`` object in JSON: :func:`status_of` reads it),
+    ``headers`` the answer's headers (``Retry-After``). The attributes are those of
+    kubernetes_asyncio's exception of the same name, so the code that classifies answers reads
+    them alike."""
+
+    def __init__(
+        self,
+        status: int = 0,
+        reason: str | None = None,
+        body: bytes | str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(status, reason)
+        self.status = status
+        self.reason = reason
+        self.body = body
+        self.headers = headers
+
+    def __str__(self) -> str:
+        text = f"({self.status})\nReason: {self.reason}\n"
+        if self.body:
+            body = self.body.decode("utf-8", "replace") if isinstance(self.body, bytes) else self.body
+            text += f"HTTP response body: {body}\n"
+        return text
 
 
 class TransientError(Exception):
@@ -69,8 +107,8 @@ class Refusal:
         return self.message
 
 
-def status_of(exc: ApiException) -> tuple[str, str]:
-    """(Status.reason, Status.message) from an ApiException's body, or ("", the HTTP reason)."""
+def status_of(exc: ApiError) -> tuple[str, str]:
+    """(Status.reason, Status.message) from an ApiError's body, or ("", the HTTP reason)."""
     body: Any = exc.body
     if isinstance(body, bytes):
         body = body.decode("utf-8", "replace")
@@ -93,7 +131,7 @@ def status_of(exc: ApiException) -> tuple[str, str]:
 PASSING_REFUSALS = ("status unknown for quota", "error looking up service account")
 
 
-def refusal(exc: ApiException) -> Refusal | None:
+def refusal(exc: ApiError) -> Refusal | None:
     """Classify a refused create; None when it is not a refusal of the object but retrying may help
     (429, 5xx, 409, 404, a namespace being deleted, and a 403 from RBAC, which is the operator's
     installation to fix, not the job's).
@@ -116,7 +154,7 @@ def refusal(exc: ApiException) -> Refusal | None:
     return None
 
 
-def _transient(exc: ApiException, what: str) -> TransientError:
+def _transient(exc: ApiError, what: str) -> TransientError:
     retry = None
     if exc.headers and exc.headers.get("Retry-After"):
         try:
@@ -126,35 +164,201 @@ def _transient(exc: ApiException, what: str) -> TransientError:
     return TransientError(f"{what}: HTTP {exc.status} {exc.reason}", retry)
 
 
-async def _unparsed(call: Awaitable[Any]) -> None:
-    """Await a create or delete whose answer is not needed, without turning it into a client model:
-    the model refuses objects lacking fields it insists on (a pod status without imageID, say),
-    and would raise after the write happened. Errors still raise ApiException, as usual."""
-    response = await call
-    try:
-        if not 200 <= response.status <= 299:
-            exc = ApiException(status=response.status, reason=response.reason)
-            exc.headers = response.headers
-            exc.body = await response.read()
-            raise exc
-    finally:
-        response.release()
-
-
-def _retryable(exc: ApiException) -> bool:
+def _retryable(exc: ApiError) -> bool:
     return exc.status == 429 or exc.status == 409 or exc.status >= 500
+
+
+def in_cluster_login(
+    settings: kopf.OperatorSettings, environ: Mapping[str, str] | None = None, directory: str = SERVICE_ACCOUNT_DIR
+) -> kopf.ConnectionInfo | None:
+    """The pod's ServiceAccount at the apiserver address the pod is given, as client-go's
+    InClusterConfig reads it: KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT. kopf's own login
+    goes to https://kubernetes.default.svc whatever they say, so where they point elsewhere (an
+    apiserver reached without kube-proxy, as on the real test nodes) its watches failed while the
+    operator's other calls worked. None where this is no pod (no variables or no token): the
+    kubeconfig then."""
+    import kopf
+
+    env = os.environ if environ is None else environ
+    host, port = env.get("KUBERNETES_SERVICE_HOST", ""), env.get("KUBERNETES_SERVICE_PORT", "")
+    token_path = os.path.join(directory, "token")
+    if not host or not port or not os.path.exists(token_path):
+        return None
+    with open(token_path, encoding="utf-8") as f:
+        token = f.read().strip()
+    namespace = None
+    if os.path.exists(os.path.join(directory, "namespace")):
+        with open(os.path.join(directory, "namespace"), encoding="utf-8") as f:
+            namespace = f.read().strip() or None
+    ca_path = os.path.join(directory, "ca.crt")
+    server = f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
+    return kopf.ConnectionInfo(
+        server=server,
+        ca_path=ca_path if os.path.exists(ca_path) else None,
+        token=token or None,
+        default_namespace=namespace,
+        trust_env=settings.networking.trust_env,
+        priority=20,  # kopf's own service-account login's priority (PRIORITY_OF_SERVICE_ACCOUNT)
+    )
+
+
+def credentials(settings: kopf.OperatorSettings | None = None) -> kopf.ConnectionInfo:
+    """Who the operator is and where its API server is, found as its kopf login finds them (the
+    runtime's login handler asks the same three): the pod's ServiceAccount, else kopf's
+    service-account login, else the kubeconfig (KUBECONFIG, else ~/.kube/config; tokens, client
+    certificates, CA). A kubeconfig whose user runs an ``exec`` plugin or an ``auth-provider``
+    (EKS, GKE) gets its token from kubernetes_asyncio's loader where that is installed (`kubedgx
+    check-install` from a laptop); the operator's own process never imports it (cli.main)."""
+    import kopf
+
+    settings = settings or kopf.OperatorSettings()
+    info = (
+        in_cluster_login(settings)
+        or kopf.login_with_service_account(settings=settings)
+        or kopf.login_with_kubeconfig(settings=settings)
+    )
+    if info is None:
+        raise kopf.LoginError(
+            "no credentials for the API server: not in a pod, and no kubeconfig "
+            "(set KUBECONFIG or write ~/.kube/config)"
+        )
+    if not (info.token or info.username or info.certificate_path or info.certificate_data):
+        return _plugin_credentials(info)
+    return info
+
+
+def _plugin_credentials(info: kopf.ConnectionInfo) -> kopf.ConnectionInfo:
+    """The kubeconfig's credentials as kubernetes_asyncio's loader produces them (it runs ``exec``
+    plugins and ``auth-provider`` refreshes, which kopf's minimal parser does not), or ``info`` as it
+    is where that library is not importable."""
+    import asyncio
+
+    import kopf
+
+    try:
+        from kubernetes_asyncio import client, config
+    except ImportError:
+        return info
+
+    async def load() -> Any:
+        configuration = client.Configuration()
+        path = os.environ.get("KUBECONFIG", "").split(os.pathsep)[0] or None
+        await config.load_kube_config(config_file=path, client_configuration=configuration)
+        return configuration
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        configuration = asyncio.run(load())
+    else:  # called from a coroutine: the loader is async, so run it on a thread of its own
+        import concurrent.futures
+
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            configuration = pool.submit(asyncio.run, load()).result()
+    authorization = (configuration.api_key or {}).get("authorization") or (configuration.api_key or {}).get(
+        "BearerToken"
+    )
+    token = authorization.split(" ", 1)[1] if authorization and " " in authorization else authorization
+    return kopf.ConnectionInfo(
+        server=configuration.host,
+        ca_path=configuration.ssl_ca_cert,
+        insecure=not configuration.verify_ssl,
+        token=token or None,
+        certificate_path=configuration.cert_file,
+        private_key_path=configuration.key_file,
+        default_namespace=info.default_namespace,
+    )
+
+
+class Http:
+    """The API server over one aiohttp session: JSON in, bytes out, an error answer raised as
+    :class:`ApiError`. A ServiceAccount token is read again from its file when the kubelet
+    rotates it (the file's mtime changes), as client-go does."""
+
+    def __init__(self, info: kopf.ConnectionInfo, token_file: str | None = None, limit: int = 100) -> None:
+        self.server = str(info.server).rstrip("/")
+        self.headers = dict(info.as_http_headers())
+        self.token_file = token_file
+        self._token_mtime = os.stat(token_file).st_mtime if token_file and os.path.exists(token_file) else None
+        ssl = info.as_ssl_context() if self.server.startswith("https:") else False
+        self.session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=limit, ssl=ssl),
+            proxy=info.proxy_url,
+            trust_env=info.trust_env,
+            timeout=aiohttp.ClientTimeout(),  # none by default; a call that must not hang says so
+        )
+
+    def _authorization(self) -> dict[str, str]:
+        if self.token_file is not None:
+            mtime: float | None
+            try:
+                mtime = os.stat(self.token_file).st_mtime
+            except OSError:
+                mtime = self._token_mtime
+            if mtime != self._token_mtime:
+                with open(self.token_file, encoding="utf-8") as f:
+                    self.headers["Authorization"] = f"Bearer {f.read().strip()}"
+                self._token_mtime = mtime
+        return self.headers
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Mapping[str, str | int] | None = None,
+        body: Any = None,
+        content_type: str = JSON,
+        accept: str = JSON,
+        timeout: float | None = None,
+    ) -> bytes:
+        """One call; its answer's bytes, or ApiError with the answer when it is not a 2xx."""
+        headers = {**self._authorization(), "Accept": accept}
+        data = None
+        if body is not None:
+            headers["Content-Type"] = content_type
+            data = json.dumps(body).encode("utf-8")
+        async with self.session.request(
+            method,
+            self.server + path,
+            params={k: str(v) for k, v in (query or {}).items()},
+            data=data,
+            headers=headers,
+            timeout=aiohttp.ClientTimeout(total=timeout) if timeout is not None else None,
+        ) as response:
+            answer = await response.read()
+            if not 200 <= response.status <= 299:
+                raise ApiError(response.status, response.reason, answer, dict(response.headers))
+            return answer
+
+    async def close(self) -> None:
+        await self.session.close()
+
+
+def _core(namespace: str, plural: str, name: str | None = None) -> str:
+    base = f"/api/v1/namespaces/{namespace}/{plural}"
+    return f"{base}/{name}" if name else base
+
+
+def _custom(group: str, version: str, namespace: str | None, plural: str, name: str | None = None) -> str:
+    base = f"/apis/{group}/{version}" + (f"/namespaces/{namespace}" if namespace else "") + f"/{plural}"
+    return f"{base}/{name}" if name else base
+
+
+#: The core kinds the operator creates as children, by kind: their plural in the core API.
+CHILD_PLURALS = {"Pod": "pods", "Service": "services", "ConfigMap": "configmaps"}
 
 
 @dataclass
 class Kube:
     """A thin async facade over the Kubernetes API for the operator's few calls."""
 
-    api: client.ApiClient
+    http: Http
     #: Told (verb, HTTP code) of every call that failed; not of the answers a call expects
     #: (404 on reads and deletes, 409 on creating a child): the operator's API error metric.
     on_error: Callable[[str, int], None] | None = None
 
-    def _raise(self, verb: str, exc: ApiException, what: str) -> NoReturn:
+    def _raise(self, verb: str, exc: ApiError, what: str) -> NoReturn:
         """Record a failed call; raise it as TransientError when retrying may help, else as is."""
         if self.on_error is not None:
             self.on_error(verb, exc.status)
@@ -163,29 +367,30 @@ class Kube:
         raise exc
 
     @classmethod
-    async def connect(cls) -> Kube:
-        """In-cluster credentials when running in a pod, else the kubeconfig (KUBECONFIG)."""
-        if os.environ.get("KUBERNETES_SERVICE_HOST") and os.path.exists(
-            "/var/run/secrets/kubernetes.io/serviceaccount/token"
-        ):
-            config.load_incluster_config()  # type: ignore[no-untyped-call]
-            return cls(client.ApiClient())
-        configuration = client.Configuration()
-        # The library reads KUBECONFIG when it is imported; read it now, as kopf's login does.
-        path = os.environ.get("KUBECONFIG", "").split(os.pathsep)[0] or None
-        await config.load_kube_config(config_file=path, client_configuration=configuration)
-        return cls(client.ApiClient(configuration))
+    async def connect(cls, info: kopf.ConnectionInfo | None = None) -> Kube:
+        """A client with ``info``'s credentials, else with those :func:`credentials` finds."""
+        info = info or credentials()
+        token_file = os.path.join(SERVICE_ACCOUNT_DIR, "token")
+        in_pod = info.token is not None and os.path.exists(token_file) and info.ca_path is not None
+        in_pod = in_pod and os.path.dirname(str(info.ca_path)) == SERVICE_ACCOUNT_DIR
+        return cls(Http(info, token_file if in_pod else None))
 
     async def close(self) -> None:
-        await self.api.close()
+        await self.http.close()
 
-    @property
-    def core(self) -> client.CoreV1Api:
-        return client.CoreV1Api(self.api)
-
-    @property
-    def custom(self) -> client.CustomObjectsApi:
-        return client.CustomObjectsApi(self.api)
+    async def _json(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        content_type: str = JSON,
+        query: Mapping[str, str | int] | None = None,
+    ) -> dict[str, Any]:
+        """One call whose answer is read as plain JSON; errors raise ApiError."""
+        data = await self.http.request(method, path, body=body, content_type=content_type, query=query)
+        found: Any = json.loads(data) if data else {}
+        return found if isinstance(found, dict) else {}
 
     # -- reads ---------------------------------------------------------------------------------
 
@@ -197,20 +402,20 @@ class Kube:
 
     async def list_jobs(self, namespace: str) -> list[dict[str, Any]]:
         try:
-            found: dict[str, Any] = await self.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, JOBS)
-        except ApiException as exc:
+            found = await self._json("GET", _custom(GROUP, VERSION, namespace, JOBS))
+        except ApiError as exc:
             self._raise("list", exc, f"list {JOBS} in {namespace}")
         return list(found.get("items") or [])
 
     async def get_secret_data(self, namespace: str, name: str) -> dict[str, bytes] | None:
         """A Secret's decoded data, or None when it does not exist."""
         try:
-            secret = await self.core.read_namespaced_secret(name, namespace)
-        except ApiException as exc:
+            secret = await self._json("GET", _core(namespace, "secrets", name))
+        except ApiError as exc:
             if exc.status == 404:
                 return None
             self._raise("get", exc, f"get secret {namespace}/{name}")
-        return {k: base64.b64decode(v) for k, v in (secret.data or {}).items()}
+        return {k: base64.b64decode(v) for k, v in (secret.get("data") or {}).items()}
 
     async def pod_log_tail(
         self, namespace: str, name: str, container: str, *, lines: int, limit_bytes: int, timeout: float = 5.0
@@ -221,29 +426,38 @@ class Kube:
         nor holds up for long, a reconcile. The apiserver fetches logs from the node's kubelet,
         which a node that is unreachable (or a kwok node, which has none) may never answer."""
         try:
-            text = await self.core.read_namespaced_pod_log(
-                name,
-                namespace,
-                container=container,
-                tail_lines=lines,
-                limit_bytes=limit_bytes,
-                _request_timeout=timeout,
+            data = await self.http.request(
+                "GET",
+                _core(namespace, "pods", name) + "/log",
+                query={"container": container, "tailLines": lines, "limitBytes": limit_bytes},
+                accept="*/*",
+                timeout=timeout,
             )
-        except ApiException as exc:
+        except ApiError as exc:
             log.debug("log of %s/%s (%s): %s %s", namespace, name, container, exc.status, exc.reason)
             return None
         except (TimeoutError, aiohttp.ClientError) as exc:
             log.debug("log of %s/%s (%s): %s", namespace, name, container, exc)
             return None
-        return text if isinstance(text, str) else None
+        return data.decode("utf-8", "replace")
+
+    async def api_resources(self, group: str, version: str) -> list[dict[str, Any]]:
+        """The resources an API group version serves (discovery); ApiError when it is not served."""
+        found = await self._json("GET", f"/apis/{group}/{version}")
+        return [r for r in found.get("resources") or [] if isinstance(r, dict)]
+
+    async def dry_run_create_job(self, namespace: str, job: Mapping[str, Any]) -> None:
+        """Would the apiserver create this DGXTrainingJob (schema, CEL rules, the webhook)? Returns
+        when it would; its refusal raises ApiError (`kubedgx check-install`)."""
+        await self.http.request(
+            "POST", _custom(GROUP, VERSION, namespace, JOBS), body=dict(job), query={"dryRun": "All"}
+        )
 
     async def _get(self, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
         """One of our custom objects, or None when it does not exist."""
         try:
-            obj: dict[str, Any] = await self.custom.get_namespaced_custom_object(
-                GROUP, VERSION, namespace, plural, name
-            )
-        except ApiException as exc:
+            obj = await self._json("GET", _custom(GROUP, VERSION, namespace, plural, name))
+        except ApiError as exc:
             if exc.status == 404:
                 return None
             self._raise("get", exc, f"get {plural} {namespace}/{name}")
@@ -256,22 +470,16 @@ class Kube:
         deleted job of the same name is "blocked" (it goes away with its owner)."""
         kind, meta = obj["kind"], obj["metadata"]
         namespace, name = meta["namespace"], meta["name"]
-        create: Any
-        read: Any
-        create, read = {
-            "Pod": (self.core.create_namespaced_pod, self.core.read_namespaced_pod),
-            "Service": (self.core.create_namespaced_service, self.core.read_namespaced_service),
-            "ConfigMap": (self.core.create_namespaced_config_map, self.core.read_namespaced_config_map),
-        }[kind]
+        plural = CHILD_PLURALS[kind]
         try:
-            await _unparsed(create(namespace, dict(obj), _preload_content=False))
+            await self.http.request("POST", _core(namespace, plural), body=dict(obj))
             return "created"
-        except ApiException as exc:
+        except ApiError as exc:
             if exc.status != 409:
                 self._raise("create", exc, f"create {kind} {namespace}/{name}")
         try:
-            existing = self.api.sanitize_for_serialization(await read(name, namespace))
-        except ApiException as exc:
+            existing = await self._json("GET", _core(namespace, plural, name))
+        except ApiError as exc:
             if exc.status == 404:  # deleted in between: try again on the next pass
                 raise TransientError(f"create {kind} {namespace}/{name}: existed, then vanished") from exc
             self._raise("get", exc, f"get {kind} {namespace}/{name}")
@@ -291,17 +499,14 @@ class Kube:
     async def dry_run_create(self, obj: Mapping[str, Any]) -> None:
         """Ask whether the apiserver would create a child (``dryRun=All``: validation and every
         admission plugin and webhook run, nothing is stored). Returns when it would; a refusal is
-        raised as the ApiException it is, for :func:`refusal` to classify. 409 means the name is
+        raised as the ApiError it is, for :func:`refusal` to classify. 409 means the name is
         taken, which the apiserver checks last: the object passed everything else."""
         kind, namespace = obj["kind"], obj["metadata"]["namespace"]
-        create: Any = {
-            "Pod": self.core.create_namespaced_pod,
-            "Service": self.core.create_namespaced_service,
-            "ConfigMap": self.core.create_namespaced_config_map,
-        }[kind]
         try:
-            await _unparsed(create(namespace, dict(obj), dry_run="All", _preload_content=False))
-        except ApiException as exc:
+            await self.http.request(
+                "POST", _core(namespace, CHILD_PLURALS[kind]), body=dict(obj), query={"dryRun": "All"}
+            )
+        except ApiError as exc:
             # Only the failures of the call itself count as API errors; a refusal is its answer.
             if self.on_error is not None and exc.status != 409 and refusal(exc) is None:
                 self.on_error("create", exc.status)
@@ -310,30 +515,29 @@ class Kube:
     async def patch_pod_labels(self, namespace: str, name: str, labels: Mapping[str, str | None]) -> bool:
         """Merge ``labels`` into a pod's (None removes one); False if the pod is gone. Allowed on a
         pod being deleted: metadata stays writable until the object is removed."""
-        call = self.core.patch_namespaced_pod(
-            name,
-            namespace,
-            {"metadata": {"labels": dict(labels)}},
-            _content_type=MERGE_PATCH,  # type: ignore[call-arg]
-            _preload_content=False,
+        call = self.http.request(
+            "PATCH",
+            _core(namespace, "pods", name),
+            body={"metadata": {"labels": dict(labels)}},
+            content_type=MERGE_PATCH,
         )
         return await self._unless_gone(call, "patch", f"patch Pod {namespace}/{name}")
 
     async def delete_config_map(self, namespace: str, name: str) -> bool:
         """Delete a ConfigMap (a superseded trainer config); False if it was already gone."""
-        call = self.core.delete_namespaced_config_map(name, namespace, _preload_content=False)
+        call = self.http.request("DELETE", _core(namespace, "configmaps", name))
         return await self._unless_gone(call, "delete", f"delete ConfigMap {namespace}/{name}")
 
     async def delete_pod(self, namespace: str, name: str) -> bool:
         """Delete a pod; False if it was already gone."""
-        call = self.core.delete_namespaced_pod(name, namespace, _preload_content=False)
+        call = self.http.request("DELETE", _core(namespace, "pods", name))
         return await self._unless_gone(call, "delete", f"delete Pod {namespace}/{name}")
 
     async def _unless_gone(self, call: Awaitable[Any], verb: str, what: str) -> bool:
         """A write to an object that may have gone meanwhile: False on 404, errors as _raise says."""
         try:
-            await _unparsed(call)
-        except ApiException as exc:
+            await call
+        except ApiError as exc:
             if exc.status == 404:
                 return False
             self._raise(verb, exc, what)
@@ -341,10 +545,10 @@ class Kube:
 
     async def delete_job(self, namespace: str, name: str) -> None:
         try:
-            await self.custom.delete_namespaced_custom_object(
-                GROUP, VERSION, namespace, JOBS, name, propagation_policy="Background"
+            await self.http.request(
+                "DELETE", _custom(GROUP, VERSION, namespace, JOBS, name), query={"propagationPolicy": "Background"}
             )
-        except ApiException as exc:
+        except ApiError as exc:
             if exc.status == 404:
                 return
             self._raise("delete", exc, f"delete {JOBS} {namespace}/{name}")
@@ -357,46 +561,14 @@ class Kube:
         if resource_version:
             meta["resourceVersion"] = resource_version
         try:
-            patched: dict[str, Any] = await self.custom.patch_namespaced_custom_object(
-                GROUP,
-                VERSION,
-                namespace,
-                plural,
-                name,
-                {"metadata": meta},
-                _content_type=MERGE_PATCH,  # type: ignore[call-arg]
+            patched = await self._json(
+                "PATCH", _custom(GROUP, VERSION, namespace, plural, name), {"metadata": meta}, content_type=MERGE_PATCH
             )
-        except ApiException as exc:
+        except ApiError as exc:
             if exc.status == 404:
                 return {}
             self._raise("patch", exc, f"patch finalizers of {plural} {namespace}/{name}")
         return patched
-
-    # -- raw JSON calls (no client models: they reject fields they do not know) -----------------
-
-    async def _json(
-        self, method: str, path: str, body: Any = None, *, content_type: str = "application/json"
-    ) -> dict[str, Any]:
-        """One call whose answer is read as plain JSON; errors raise ApiException, as the models' do."""
-        response = await self.api.call_api(
-            path,
-            method,
-            header_params={"Accept": "application/json", "Content-Type": content_type},
-            body=body,
-            auth_settings=["BearerToken"],
-            _preload_content=False,
-        )
-        try:
-            data = await response.read()
-            if not 200 <= response.status <= 299:
-                exc = ApiException(status=response.status, reason=response.reason)
-                exc.headers = response.headers
-                exc.body = data
-                raise exc
-        finally:
-            response.release()
-        found: dict[str, Any] = json.loads(data) if data else {}
-        return found
 
     # -- leader election (leader.py) -------------------------------------------------------------
 
@@ -408,7 +580,7 @@ class Kube:
     async def get_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:
             return await self._json("GET", self._lease_path(namespace, name))
-        except ApiException as exc:
+        except ApiError as exc:
             if exc.status == 404:
                 return None
             self._raise("get", exc, f"get lease {namespace}/{name}")
@@ -423,7 +595,7 @@ class Kube:
         }
         try:
             return await self._json("POST", self._lease_path(namespace), body)
-        except ApiException as exc:
+        except ApiError as exc:
             if exc.status == 409:
                 return None
             self._raise("create", exc, f"create lease {namespace}/{name}")
@@ -440,7 +612,7 @@ class Kube:
         }
         try:
             return await self._json("PUT", self._lease_path(namespace, name), body)
-        except ApiException as exc:
+        except ApiError as exc:
             if exc.status in (404, 409):
                 return None
             self._raise("update", exc, f"update lease {namespace}/{name}")
@@ -450,7 +622,7 @@ class Kube:
     async def get_secret(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:
             return await self._json("GET", f"/api/v1/namespaces/{namespace}/secrets/{name}")
-        except ApiException as exc:
+        except ApiError as exc:
             if exc.status == 404:
                 return None
             self._raise("get", exc, f"get secret {namespace}/{name}")
@@ -468,7 +640,7 @@ class Kube:
             return await self._json(
                 "PATCH", f"/api/v1/namespaces/{namespace}/secrets/{name}", patch, content_type=MERGE_PATCH
             )
-        except ApiException as exc:
+        except ApiError as exc:
             if exc.status == 409:
                 return None
             self._raise("patch", exc, f"patch secret {namespace}/{name}")
@@ -484,7 +656,7 @@ class Kube:
         }
         try:
             await self._json("POST", f"/api/v1/namespaces/{namespace}/secrets", body)
-        except ApiException as exc:
+        except ApiError as exc:
             if exc.status == 409:
                 return False
             self._raise("create", exc, f"create secret {namespace}/{name}")
@@ -494,7 +666,7 @@ class Kube:
         """Create the ValidatingWebhookConfiguration (run without the chart, which renders it)."""
         try:
             await self._json("POST", WEBHOOK_CONFIGURATIONS, dict(body))
-        except ApiException as exc:
+        except ApiError as exc:
             if self.on_error is not None:
                 self.on_error("create", exc.status)
             raise
@@ -502,7 +674,7 @@ class Kube:
     async def get_webhook_configuration(self, name: str) -> dict[str, Any] | None:
         try:
             return await self._json("GET", f"{WEBHOOK_CONFIGURATIONS}/{name}")
-        except ApiException as exc:
+        except ApiError as exc:
             if exc.status == 404:
                 return None
             self._raise("get", exc, f"get validatingwebhookconfiguration {name}")
@@ -519,7 +691,7 @@ class Kube:
         ]
         try:
             await self._json("PATCH", f"{WEBHOOK_CONFIGURATIONS}/{name}", patch, content_type=JSON_PATCH)
-        except ApiException as exc:
+        except ApiError as exc:
             if exc.status in (409, 422):
                 return False
             self._raise("patch", exc, f"patch validatingwebhookconfiguration {name}")
@@ -531,14 +703,8 @@ class Kube:
         """The version of ``group`` to speak: the server's preferred one if we know it, else the first
         of ``known`` it serves; None when the group is not served (Kueue not installed)."""
         try:
-            found: Any = await self.api.call_api(
-                f"/apis/{group}",
-                "GET",
-                response_types_map={200: "object"},
-                auth_settings=["BearerToken"],
-                _return_http_data_only=True,
-            )
-        except ApiException as exc:
+            found = await self._json("GET", f"/apis/{group}")
+        except ApiError as exc:
             if exc.status == 404:
                 return None
             self._raise("get", exc, f"discover API group {group}")
@@ -552,8 +718,8 @@ class Kube:
         """The ``value`` of a cluster-scoped priority class (WorkloadPriorityClass or PriorityClass);
         None when it does not exist."""
         try:
-            obj: dict[str, Any] = await self.custom.get_cluster_custom_object(group, version, plural, name)
-        except ApiException as exc:
+            obj = await self._json("GET", _custom(group, version, None, plural, name))
+        except ApiError as exc:
             if exc.status == 404:
                 return None
             self._raise("get", exc, f"get {plural} {name}")
@@ -565,8 +731,8 @@ class Kube:
         group, version = obj["apiVersion"].split("/")
         namespace = obj["metadata"]["namespace"]
         try:
-            await self.custom.create_namespaced_custom_object(group, version, namespace, "workloads", dict(obj))
-        except ApiException as exc:
+            await self.http.request("POST", _custom(group, version, namespace, "workloads"), body=dict(obj))
+        except ApiError as exc:
             if exc.status == 409:
                 return
             self._raise("create", exc, f"create Workload {namespace}/{obj['metadata']['name']}")
@@ -575,15 +741,12 @@ class Kube:
         """Delete a Workload, that one only (uid precondition); gone already is fine."""
         group, version = api_version.split("/")
         try:
-            await self.custom.delete_namespaced_custom_object(
-                group,
-                version,
-                namespace,
-                "workloads",
-                name,
-                body=client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=uid)),
+            await self.http.request(
+                "DELETE",
+                _custom(group, version, namespace, "workloads", name),
+                body={"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": uid}},
             )
-        except ApiException as exc:
+        except ApiError as exc:
             if exc.status in (404, 409):  # gone, or another object now holds the name
                 return
             self._raise("delete", exc, f"delete Workload {namespace}/{name}")
@@ -596,12 +759,10 @@ class Kube:
         from: Kueue writes it too, and a status patch replaces the conditions list whole."""
         group, version = api_version.split("/")
         body = {**patch, "metadata": {**dict(patch.get("metadata") or {}), "resourceVersion": resource_version}}
-        call = (
-            self.custom.patch_namespaced_custom_object_status if status else self.custom.patch_namespaced_custom_object
-        )
+        path = _custom(group, version, namespace, "workloads", name) + ("/status" if status else "")
         try:
-            await call(group, version, namespace, "workloads", name, body, _content_type=MERGE_PATCH)  # type: ignore[call-arg]
-        except ApiException as exc:
+            await self.http.request("PATCH", path, body=body, content_type=MERGE_PATCH)
+        except ApiError as exc:
             if exc.status == 404:
                 return
             self._raise("patch", exc, f"patch {'status of ' if status else ''}Workload {namespace}/{name}")
@@ -625,16 +786,9 @@ class Kube:
         if resource_version:
             body["metadata"] = {"resourceVersion": resource_version}
         try:
-            # kubernetes_asyncio would pick json-patch for a dict body; CRDs take merge patches.
-            patched: dict[str, Any] = await self.custom.patch_namespaced_custom_object_status(
-                GROUP,
-                VERSION,
-                namespace,
-                plural,
-                name,
-                body,
-                _content_type=MERGE_PATCH,  # type: ignore[call-arg]
+            patched = await self._json(
+                "PATCH", _custom(GROUP, VERSION, namespace, plural, name) + "/status", body, content_type=MERGE_PATCH
             )
-        except ApiException as exc:
+        except ApiError as exc:
             self._raise("patch", exc, f"patch status of {plural} {namespace}/{name}")
         return patched

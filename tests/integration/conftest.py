@@ -14,6 +14,8 @@ Fixture API
     The path of a kubeconfig pointing at the emulator; ``KUBECONFIG`` is set to it for the test.
 ``api_client``
     A ``kubernetes_asyncio.client.ApiClient`` configured from that kubeconfig.
+``kubes``
+    Makes the operator's own clients (``dgx_operator.kube.Kube``) of the emulator.
 ``http``
     A plain ``aiohttp.ClientSession`` on the emulator's URL, for raw HTTP (``await http.get("/api/v1")``).
 ``run_operator``
@@ -75,6 +77,7 @@ import pytest_asyncio
 import yaml
 from kubernetes_asyncio import client, config
 
+from dgx_operator.kube import Kube
 from dgx_operator.runtime.settings import OperatorConfig
 from dgx_operator.webhook import admission
 from dgx_operator.webhook.config import WebhookConfig
@@ -126,6 +129,25 @@ async def api_client(kubeconfig: Path) -> AsyncIterator[client.ApiClient]:
     await config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)
     async with client.ApiClient(configuration) as api:
         yield api
+
+
+#: What ``kubes`` hands a test.
+Kubes = Callable[[], Awaitable[Kube]]
+
+
+@pytest_asyncio.fixture
+async def kubes(kubeconfig: Path) -> AsyncIterator[Kubes]:
+    """Makes the operator's own clients (dgx_operator.kube) of the emulator, as many as a test asks
+    for (one per replica it plays), each closed at the end."""
+    made: list[Kube] = []
+
+    async def make() -> Kube:
+        made.append(await Kube.connect())
+        return made[-1]
+
+    yield make
+    for kube in made:
+        await kube.close()
 
 
 @pytest_asyncio.fixture

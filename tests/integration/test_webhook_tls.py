@@ -48,7 +48,7 @@ from tests.integration.admission_helpers import (
     review_request,
     stored,
 )
-from tests.integration.conftest import OperatorRun, RunOperator
+from tests.integration.conftest import Kubes, OperatorRun, RunOperator
 from tests.integration.emulator import Emulator, Kind
 from tests.support.ports import free_port
 
@@ -302,11 +302,11 @@ async def test_a_restart_keeps_the_pair_so_the_ca_bundle_never_changes(
     assert secret_writes == ["create"]  # the first start made the pair; the second only read it
 
 
-async def test_two_replicas_starting_together_end_with_one_pair(self_signed_served: Emulator, api_client: Any) -> None:
+async def test_two_replicas_starting_together_end_with_one_pair(self_signed_served: Emulator, kubes: Kubes) -> None:
     emulator = self_signed_served
     emulator.create(SECRETS, {"metadata": {"name": SECRET, "namespace": NAMESPACE}, "type": "Opaque"})
     hook = WebhookConfig(self_signed=True, service=SERVICE, namespace=NAMESPACE, secret=SECRET)
-    keepers = [keeper(hook, Kube(api_client), tmp) for tmp in ("a", "b")]
+    keepers = [keeper(hook, await kubes(), tmp) for tmp in ("a", "b")]
     first, second = await asyncio.gather(*(k.ensure() for k in keepers))
     assert first == second == stored_pair(emulator)
     patches = [c for c in emulator.calls(resource=SECRETS) if c.write]
@@ -325,7 +325,7 @@ def keeper(hook: WebhookConfig, kube: Kube, name: str) -> CertificateKeeper:
 
 
 async def test_an_expiring_pair_is_renewed_keeping_the_old_ca_in_the_bundle(
-    self_signed_served: Emulator, api_client: Any
+    self_signed_served: Emulator, kubes: Kubes
 ) -> None:
     """A replica still serving the old certificate stays trusted until it reads the new pair."""
     emulator = self_signed_served
@@ -333,7 +333,7 @@ async def test_an_expiring_pair_is_renewed_keeping_the_old_ca_in_the_bundle(
     old = self_signed(hook.dns_names, days=20)  # inside the 30 days before expiry
     data = {k: base64.b64encode(v).decode() for k, v in old.data().items()}
     emulator.create(SECRETS, {"metadata": {"name": SECRET, "namespace": NAMESPACE}, "type": "Opaque", "data": data})
-    renewed = await keeper(hook, Kube(api_client), "r").ensure()
+    renewed = await keeper(hook, await kubes(), "r").ensure()
     assert renewed.certificate != old.certificate
     assert renewed.ca.endswith(old.ca)  # the new CA first, then the old one
     assert stored_pair(emulator) == renewed
@@ -357,13 +357,13 @@ async def test_a_failed_read_of_the_secret_is_retried_and_counted(
 
 
 async def test_a_configuration_it_may_not_create_is_reported_not_retried_at_once(
-    self_signed_served: Emulator, api_client: Any
+    self_signed_served: Emulator, kubes: Kubes
 ) -> None:
     """RBAC without create (the chart's) and no configuration (deleted by hand): the log says what to do."""
     emulator = self_signed_served
     emulator.fail("create", VWCS, code=403)
     hook = WebhookConfig(self_signed=True, service=SERVICE, namespace=NAMESPACE, secret=SECRET)
-    k = keeper(hook, Kube(api_client), "f")
+    k = keeper(hook, await kubes(), "f")
     pair = await k.ensure()
     with pytest.raises(PublishError, match="does not exist and this operator may not create it"):
         await k.inject(pair)

@@ -18,10 +18,10 @@ import aiohttp
 import kopf
 import pytest
 import yaml
-from kubernetes_asyncio.client.exceptions import ApiException
 
 from dgx_operator.api import DGXTrainingJob
 from dgx_operator.catalog import Catalog
+from dgx_operator.kube import ApiError
 from dgx_operator.render import JobIdentity, trainer_config_map
 from dgx_operator.render.names import FINALIZER
 from dgx_operator.runtime.settings import OperatorConfig
@@ -363,9 +363,9 @@ def test_removing_the_finalizer_of_a_deleting_job_is_never_refused(cause: str, t
 # -- the children, dry-run against the apiserver --------------------------------------------------------------
 
 
-def status_error(code: int, reason: str, message: str) -> ApiException:
-    """An ApiException as kubernetes_asyncio raises it for an apiserver's answer: a metav1 Status body."""
-    exc = ApiException(status=code, reason=reason)
+def status_error(code: int, reason: str, message: str) -> ApiError:
+    """An ApiError as kubernetes_asyncio raises it for an apiserver's answer: a metav1 Status body."""
+    exc = ApiError(status=code, reason=reason)
     status = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": message, "reason": reason}
     exc.body = json.dumps({**status, "code": code}).encode()
     return exc
@@ -400,7 +400,7 @@ RBAC = (
 
 class DryRunKube(FakeKube):
     """A FakeKube that also answers ``dry_run_create`` as :class:`dgx_operator.kube.Kube` does: None when the
-    apiserver would create the object, else what ``refuse`` says it raises (an ApiException, another exception,
+    apiserver would create the object, else what ``refuse`` says it raises (an ApiError, another exception,
     or ``HANG``: no answer ever)."""
 
     HANG = object()
@@ -483,7 +483,7 @@ def status_of_refusal(body: Body, memo: kopf.Memo) -> tuple[int | None, str]:
     ],
 )
 def test_a_permanent_refusal_of_a_child_refuses_the_job_quoting_the_apiserver(
-    error: ApiException, kind: str, child: str
+    error: ApiError, kind: str, child: str
 ) -> None:
     kube = DryRunKube(lambda obj: error if obj["kind"] == kind else None)
     code, message = status_of_refusal(JOB, serving(kube))

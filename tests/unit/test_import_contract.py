@@ -207,6 +207,19 @@ def test_the_runtime_check_can_fail() -> None:
     assert "kopf" in imported_after("['dgx_operator.runtime.handlers']", ("kopf",))
 
 
+def test_the_operator_imports_no_generated_kubernetes_client_at_run_time() -> None:
+    """The daemon's modules reach the API server through kube.py alone: importing all of them loads
+    no kubernetes_asyncio (kopf would, were it not kept out as `kubedgx operator` does: the next test)."""
+    kept_out = f"(__import__('dgx_operator.cli.main').cli.main.keep_out_generated_client(), {list(RUNTIME)!r})[1]"
+    # (the blocker itself is a None in sys.modules under the top-level name)
+    assert imported_after(kept_out, ("kubernetes_asyncio.client", "kubernetes_asyncio.config", "kubernetes")) == []
+
+
+def test_kopf_alone_would_import_the_generated_client_where_it_is_installed() -> None:
+    """Why the daemon keeps it out: kopf imports it, models and all, whenever it can."""
+    assert "kubernetes_asyncio.client" in imported_after("['kopf']", ("kubernetes_asyncio.client",))
+
+
 def test_no_operator_trainer_or_data_plane_module_imports_flytekit_at_run_time() -> None:
     modules = f"{ALL} + {walk('dgx_trainer')} + {walk('dgx_datasync')} + {walk('dgx_api')}"
     assert imported_after(modules, ("flytekit", "flyteidl", "flytekitplugins.dgx")) == []

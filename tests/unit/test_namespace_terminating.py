@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import json
 
-from kubernetes_asyncio.client.exceptions import ApiException
-
 from dgx_operator.controllers.job import namespace_terminating
+from dgx_operator.kube import ApiError
 
 TERMINATING = {
     "kind": "Status",
@@ -29,8 +28,8 @@ RBAC = {
 }
 
 
-def refused(status: int, body: dict[str, object] | None) -> ApiException:
-    exc = ApiException(status=status, reason="Forbidden")
+def refused(status: int, body: dict[str, object] | None) -> ApiError:
+    exc = ApiError(status=status, reason="Forbidden")
     exc.body = json.dumps(body) if body is not None else None
     return exc
 

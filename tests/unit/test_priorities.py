@@ -11,12 +11,11 @@ from typing import Any
 
 import pytest
 import yaml
-from kubernetes_asyncio.client.exceptions import ApiException
 
 from dgx_operator.api.crdgen import KINDS
 from dgx_operator.catalog import Catalog
 from dgx_operator.cli.main import main
-from dgx_operator.kube import TransientError
+from dgx_operator.kube import ApiError, TransientError
 from dgx_operator.runtime import priorities
 from dgx_operator.runtime.settings import DEFAULT_PRIORITY_CLASSES, OperatorConfig
 from dgx_operator.validation.validator import Validator
@@ -45,8 +44,8 @@ class Cluster:
         return await self.get(name)
 
 
-def forbidden() -> ApiException:
-    return ApiException(status=403, reason="Forbidden")
+def forbidden() -> ApiError:
+    return ApiError(status=403, reason="Forbidden")
 
 
 def run_check(classes: Mapping[str, str], cluster: Cluster) -> priorities.Check:

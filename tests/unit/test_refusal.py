@@ -6,13 +6,12 @@ from __future__ import annotations
 import json
 
 import pytest
-from kubernetes_asyncio.client.exceptions import ApiException
 
-from dgx_operator.kube import refusal, status_of
+from dgx_operator.kube import ApiError, refusal, status_of
 
 
-def answer(code: int, message: str | None, reason: str = "Forbidden", causes: list[str] | None = None) -> ApiException:
-    exc = ApiException(status=code, reason=reason)
+def answer(code: int, message: str | None, reason: str = "Forbidden", causes: list[str] | None = None) -> ApiError:
+    exc = ApiError(status=code, reason=reason)
     if message is not None:
         body = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": message, "reason": reason,
                 "code": code, "details": {"causes": [{"reason": c} for c in causes or []]}}  # fmt: skip
@@ -56,7 +55,7 @@ WEBHOOK = 'admission webhook "validate.kyverno.svc" denied the request: images m
     ],
     ids=lambda v: v if isinstance(v, str) or v is None else str(v.status),
 )
-def test_each_answer_is_classified(exc: ApiException, kind: str | None) -> None:
+def test_each_answer_is_classified(exc: ApiError, kind: str | None) -> None:
     found = refusal(exc)
     assert (found.kind if found is not None else None) == kind
     if found is not None:

@@ -4,7 +4,7 @@ DGXDataMount this kubedgx cannot read, a status of the wrong type, a bug. Every 
 kopf would answer that with its generic failure (code 500 and the exception's text).
 
 The fakes answer ``get_mount`` as :class:`dgx_operator.kube.Kube` can: the stored object, None (404), one of the
-errors it raises (TransientError for retryable answers, ApiException for others, aiohttp's and asyncio's errors of
+errors it raises (TransientError for retryable answers, ApiError for others, aiohttp's and asyncio's errors of
 the connection), or never.
 """
 
@@ -18,9 +18,8 @@ from typing import Any
 import aiohttp
 import kopf
 import pytest
-from kubernetes_asyncio.client.exceptions import ApiException
 
-from dgx_operator.kube import TransientError
+from dgx_operator.kube import ApiError, TransientError
 from dgx_operator.runtime.settings import OperatorConfig
 from dgx_operator.validation.validator import Outcome
 from dgx_operator.webhook import admission
@@ -126,7 +125,7 @@ def running(body: Body) -> Body:
             id="retryable-answer",
         ),
         pytest.param(
-            ApiException(status=403, reason="Forbidden"), "the API server answered HTTP 403 Forbidden", id="forbidden"
+            ApiError(status=403, reason="Forbidden"), "the API server answered HTTP 403 Forbidden", id="forbidden"
         ),
         pytest.param(
             aiohttp.ClientConnectionError("Cannot connect to host 10.96.0.1:443"),

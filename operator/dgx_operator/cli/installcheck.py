@@ -61,9 +61,8 @@ def probe_job(name: str, instance: str) -> dict[str, Any]:
 async def run_checks(namespace: str, catalog_path: str | None, *, webhook: bool, timeout: float, out: TextIO) -> int:
     """The checks above, one line each on ``out``; 0 when all passed, 1 otherwise."""
     import aiohttp
-    from kubernetes_asyncio.client.exceptions import ApiException
 
-    from dgx_operator.kube import JOBS, MOUNTS, Kube, status_of
+    from dgx_operator.kube import JOBS, MOUNTS, ApiError, Kube, status_of
 
     outcomes: list[Outcome] = []
 
@@ -81,11 +80,11 @@ async def run_checks(namespace: str, catalog_path: str | None, *, webhook: bool,
     try:
         served = f"the apiserver serves {JOBS} and {MOUNTS} ({GROUP}/{VERSION})"
         try:
-            resources = await kube.custom.get_api_resources(GROUP, VERSION)
-            names = {r.name for r in resources.resources}
+            resources = await kube.api_resources(GROUP, VERSION)
+            names = {str(r.get("name")) for r in resources}
             missing = sorted({JOBS, MOUNTS} - names)
             report(Outcome(not missing, served, f"{', '.join(missing)} missing: install the CRDs" if missing else ""))
-        except ApiException as exc:
+        except ApiError as exc:
             report(Outcome(False, served, f"HTTP {exc.status}: {status_of(exc)[1]} (are the CRDs installed?)"))
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             report(Outcome(False, served, _explain(exc)))
@@ -99,7 +98,7 @@ async def run_checks(namespace: str, catalog_path: str | None, *, webhook: bool,
             report(Outcome(False, "the catalog loads", str(exc)))
 
         async def create(job: dict[str, Any]) -> None:
-            await kube.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, JOBS, job, dry_run="All")
+            await kube.dry_run_create_job(namespace, job)
 
         suffix = secrets.token_hex(3)
         if instance is not None:
@@ -112,7 +111,7 @@ async def run_checks(namespace: str, catalog_path: str | None, *, webhook: bool,
             if error is None:
                 report(Outcome(False, what, "accepted: the webhook was not called (failurePolicy Ignore? namespace?)"))
             else:
-                message = status_of(error)[1] if isinstance(error, ApiException) else str(error)
+                message = status_of(error)[1] if isinstance(error, ApiError) else str(error)
                 denied = f'admission webhook "{WEBHOOK}" denied the request' in message
                 report(Outcome(denied, what, message if denied else _explain(error)))
     finally:
@@ -131,11 +130,9 @@ def probe_instance(catalog: Catalog) -> str:
 
 
 def _explain(error: BaseException) -> str:
-    from kubernetes_asyncio.client.exceptions import ApiException
+    from dgx_operator.kube import ApiError, status_of
 
-    from dgx_operator.kube import status_of
-
-    if isinstance(error, ApiException):
+    if isinstance(error, ApiError):
         return f"HTTP {error.status}: {status_of(error)[1]}"
     return f"{type(error).__name__}: {error}"
 
@@ -144,14 +141,15 @@ async def _retrying(call: Callable[[], Awaitable[None]], timeout: float) -> Base
     """None when ``call`` succeeded; the error it ended with. A 5xx (the apiserver could not call the
     webhook, an apiserver starting) or a lost connection is tried again until ``timeout``."""
     import aiohttp
-    from kubernetes_asyncio.client.exceptions import ApiException
+
+    from dgx_operator.kube import ApiError
 
     deadline = time.monotonic() + timeout
     while True:
         try:
             await call()
             return None
-        except ApiException as exc:
+        except ApiError as exc:
             if exc.status < 500 or time.monotonic() >= deadline:
                 return exc
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:

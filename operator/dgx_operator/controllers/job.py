@@ -20,15 +20,13 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, ClassVar
 
-from kubernetes_asyncio.client.exceptions import ApiException
-
 from dgx_operator.api import DGXTrainingJob
 from dgx_operator.api.trainingjob import DGXTrainingJobStatus
 from dgx_operator.api.vocabulary import JobPhase, JobReason
 from dgx_operator.catalog import Catalog
 from dgx_operator.controllers.loop import RESYNC, EventSink, Key, ReconcileLoop, utcnow
 from dgx_operator.controllers.metrics import JOB_KIND, Metrics
-from dgx_operator.kube import ForeignObjectError, Kube, TransientError, refusal, status_of
+from dgx_operator.kube import ApiError, ForeignObjectError, Kube, TransientError, refusal, status_of
 from dgx_operator.reconcile.diagnosis import diagnose
 from dgx_operator.reconcile.mounts import mount_state, parse_mount
 from dgx_operator.reconcile.planner import UNREADABLE, Event, MountState, Observed, Plan, Refused, plan
@@ -62,7 +60,7 @@ from dgx_operator.render.resolved import Defaults
 log = logging.getLogger("kubedgx")
 
 
-def namespace_terminating(exc: ApiException) -> bool:
+def namespace_terminating(exc: ApiError) -> bool:
     """A create refused because its namespace is being deleted (403, cause NamespaceTerminating):
     permanent for that namespace, and no RBAC problem."""
     return exc.status == 403 and "NamespaceTerminating" in str(exc.body or "")
@@ -496,7 +494,7 @@ class Controller(ReconcileLoop):
                 await self.kube.patch_workload(api, namespace, name, rv, patch)
             for name, rv, patch in writes.status:
                 await self.kube.patch_workload(api, namespace, name, rv, {"status": patch}, status=True)
-        except ApiException as exc:
+        except ApiError as exc:
             what = f"Workload: HTTP {exc.status}: {status_of(exc)[1]}"
             self.post_event(body, "Warning", JobReason.WORKLOAD_WRITE_FAILED, what[:1000])
             raise TransientError(f"write Workload failed: HTTP {exc.status}") from exc
@@ -521,7 +519,7 @@ class Controller(ReconcileLoop):
             except ForeignObjectError as exc:
                 foreign.append(exc.description)
                 return
-            except ApiException as exc:
+            except ApiError as exc:
                 if namespace_terminating(exc):
                     # Nothing can be created there any more, and the namespace controller is about to
                     # delete the job: a retry would meet the same refusal after each backoff, and its

@@ -24,7 +24,7 @@ from dgx_operator.controllers.job import Controller, KueueSettings
 from dgx_operator.controllers.loop import ReconcileLoop
 from dgx_operator.controllers.metrics import Metrics
 from dgx_operator.controllers.mount import MountController
-from dgx_operator.kube import Kube
+from dgx_operator.kube import Kube, credentials, in_cluster_login
 from dgx_operator.reconcile.pods import PodView
 from dgx_operator.reconcile.queueing import GROUP as KUEUE
 from dgx_operator.reconcile.queueing import Flavor, slim_workload
@@ -60,7 +60,7 @@ async def startup(
     configure(settings, config)
     # With leader election a replica starts as a stand-by: its leader gauge and phase gauges say so.
     memo.metrics = Metrics(leader=config.leader_election is None)
-    kube = await Kube.connect()
+    kube = await Kube.connect(credentials(settings))
     kube.on_error = memo.metrics.api_error
     memo.kube = kube
     # PriorityClasses the cluster lacks are dropped, with a WARNING, so no worker is refused (priorities.py).
@@ -140,42 +140,6 @@ async def cleanup(memo: Any, **_: Any) -> None:
         await memo.mounts.stop()
     if "kube" in memo:
         await memo.kube.close()
-
-
-#: Where a pod finds its ServiceAccount's credentials (the kubelet mounts them).
-SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
-
-
-def in_cluster_login(
-    settings: kopf.OperatorSettings, environ: Any = None, directory: str = SERVICE_ACCOUNT_DIR
-) -> kopf.ConnectionInfo | None:
-    """The pod's ServiceAccount at the apiserver address the pod is given, as client-go's
-    InClusterConfig and the operator's own client (kube.py) read it: KUBERNETES_SERVICE_HOST and
-    KUBERNETES_SERVICE_PORT. kopf's own login goes to https://kubernetes.default.svc whatever they
-    say, so where they point elsewhere (an apiserver reached without kube-proxy, as on the real
-    test nodes) its watches failed while the operator's other calls worked. None where this is no
-    pod (no variables or no token): the kubeconfig then."""
-    env = os.environ if environ is None else environ
-    host, port = env.get("KUBERNETES_SERVICE_HOST", ""), env.get("KUBERNETES_SERVICE_PORT", "")
-    token_path = os.path.join(directory, "token")
-    if not host or not port or not os.path.exists(token_path):
-        return None
-    with open(token_path, encoding="utf-8") as f:
-        token = f.read().strip()
-    namespace = None
-    if os.path.exists(os.path.join(directory, "namespace")):
-        with open(os.path.join(directory, "namespace"), encoding="utf-8") as f:
-            namespace = f.read().strip() or None
-    ca_path = os.path.join(directory, "ca.crt")
-    server = f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
-    return kopf.ConnectionInfo(
-        server=server,
-        ca_path=ca_path if os.path.exists(ca_path) else None,
-        token=token or None,
-        default_namespace=namespace,
-        trust_env=settings.networking.trust_env,
-        priority=20,  # kopf's own service-account login's priority (PRIORITY_OF_SERVICE_ACCOUNT)
-    )
 
 
 @kopf.on.login()

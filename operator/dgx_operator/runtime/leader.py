@@ -36,9 +36,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from kubernetes_asyncio.client.exceptions import ApiException
-
-from dgx_operator.kube import Kube, TransientError
+from dgx_operator.kube import ApiError, Kube, TransientError
 
 log = logging.getLogger("kubedgx")
 
@@ -248,7 +246,7 @@ class LeaderElector:
                 return await self.try_acquire_or_renew()
         except asyncio.CancelledError:
             raise
-        except (TransientError, ApiException, TimeoutError, OSError) as exc:
+        except (TransientError, ApiError, TimeoutError, OSError) as exc:
             log.warning("leader election: Lease %s/%s: %s", self.config.namespace, self.config.name, exc)
         except Exception:  # an unexpected answer must not end the election loop
             log.exception("leader election: Lease %s/%s", self.config.namespace, self.config.name)
@@ -287,7 +285,7 @@ class LeaderElector:
                     spec = lease_spec(c, record, self.wall(), release=True)
                     await self.kube.replace_lease(c.namespace, c.name, spec, record.resource_version)
                     log.info("leader election: %s released Lease %s/%s", c.identity, c.namespace, c.name)
-        except ApiException as exc:
+        except ApiError as exc:
             # 403/404 at shutdown: the release is being uninstalled (its Role or the Lease went first).
             log.warning(
                 "leader election: could not release Lease %s/%s (HTTP %s); it expires", c.namespace, c.name, exc.status

@@ -26,14 +26,13 @@ from typing import Any
 import aiohttp
 import aiohttp.web
 import kopf
-from kubernetes_asyncio.client.exceptions import ApiException
 from pydantic import ValidationError
 
 from dgx_api.schema import Problem, join_path
 from dgx_operator.api import GROUP, VERSION, DGXDataMount, DGXTrainingJob
 from dgx_operator.api.crdgen import DATA_MOUNTS, TRAINING_JOBS
 from dgx_operator.catalog import UnknownInstanceError
-from dgx_operator.kube import Kube, Refusal, TransientError, refusal, status_of
+from dgx_operator.kube import ApiError, Kube, Refusal, TransientError, refusal, status_of
 from dgx_operator.render import (
     BuildContext,
     BuildError,
@@ -308,7 +307,7 @@ Answer = Refusal | str | None
 async def _ask(kube: Kube, obj: dict[str, Any]) -> Answer:
     try:
         await kube.dry_run_create(obj)
-    except ApiException as exc:
+    except ApiError as exc:
         if exc.status == 409:  # the name is taken: checked after validation and admission, which passed
             return None
         found = refusal(exc)
@@ -393,7 +392,7 @@ def _without_status(obj: dict[str, Any]) -> dict[str, Any]:
 def _lookup_failure(exc: Exception) -> str:
     if isinstance(exc, TimeoutError):  # the client's own timeout
         return "the request to the API server timed out"
-    if isinstance(exc, ApiException):  # not retryable by kube.py's rules (403: the RBAC lacks get)
+    if isinstance(exc, ApiError):  # not retryable by kube.py's rules (403: the RBAC lacks get)
         return f"the API server answered HTTP {exc.status} {exc.reason}"
     return _one_line(exc)
 

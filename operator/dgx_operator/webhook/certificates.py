@@ -40,9 +40,8 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-from kubernetes_asyncio.client.exceptions import ApiException
 
-from dgx_operator.kube import Kube, TransientError
+from dgx_operator.kube import ApiError, Kube, TransientError
 
 log = logging.getLogger("kubedgx")
 
@@ -250,7 +249,7 @@ class CertificateKeeper:
             return await self.kube.update_secret_data(self.namespace, self.secret, pair.data(), version) is not None
         try:
             return await self.kube.create_secret(self.namespace, self.secret, pair.data())
-        except ApiException as exc:
+        except ApiError as exc:
             if exc.status == 403:
                 raise PublishError(
                     f"Secret {self.namespace}/{self.secret} does not exist and this operator may not create it: "
@@ -292,7 +291,7 @@ class CertificateKeeper:
             try:
                 if await self.kube.patch_webhook_ca(self.configuration, stale, version):
                     return "patched"
-            except ApiException as exc:
+            except ApiError as exc:
                 if exc.status == 403:
                     raise PublishError(
                         f"RBAC refuses to patch ValidatingWebhookConfiguration {self.configuration}: the chart's "
@@ -304,7 +303,7 @@ class CertificateKeeper:
     async def _create(self, pair: SelfSigned) -> str:
         try:
             await self.kube.create_webhook_configuration(self.body(pair.ca))
-        except ApiException as exc:
+        except ApiError as exc:
             if exc.status == 409:
                 raise TransientError(f"ValidatingWebhookConfiguration {self.configuration} appeared") from exc
             if exc.status == 403:
@@ -323,7 +322,7 @@ class CertificateKeeper:
             outcome = await self.inject(pair)
         except PublishError as exc:
             log.error("webhook: %s", exc)
-        except (TransientError, ApiException, TimeoutError, OSError) as exc:
+        except (TransientError, ApiError, TimeoutError, OSError) as exc:
             log.warning("webhook: could not publish the certificate (%s); retrying in %gs", exc, REFRESH_S)
         else:
             if outcome != "unchanged":
