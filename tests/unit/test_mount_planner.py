@@ -137,6 +137,19 @@ def test_syncing_again_keeps_the_transition_time() -> None:
     assert ready(m.model_copy(update={"status": syncing(m, T1)}))[3] == T0
 
 
+def test_a_retry_of_the_same_generation_keeps_the_reason_it_is_retried() -> None:
+    """No flapping between Syncing and the transient error, two writes per retry."""
+    retrying = {"phase": "Syncing", "conditions": [ready_condition("False", "CredentialsMissing", "no Secret", T0, 2)]}
+    m = mount(generation=2, status=retrying)
+    assert ready(m.model_copy(update={"status": syncing(m, T1)})) == ("False", "CredentialsMissing", "no Secret", T0, 2)
+    edited = mount(generation=3, status=retrying)  # a new spec is listed anew: Syncing says so
+    assert ready(edited.model_copy(update={"status": syncing(edited, T1)}))[:3] == (
+        "False",
+        "Syncing",
+        "listing s3://bucket/prefix",
+    )
+
+
 # --- human_bytes -----------------------------------------------------------------------------------
 
 

@@ -59,9 +59,17 @@ def _set(status: DGXDataMountStatus, ok: bool, reason: str, message: str, genera
 
 
 def syncing(mount: DGXDataMount, now: datetime) -> DGXDataMountStatus:
-    """The status written before a listing starts, so `kubectl get` shows the work in progress."""
+    """The status written before a listing starts, so `kubectl get` shows the work in progress.
+
+    A retry of the generation already Syncing keeps the last attempt's condition (its reason says
+    what is retried: CredentialsMissing, Unreachable...) until this attempt has an answer: writing
+    Syncing before every retry made the status flap between the two, two writes per retry, each
+    waking every job that uses the mount, for as long as the cause lasts."""
     status = (mount.status or DGXDataMountStatus()).model_copy(deep=True)
     generation = mount.metadata.generation or 0
+    ready = next((c for c in status.conditions if c.type == READY), None)
+    if status.phase == MountPhase.SYNCING and ready is not None and ready.observed_generation == generation:
+        return status
     status.phase = MountPhase.SYNCING
     verb = "listing" if mount.spec.direction == "In" else "checking"
     _set(status, False, MountReason.SYNCING, f"{verb} {mount.spec.source}", generation, now)
