@@ -131,22 +131,26 @@ def test_headless_service() -> None:
     spec = svc["spec"]
     assert spec["clusterIP"] == "None"
     assert spec["publishNotReadyAddresses"] is True
-    assert spec["selector"] == {JOB_LABEL: "job"}
+    assert spec["selector"] == {JOB_LABEL: "job", "kubedgx.io/replica-index": "0"}
     assert [(p["name"], p["port"], p["targetPort"], p["protocol"]) for p in spec["ports"]] == [
         ("rdzv", 29555, 29555, "TCP"),
         ("master", 24000, 24000, "TCP"),
     ]
 
 
-def test_service_selects_every_worker() -> None:
-    """Every worker known by its name: torchrun orders a rendezvous' nodes by name, which keeps
-    worker 0 rank 0 (the worker whose progress and summary the operator reads)."""
-    children = build({"spec.elastic": {"minNodes": 2}})
+def test_service_selects_worker_0_and_no_worker_publishes_its_ip() -> None:
+    """Worker 0's name is the rendezvous address; a Service selecting every worker would bring the
+    scheduler's default spreading to all of them. No PET_LOCAL_ADDR: torchrun sorts a rendezvous'
+    nodes by the address each registers, and only FQDNs keep worker 0 rank 0."""
+    children = build({"spec.elastic": {"minNodes": 2, "maxNodes": 3}})
     (svc,) = [c for c in children if c["kind"] == "Service"]
+    selected = []
     for pod in pods_of(children):
         labels = pod["metadata"]["labels"]
-        assert all(labels.get(k) == v for k, v in svc["spec"]["selector"].items())
+        if all(labels.get(k) == v for k, v in svc["spec"]["selector"].items()):
+            selected.append(pod["metadata"]["name"])
         assert "PET_LOCAL_ADDR" not in {e["name"] for e in the_container(pod)["env"]}
+    assert selected == ["job-worker-0"]
 
 
 @pytest.mark.parametrize("mode", ["trainer", "command"])
@@ -229,7 +233,10 @@ def test_every_instance_places_its_workers(name: str) -> None:
             assert "podAffinity" not in spec["affinity"]
         if resolve_gpus(pod) < inst.gpus:  # part of a node: hard, one worker per node (test_one_worker_per_node)
             assert spec["topologySpreadConstraints"][0]["whenUnsatisfiable"] == "DoNotSchedule"
-        else:  # a soft spread in place of the scheduler's default one (the Service selects every worker)
+        elif pod["metadata"]["labels"]["kubedgx.io/replica-index"] != "0":
+            # The GPU request keeps a second worker off; no spreading for the scheduler to score.
+            assert "topologySpreadConstraints" not in spec
+        else:  # worker 0, which the Service selects: a soft spread in place of the scheduler's default
             assert spec["topologySpreadConstraints"] == [
                 {
                     "maxSkew": 1,
@@ -407,7 +414,8 @@ def test_one_worker_per_node() -> None:
     ]
     whole = pods_of(build({"spec.elastic": {"minNodes": 2}}))
     assert all("podAntiAffinity" not in p["spec"]["affinity"] for p in whole)
-    assert all(p["spec"]["topologySpreadConstraints"][0]["whenUnsatisfiable"] == "ScheduleAnyway" for p in whole)
+    assert "topologySpreadConstraints" not in whole[1]["spec"]
+    assert whole[0]["spec"]["topologySpreadConstraints"][0]["whenUnsatisfiable"] == "ScheduleAnyway"
     whole = whole[0]["spec"]
     gpus = whole["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]
     count = whole["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]

@@ -10,6 +10,7 @@ from typing import Any
 from dgx_operator.api.trainingjob import DGXTrainingJob, DGXTrainingJobSpec
 from dgx_operator.render.names import (
     CONFIG_FILE,
+    INDEX_LABEL,
     common_labels,
     job_selector,
     service_name,
@@ -33,12 +34,19 @@ __all__ = [
 
 
 def headless_service(job: JobIdentity, r: Resolved, master_port: int) -> dict[str, Any]:
-    """DNS for <job>-worker-<i>.<job>; publishes not-ready pods, since rendezvous precedes readiness.
+    """DNS for <job>-worker-0.<job>, the rendezvous address; publishes not-ready pods, since
+    rendezvous precedes readiness.
 
-    It selects every worker: torchrun orders a rendezvous' nodes by their names, so worker 0 is rank 0
-    (the one whose progress and summary the operator reads) only while every worker is known by its
-    name. A pod a Service selects gets the scheduler's default spreading unless it declares a spread of
-    its own; every worker does (render.pod.topology_spread)."""
+    It selects worker 0 only. Every other worker is a pod no Service selects, which the scheduler
+    places without spreading it: a pod a Service selects, with no spread constraint of its own, gets
+    the scheduler's default spreading over hostnames and zones, and scoring any spread walks the
+    cluster's nodes for every pod (0.53 of plain pods' rate at 800 nodes with every worker selected
+    and declaring the cheapest spread; docs/benchmarks.md, "Placement cost"). The others need no name
+    in DNS: torchrun's agents register under their FQDN (``socket.getfqdn()``, which a pod with a
+    hostname and subdomain reads from its own /etc/hosts), rendezvous sorts them by it so worker 0
+    is rank 0, and rank 0 publishes its own FQDN, this Service's name, as the address every worker
+    connects to (PET_LOCAL_ADDR stays unset: with pod IPs there, the sort is by IP and rank 0 can be
+    any worker, whose progress the operator would not read)."""
     return {
         "apiVersion": "v1",
         "kind": "Service",
@@ -51,7 +59,7 @@ def headless_service(job: JobIdentity, r: Resolved, master_port: int) -> dict[st
         "spec": {
             "clusterIP": "None",
             "publishNotReadyAddresses": True,
-            "selector": job_selector(job.name),
+            "selector": {**job_selector(job.name), INDEX_LABEL: "0"},
             "ports": [
                 {"name": "rdzv", "port": r.rdzv_port, "targetPort": r.rdzv_port, "protocol": "TCP"},
                 {"name": "master", "port": master_port, "targetPort": master_port, "protocol": "TCP"},

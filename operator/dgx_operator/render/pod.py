@@ -193,7 +193,7 @@ def affinity(job: JobIdentity, r: Resolved) -> dict[str, Any]:
     return out
 
 
-def topology_spread(job: JobIdentity, r: Resolved) -> list[dict[str, Any]]:
+def topology_spread(job: JobIdentity, r: Resolved, index: int) -> list[dict[str, Any]]:
     """One worker of a job per node where the resources do not already say so, in the cheapest form
     the scheduler offers, and none of the scheduler's default spreading.
 
@@ -209,11 +209,11 @@ def topology_spread(job: JobIdentity, r: Resolved) -> list[dict[str, Any]]:
     Default spreading: a pod a Service selects that declares no spread of its own is spread over
     hostnames and zones, and the scheduler scores that by counting the matching pods on every node of
     the cluster (14 ms a worker at 8,000 nodes, docs/benchmarks.md "Placement cost"); over zones is
-    also the opposite of what training wants. The headless Service selects every worker (their names
-    keep worker 0 rank 0), so a whole-node worker declares a soft spread over hostnames, which
+    also the opposite of what training wants. The headless Service selects worker 0 alone
+    (render.headless_service), so a whole-node worker 0 declares a soft spread over hostnames, which
     replaces the default and moves nothing (one worker per node anyway): its score is counted on the
     candidate nodes only, and with both inclusion policies Ignore every other node costs a label
-    lookup."""
+    lookup. The other whole-node workers carry no spread at all."""
     selector = {"matchLabels": job_selector(job.name)}
     if r.gpus < r.instance.gpus:
         return [
@@ -225,6 +225,8 @@ def topology_spread(job: JobIdentity, r: Resolved) -> list[dict[str, Any]]:
                 "minDomains": max(1, r.max_nodes),
             }
         ]
+    if index != 0:
+        return []
     return [
         {
             "maxSkew": 1,
@@ -433,7 +435,7 @@ def worker_pod(
     }
     if init_containers:
         pod_spec["initContainers"] = init_containers
-    spread = topology_spread(job, r)
+    spread = topology_spread(job, r, index)
     if spread:
         pod_spec["topologySpreadConstraints"] = spread
     priority_class = ctx.defaults.priority_classes.get(spec.priority)
