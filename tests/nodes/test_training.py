@@ -10,6 +10,7 @@ test (deleted after, the job's finalizer released by the operator).
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import threading
 import time
@@ -111,6 +112,11 @@ def test_two_node_quickstart_meets_through_per_pod_dns_and_succeeds(ns: Kubectl,
     assert summary["adapter"], summary
     # `kubectl logs` shows the trainer's progress lines.
     log = ns.logs("qs2-worker-0", container="trainer", tail=400)
+    # Rank 0 runs in worker 0: rendezvous sorts the agents by their FQDN, and rank 0 publishes its own
+    # as the address the others connect to, the one name the headless Service (worker 0 alone) makes
+    # resolvable (render.headless_service). With pod IPs there, rank 0 could be any worker.
+    ranks = set(re.findall(r"\[rank (\d+)\] dgx_trainer", log))
+    assert ranks == {"0"}, (ranks, log[-3000:])
     assert f'"step": {QUICKSTART_STEPS}' in log or f"step={QUICKSTART_STEPS}" in log, log[-3000:]
 
 
