@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import re
 from dataclasses import dataclass, field
+from decimal import Decimal
 from functools import cached_property
 from importlib import resources
 from pathlib import Path
@@ -104,6 +105,24 @@ class Labels(_Model):
     clique: str = "nvidia.com/gpu.clique"
 
 
+#: A price per GPU-hour: a decimal (a string in the YAML, "3.90", so that no float rounds it), at
+#: most 4 decimal places, never negative.
+Price = Annotated[Decimal, Field(ge=0, max_digits=12, decimal_places=4)]
+
+
+class Pricing(_Model):
+    """What a GPU-hour costs on this cluster, as its admin prices it: all-in (the node's CPU, memory,
+    NVMe and network come with its GPUs), by GPU family (``h100.80g``) and capacity, in one currency.
+    Spot savings are measured against the ``reference`` capacity's price. ``examples`` marks prices
+    that are not the cluster's own (the shipped ones): whatever shows a price says so while it is
+    true."""
+
+    currency: str = Field(pattern=r"^[A-Z]{3}$", description="ISO 4217 code, e.g. USD or EUR")
+    examples: bool = False
+    reference: str = "norm"
+    per_gpu_hour: dict[str, dict[str, Price]]
+
+
 class CatalogSpec(_Model):
     """The YAML file's shape; loading errors name the offending key."""
 
@@ -114,6 +133,8 @@ class CatalogSpec(_Model):
     gpu_tolerations: tuple[TolerationSpec, ...] = ()
     capacities: dict[str, CapacitySpec]
     gpus: tuple[GpuFamily, ...] = Field(min_length=1)
+    #: None: GPU-hours are counted, money is not.
+    pricing: Pricing | None = None
 
     @model_validator(mode="after")
     def _unique_families(self) -> CatalogSpec:
@@ -124,6 +145,20 @@ class CatalogSpec(_Model):
         bad = [c for c in self.capacities if not re.fullmatch(r"[a-z]+", c)]
         if bad:
             raise ValueError(f"capacity names must be lower-case letters: {', '.join(bad)}")
+        return self
+
+    @model_validator(mode="after")
+    def _a_reference_that_exists(self) -> CatalogSpec:
+        """Spot savings need the price of a capacity the catalog has. Prices for families or pools it
+        does not have (a pool an admin removed, ``catalog.capacities.debug: null``, a typo) refuse
+        nothing: :meth:`Catalog.pricing_notes` names them, and the operator logs them at start."""
+        pricing = self.pricing
+        if pricing is None:
+            return self
+        if pricing.reference not in self.capacities:
+            raise ValueError(
+                f"pricing.reference {pricing.reference!r} is not a capacity (capacities: {', '.join(self.capacities)})"
+            )
         return self
 
 
@@ -139,6 +174,14 @@ class Instance:
     labels: Labels
     topology_key: str | None
     gpu_tolerations: tuple[TolerationSpec, ...] = field(default=())
+    #: What one of its GPUs costs an hour, in the catalog's ``currency``; None: the catalog has no prices.
+    price_per_gpu_hour: Decimal | None = None
+    currency: str | None = None
+
+    @property
+    def price_per_node_hour(self) -> Decimal | None:
+        """What one worker (``gpus`` GPUs of a node) costs an hour."""
+        return None if self.price_per_gpu_hour is None else self.price_per_gpu_hour * self.gpus
 
     @property
     def products(self) -> tuple[str, ...]:
@@ -223,10 +266,12 @@ class Catalog:
     @cached_property
     def instances(self) -> dict[str, Instance]:
         out: dict[str, Instance] = {}
+        pricing = self.spec.pricing
         for fam in self.spec.gpus:
             for gpus in fam.shapes:
                 for capacity, cap in self.spec.capacities.items():
                     name = f"dgx{fam.key}.{gpus}.{capacity}"
+                    price = pricing.per_gpu_hour.get(fam.key, {}).get(capacity) if pricing is not None else None
                     out[name] = Instance(
                         name=name,
                         family=fam,
@@ -236,8 +281,46 @@ class Catalog:
                         labels=self.spec.labels,
                         topology_key=self.spec.topology_key,
                         gpu_tolerations=self.spec.gpu_tolerations,
+                        price_per_gpu_hour=price,
+                        currency=pricing.currency if pricing is not None else None,
                     )
         return out
+
+    def unpriced(self) -> list[str]:
+        """``<family>.<capacity>`` pairs the catalog's prices leave out (none without prices at all:
+        then no instance has a price, and nothing is counted in money)."""
+        pricing = self.spec.pricing
+        if pricing is None:
+            return []
+        table = pricing.per_gpu_hour
+        return [f"{g.key}.{c}" for g in self.spec.gpus for c in self.spec.capacities if c not in table.get(g.key, {})]
+
+    def pricing_notes(self) -> list[str]:
+        """What an admin should know of the prices: the instances they leave out (no price is never a
+        price of 0) and the prices that apply to nothing (a removed pool, a typo in a family's key)."""
+        pricing = self.spec.pricing
+        if pricing is None:
+            return []
+        notes = []
+        unpriced = self.unpriced()
+        if unpriced:
+            notes.append(
+                f"the catalog's prices (pricing.perGpuHour) leave out {', '.join(unpriced)}: those instances have "
+                "no price, and what they run is counted in GPU-hours only"
+            )
+        families = {g.key for g in self.spec.gpus}
+        unused = [
+            f"{family}.{capacity}"
+            for family, prices in pricing.per_gpu_hour.items()
+            for capacity in prices
+            if family not in families or capacity not in self.spec.capacities
+        ]
+        if unused:
+            notes.append(
+                f"pricing.perGpuHour prices {', '.join(unused)}, which the catalog does not have (families: "
+                f"{', '.join(sorted(families))}; capacities: {', '.join(self.spec.capacities)}): ignored"
+            )
+        return notes
 
     def known(self) -> str:
         """Every known name in a compact brace form: dgxa100.80g.{1,2,4,8}.{norm,spot,debug}, ..."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import re
+from decimal import Decimal
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -438,3 +439,91 @@ def test_a_family_without_a_node_size_is_not_checked_against_one(tmp_path: Path)
     data = default_catalog_data()
     del family_entry(data, "h100.80g")["node"]
     assert Catalog.load(write_catalog(tmp_path, data)).spec.gpus
+
+
+# --- prices ----------------------------------------------------------------------------------------------
+
+
+def test_every_shipped_instance_has_a_price_and_the_prices_say_they_are_examples(catalog: Catalog) -> None:
+    pricing = catalog.spec.pricing
+    assert pricing is not None
+    assert (pricing.currency, pricing.examples, pricing.reference) == ("USD", True, "norm")
+    for inst in catalog.instances.values():
+        assert inst.currency == "USD"
+        assert inst.price_per_gpu_hour is not None
+        assert inst.price_per_gpu_hour > 0
+        assert inst.price_per_node_hour == inst.price_per_gpu_hour * inst.gpus
+        norm = catalog.get(inst.name.rsplit(".", 1)[0] + ".norm").price_per_gpu_hour
+        assert norm is not None
+        if inst.capacity == "spot":
+            assert inst.price_per_gpu_hour < norm  # what spot saves
+    assert catalog.get("dgxh100.80g.8.norm").price_per_node_hour == Decimal("24.00")
+
+
+def test_prices_are_decimals_whatever_the_yaml_wrote(tmp_path: Path) -> None:
+    data = default_catalog_data()
+    data["pricing"]["perGpuHour"]["h100.80g"] = {"norm": 3.1, "spot": "1.2345", "debug": 3}
+    catalog = Catalog.load(write_catalog(tmp_path, data))
+    assert catalog.get("dgxh100.80g.2.norm").price_per_gpu_hour == Decimal("3.1")
+    assert catalog.get("dgxh100.80g.2.spot").price_per_node_hour == Decimal("2.4690")
+    assert catalog.get("dgxh100.80g.1.debug").price_per_gpu_hour == Decimal("3")
+
+
+def test_a_family_or_pool_left_unpriced_has_no_price_and_is_listed(tmp_path: Path) -> None:
+    """A family added with the chart's catalogExtraGpus, or a pool, before anyone priced it: no price
+    (never 0), and the catalog says which."""
+    data = default_catalog_data()
+    data["pricing"]["perGpuHour"]["h100.80g"].pop("spot")
+    data["pricing"]["perGpuHour"].pop("b200.180g")
+    catalog = Catalog.load(write_catalog(tmp_path, data))
+    assert catalog.unpriced() == ["h100.80g.spot", "b200.180g.norm", "b200.180g.spot", "b200.180g.debug"]
+    assert catalog.get("dgxh100.80g.8.spot").price_per_gpu_hour is None
+    assert catalog.get("dgxh100.80g.8.norm").price_per_gpu_hour == Decimal("3.00")
+    assert catalog.get("dgxb200.180g.4.debug").price_per_node_hour is None
+    assert Catalog.load().unpriced() == []
+    assert Catalog.load().pricing_notes() == []
+
+
+def test_prices_for_what_the_catalog_lacks_are_ignored_and_named(tmp_path: Path) -> None:
+    """A pool an admin removed (the chart's catalog.capacities.debug: null) keeps the shipped prices
+    loadable; a typo in a family's key leaves that family unpriced, and both are said."""
+    data = default_catalog_data()
+    del data["capacities"]["debug"]
+    data["pricing"]["perGpuHour"]["h100.80gb"] = data["pricing"]["perGpuHour"].pop("h100.80g")
+    catalog = Catalog.load(write_catalog(tmp_path, data))
+    assert catalog.get("dgxh100.80g.8.norm").price_per_gpu_hour is None
+    assert catalog.get("dgxa100.80g.8.norm").price_per_gpu_hour == Decimal("1.80")
+    unpriced, unused = catalog.pricing_notes()
+    assert unpriced.startswith("the catalog's prices (pricing.perGpuHour) leave out h100.80g.norm, h100.80g.spot:")
+    assert unused.startswith("pricing.perGpuHour prices a100.40g.debug, a100.80g.debug, h200.141g.debug,")
+    assert "h100.80gb.norm, h100.80gb.spot, h100.80gb.debug" in unused
+    assert unused.endswith(
+        "which the catalog does not have (families: a100.40g, a100.80g, b200.180g, gb200.186g, "
+        "h100.80g, h200.141g; capacities: norm, spot): ignored"
+    )
+
+
+def test_a_catalog_without_prices_counts_no_money(tmp_path: Path) -> None:
+    data = default_catalog_data()
+    del data["pricing"]
+    inst = Catalog.load(write_catalog(tmp_path, data)).get("dgxa100.80g.8.spot")
+    assert (inst.price_per_gpu_hour, inst.price_per_node_hour, inst.currency) == (None, None, None)
+    assert Catalog.load(write_catalog(tmp_path, data)).unpriced() == []
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda p: p.update({"reference": "ondemand"}), "pricing.reference 'ondemand' is not a capacity"),
+        (lambda p: p.update({"currency": "usd"}), "pricing.currency: String should match pattern"),
+        (lambda p: p["perGpuHour"]["a100.40g"].update({"norm": "-1"}), "greater than or equal to 0"),
+        (lambda p: p["perGpuHour"]["a100.40g"].update({"norm": "1.23456"}), "no more than 4 decimal places"),
+        (lambda p: p["perGpuHour"]["a100.40g"].update({"norm": "cheap"}), "Input should be a valid decimal"),
+    ],
+)
+def test_a_pricing_mistake_is_refused_naming_the_key(tmp_path: Path, change: Any, message: str) -> None:
+    data = default_catalog_data()
+    change(data["pricing"])
+    with pytest.raises(CatalogError) as caught:
+        Catalog.load(write_catalog(tmp_path, data))
+    assert message in str(caught.value)

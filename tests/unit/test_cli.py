@@ -7,6 +7,7 @@ import io
 import shutil
 import subprocess
 from collections import Counter
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -480,6 +481,30 @@ def test_instances_lists_spot_instance() -> None:
     assert spot[3] == "80GiB"  # GPU memory, the name's second part
     assert by_name["dgxa100.40g.1.norm"][2] == "1"
     assert "dgxgb200.186g.4.norm" in by_name
+
+
+def test_instances_shows_prices_per_gpu_and_per_worker_and_says_they_are_examples(tmp_path: Path) -> None:
+    result = run("instances")
+    rows = [line.split() for line in result.out.splitlines()]
+    assert rows[0][-2:] == ["USD/GPU-H", "USD/WORKER-H"]
+    by_name = {r[0]: r for r in rows[1:]}
+    assert by_name["dgxh100.80g.8.norm"][-2:] == ["3.00", "24.00"]
+    assert by_name["dgxh100.80g.4.spot"][-2:] == ["1.20", "4.80"]
+    assert "the prices are the catalog's examples, not this cluster's" in result.err
+    assert "examples" not in result.out  # the table stays a table
+
+    data = yaml.safe_load(resources.files("dgx_operator").joinpath("catalog.yaml").read_text(encoding="utf-8"))
+    data["pricing"]["examples"] = False
+    data["pricing"]["currency"] = "EUR"
+    data["pricing"]["perGpuHour"]["h100.80g"].pop("spot")
+    path = tmp_path / "catalog.yaml"
+    path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    result = run("instances", "--catalog", str(path))
+    rows = [line.split() for line in result.out.splitlines()]
+    assert rows[0][-2:] == ["EUR/GPU-H", "EUR/WORKER-H"]
+    by_name = {r[0]: r for r in rows[1:]}
+    assert by_name["dgxh100.80g.8.spot"][-2:] == ["-", "-"]  # left unpriced: no price, never 0
+    assert result.err == ""
 
 
 def test_instances_with_a_custom_catalog(tmp_path: Path) -> None:

@@ -260,23 +260,35 @@ def cmd_instances(args: argparse.Namespace, out: TextIO, err: TextIO, stdin: Tex
     catalog = _catalog(args.catalog, err)
     if catalog is None:
         return 2
-    rows = [("INSTANCE", "GPU", "GPUS", "GPU MEM", "CPU", "MEMORY", "NVLINK DOMAIN")]
+    pricing = catalog.spec.pricing
+    header: tuple[str, ...] = ("INSTANCE", "GPU", "GPUS", "GPU MEM", "CPU", "MEMORY", "NVLINK DOMAIN")
+    if pricing is not None:
+        header += (f"{pricing.currency}/GPU-H", f"{pricing.currency}/WORKER-H")
+    rows = [header]
     for inst in catalog.instances.values():
         domain = f"{inst.family.nvlink_domain_nodes} nodes" if inst.multi_node_nvlink else "node"
-        rows.append(
-            (
-                inst.name,
-                inst.products[0],
-                str(inst.gpus),
-                f"{inst.gpu_memory_gib}GiB",
-                inst.cpu,
-                inst.memory,
-                domain,
-            )
+        row: tuple[str, ...] = (
+            inst.name,
+            inst.products[0],
+            str(inst.gpus),
+            f"{inst.gpu_memory_gib}GiB",
+            inst.cpu,
+            inst.memory,
+            domain,
         )
+        if pricing is not None:  # "-": a family or pool the prices leave out (never 0)
+            row += tuple("-" if p is None else f"{p:.2f}" for p in (inst.price_per_gpu_hour, inst.price_per_node_hour))
+        rows.append(row)
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip(), file=out)
+    if pricing is not None and pricing.examples:
+        # On stderr: the table stays a table for whoever pipes it.
+        print(
+            f"kubedgx instances: the prices are the catalog's examples, not this cluster's ({pricing.currency} per "
+            "hour, all-in): an admin sets catalog.pricing and examples: false",
+            file=err,
+        )
     return 0
 
 

@@ -11,6 +11,7 @@ level-triggered reconcile needs none of that. The controller manages the job's f
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any, cast
 
@@ -34,6 +35,8 @@ from dgx_operator.runtime.leader import ElectionConfig, LeaderElector
 from dgx_operator.runtime.settings import OperatorConfig, configure
 from dgx_operator.validation.validator import Validator
 from dgx_operator.webhook import admission
+
+log = logging.getLogger(__name__)
 
 JOB = TRAINING_JOBS.resource
 MOUNT = DATA_MOUNTS.resource
@@ -69,6 +72,8 @@ async def startup(
         memo.webhook = await admission.setup(config.webhook, kube, config.retry_base, config.namespaces)
         settings.admission.server = memo.webhook.server
     catalog = config.catalog()
+    for note in catalog.pricing_notes():  # no price is never a price of 0: say where one is missing
+        log.warning("%s", note)
     memo.validator = Validator(catalog, defaults=config.defaults())
     memo.controller = Controller(
         kube=kube,
