@@ -7,11 +7,13 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dgx_operator.reconcile.usage import Span, Usage, accrue
+from dgx_operator.reconcile.pods import PodView
+from dgx_operator.reconcile.usage import Span, Usage, accrue, span_of
 
 T0 = datetime(2026, 12, 1, 8, 0, 0, tzinfo=UTC)
 PRICES = {"norm": Decimal("3.00"), "spot": Decimal("1.20"), "debug": Decimal("3.00")}
@@ -153,3 +155,47 @@ def test_splitting_time_into_passes_never_changes_the_total(
     assert many.buckets == one.buckets
     assert many.cost == one.cost
     assert accrue(many, as_spans(raw, end), PRICES, "norm", at(end)) == many  # applied twice: nothing added
+
+
+# --- a span from a pod as the API server shows it -----------------------------------------------------------
+
+
+def pod(phase: str, **status: Any) -> PodView:
+    body: dict[str, Any] = {
+        "metadata": {"name": "job-worker-0", "uid": "u-1", "labels": {"kubedgx.io/replica-index": "0"}},
+        "status": {"phase": phase, **status},
+    }
+    if "deletionTimestamp" in status:
+        body["metadata"]["deletionTimestamp"] = status.pop("deletionTimestamp")
+        body["status"] = {"phase": phase, **status}
+    return PodView.of(body)
+
+
+SCHEDULED = {"conditions": [{"type": "PodScheduled", "status": "True", "lastTransitionTime": "2026-12-01T08:00:00Z"}]}
+
+
+def terminated(name: str, finished: str) -> dict[str, Any]:
+    return {"name": name, "state": {"terminated": {"exitCode": 0, "finishedAt": finished}}}
+
+
+def test_a_pod_waiting_for_the_scheduler_holds_nothing() -> None:
+    unscheduled = {"conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]}
+    assert span_of(pod("Pending", **unscheduled), 8, "norm") == Span("u-1", 8, "norm", None, None)
+
+
+def test_a_running_pod_holds_its_node_from_its_binding() -> None:
+    assert span_of(pod("Running", **SCHEDULED), 8, "spot") == Span("u-1", 8, "spot", at(0), None)
+
+
+def test_a_finished_pod_let_go_when_its_last_container_ended_sidecars_included() -> None:
+    finished = {
+        **SCHEDULED,
+        "containerStatuses": [terminated("trainer", "2026-12-01T09:00:00Z")],
+        "initContainerStatuses": [terminated("ckpt-upload", "2026-12-01T09:02:30Z")],
+    }
+    assert span_of(pod("Succeeded", **finished), 8, "norm").end == at(62.5)
+
+
+def test_a_pod_being_deleted_holds_its_node_until_its_grace_period_ends() -> None:
+    reclaimed = pod("Running", deletionTimestamp="2026-12-01T08:45:00Z", **SCHEDULED)
+    assert span_of(reclaimed, 8, "spot").end == at(45)

@@ -115,6 +115,13 @@ class PodView:
     detached: bool = False
     #: The trainer container's current state is terminated (its lastState does not count).
     exited: bool = False
+    #: The pod's uid: a worker re-created under the same name is another pod (usage accounting).
+    uid: str | None = None
+    #: When the scheduler bound it to a node (PodScheduled True's lastTransitionTime).
+    bound_at: datetime | None = None
+    #: When a finished pod's last container ended (every container's and init container's
+    #: finishedAt, native sidecars included): it let go of its node then.
+    ended_at: datetime | None = None
 
     @property
     def failed(self) -> bool:
@@ -259,7 +266,24 @@ class PodView:
             config=labels.get(CONFIG_LABEL),
             detached=str(labels.get(JOB_LABEL) or "").endswith(DETACHED_SUFFIX),
             exited="terminated" in state,
+            uid=str(meta["uid"]) if meta.get("uid") else None,
+            bound_at=(
+                parse_time(scheduled_condition.get("lastTransitionTime"))
+                if scheduled_condition.get("status") == "True"
+                else None
+            ),
+            ended_at=_ended_at(status) if phase in ("Succeeded", "Failed") else None,
         )
+
+
+def _ended_at(status: Mapping[str, Any]) -> datetime | None:
+    """The last finishedAt of all the pod's containers (None if none reports one)."""
+    times = [
+        parse_time(((c.get("state") or {}).get("terminated") or {}).get("finishedAt"))
+        for c in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]
+    ]
+    found = [t for t in times if t is not None]
+    return max(found) if found else None
 
 
 def _waiting(status: Mapping[str, Any]) -> tuple[tuple[str, str, str], ...]:

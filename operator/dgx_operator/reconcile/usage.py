@@ -23,6 +23,8 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from decimal import Decimal
 
+from dgx_operator.reconcile.pods import PodView
+
 
 @dataclass(frozen=True)
 class Span:
@@ -100,6 +102,16 @@ class Usage:
             ),
             Decimal(0),
         )
+
+
+def span_of(pod: PodView, gpus: int, capacity: str) -> Span:
+    """A worker pod's hold on its node: from its binding; until its last container ended once it
+    has finished, else until its grace period ends once it is being deleted (a reclaimed or lost
+    node, a worker the operator deleted), else still holding."""
+    end = pod.ended_at if pod.finished else None
+    if end is None and pod.terminating:
+        end = pod.deletion_time
+    return Span(pod.uid or pod.name, gpus, capacity, pod.bound_at, end)
 
 
 #: The prices a job's instances pay now: capacity -> price per GPU-hour (None: unpriced).
