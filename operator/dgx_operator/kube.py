@@ -202,21 +202,30 @@ def in_cluster_login(
     )
 
 
+def login_info(settings: kopf.OperatorSettings) -> kopf.ConnectionInfo | None:
+    """In-cluster: the ServiceAccount at KUBERNETES_SERVICE_HOST/PORT (:func:`in_cluster_login`);
+    else kopf's service-account login, else the kubeconfig (tests, local runs); None without any.
+    The runtime's kopf login handler and :func:`credentials` both ask this, so kopf's watches and
+    the operator's own calls always go out as the same user to the same server."""
+    import kopf
+
+    return (
+        in_cluster_login(settings)
+        or kopf.login_with_service_account(settings=settings)
+        or kopf.login_with_kubeconfig(settings=settings)
+    )
+
+
 def credentials(settings: kopf.OperatorSettings | None = None) -> kopf.ConnectionInfo:
-    """Who the operator is and where its API server is, found as its kopf login finds them (the
-    runtime's login handler asks the same three): the pod's ServiceAccount, else kopf's
-    service-account login, else the kubeconfig (KUBECONFIG, else ~/.kube/config; tokens, client
+    """Who the operator is and where its API server is, found as its kopf login finds them
+    (:func:`login_info`): the pod's ServiceAccount, else kopf's service-account login, else the
+    kubeconfig (KUBECONFIG, else ~/.kube/config; tokens, client
     certificates, CA). A kubeconfig whose user runs an ``exec`` plugin or an ``auth-provider``
     (EKS, GKE) gets its token from kubernetes_asyncio's loader where that is installed (`kubedgx
     check-install` from a laptop); the operator's own process never imports it (cli.main)."""
     import kopf
 
-    settings = settings or kopf.OperatorSettings()
-    info = (
-        in_cluster_login(settings)
-        or kopf.login_with_service_account(settings=settings)
-        or kopf.login_with_kubeconfig(settings=settings)
-    )
+    info = login_info(settings or kopf.OperatorSettings())
     if info is None:
         raise kopf.LoginError(
             "no credentials for the API server: not in a pod, and no kubeconfig "

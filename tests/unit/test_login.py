@@ -10,7 +10,8 @@ from pathlib import Path
 import kopf
 import pytest
 
-from dgx_operator.runtime.handlers import in_cluster_login, login
+from dgx_operator.kube import in_cluster_login
+from dgx_operator.runtime.handlers import login
 
 
 def service_account(tmp_path: Path, *, namespace: bool = True, ca: bool = True) -> Path:

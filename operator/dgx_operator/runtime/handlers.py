@@ -25,7 +25,7 @@ from dgx_operator.controllers.job import Controller, KueueSettings
 from dgx_operator.controllers.loop import ReconcileLoop
 from dgx_operator.controllers.metrics import Metrics
 from dgx_operator.controllers.mount import MountController
-from dgx_operator.kube import Kube, credentials, in_cluster_login
+from dgx_operator.kube import Kube, credentials, login_info
 from dgx_operator.reconcile.pods import PodView
 from dgx_operator.reconcile.queueing import GROUP as KUEUE
 from dgx_operator.reconcile.queueing import Flavor, slim_workload
@@ -149,13 +149,8 @@ async def cleanup(memo: Any, **_: Any) -> None:
 
 @kopf.on.login()
 def login(settings: kopf.OperatorSettings, **kwargs: Any) -> kopf.ConnectionInfo | None:
-    """In-cluster: the ServiceAccount at KUBERNETES_SERVICE_HOST/PORT (:func:`in_cluster_login`);
-    else kopf's service-account login, else the kubeconfig (tests, local runs)."""
-    return (
-        in_cluster_login(settings)
-        or kopf.login_with_service_account(settings=settings, **kwargs)
-        or kopf.login_with_kubeconfig(settings=settings, **kwargs)
-    )
+    """The same credentials the operator's own client uses (kube.login_info)."""
+    return login_info(settings)
 
 
 @kopf.on.probe(id="jobs")
