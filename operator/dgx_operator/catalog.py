@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 from functools import cached_property
@@ -321,6 +322,24 @@ class Catalog:
                 f"{', '.join(sorted(families))}; capacities: {', '.join(self.spec.capacities)}): ignored"
             )
         return notes
+
+    def prices_for(self, family: str) -> dict[str, Decimal | None]:
+        """Every capacity's price per GPU-hour for one GPU family (None: unpriced, or no prices)."""
+        pricing = self.spec.pricing
+        table = pricing.per_gpu_hour.get(family, {}) if pricing is not None else {}
+        return {capacity: table.get(capacity) for capacity in self.spec.capacities}
+
+    def capacity_of(self, node_selector: Mapping[str, str], default: str) -> str:
+        """The capacity pool a pod with this ``node_selector`` runs in: the capacity whose node labels
+        it requires, the most specific one when several match (a ``*.norm`` instance that Kueue
+        admitted on a spot flavor requires the spot pool's label, and runs, and is paid, as spot);
+        ``default`` (the instance's own) when none does."""
+        best, size = default, len(self.spec.capacities[default].node_selector) if default in self.spec.capacities else 0
+        for name, cap in self.spec.capacities.items():
+            labels = cap.node_selector
+            if len(labels) > size and all(node_selector.get(k) == v for k, v in labels.items()):
+                best, size = name, len(labels)
+        return best
 
     def known(self) -> str:
         """Every known name in a compact brace form: dgxa100.80g.{1,2,4,8}.{norm,spot,debug}, ..."""

@@ -213,6 +213,7 @@ def test_two_replicas_roll_and_one_leads_with_the_documented_interface() -> None
         "KUBEDGX_SHUTDOWN_DELAY": "5s",
         "KUBEDGX_PROGRESS_INTERVAL": "30s",
         "KUBEDGX_STATUS_INTERVAL": "10s",
+        "KUBEDGX_USAGE_INTERVAL": "5m",
         "KUBEDGX_LEADER_ELECTION": "1",
         "KUBEDGX_LEADER_ELECTION_ID": "kubedgx-leader",
         "KUBEDGX_LEADER_ELECTION_NAMESPACE": NAMESPACE,

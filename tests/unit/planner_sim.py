@@ -324,6 +324,8 @@ class Sim:
     writes: int = 0
     #: Since when the steps have held back a change of the counts in flight (the controller's memory).
     held_since: datetime | None = None
+    #: How often status.usage alone is written (the operator's KUBEDGX_USAGE_INTERVAL).
+    usage_interval: float = 300.0
 
     def pod(self, index: int, state: str, **kw: Any) -> dict[str, Any]:
         return make_pod(self.job, self.ctx, index, state, **kw)
@@ -363,6 +365,7 @@ class Sim:
             status_written_at=self.written_at,
             status_interval=self.status_interval,
             status_held_since=self.held_since,
+            usage_interval=self.usage_interval,
         )
         assert_stable(self.job, self.ctx, observed, self.now)
         result = plan(self.job, self.ctx, observed, self.now)

@@ -527,3 +527,18 @@ def test_a_pricing_mistake_is_refused_naming_the_key(tmp_path: Path, change: Any
     with pytest.raises(CatalogError) as caught:
         Catalog.load(write_catalog(tmp_path, data))
     assert message in str(caught.value)
+
+
+def test_the_capacity_a_pod_runs_in_is_the_pool_its_node_selector_requires(catalog: Catalog) -> None:
+    """A norm instance Kueue admitted on a spot flavor requires the spot pool's label: it runs, and
+    is paid, as spot; nothing more specific required: the instance's own capacity."""
+    assert catalog.capacity_of({}, "norm") == "norm"
+    assert catalog.capacity_of({"kubedgx.io/capacity": "spot"}, "norm") == "spot"
+    assert catalog.capacity_of({"kubedgx.io/capacity": "spot", "zone": "a"}, "spot") == "spot"
+    assert catalog.capacity_of({"kubedgx.io/capacity": "other"}, "debug") == "debug"
+    assert catalog.prices_for("a100.80g") == {
+        "norm": Decimal("1.80"),
+        "spot": Decimal("0.70"),
+        "debug": Decimal("1.80"),
+    }
+    assert catalog.prices_for("no.such") == {"norm": None, "spot": None, "debug": None}

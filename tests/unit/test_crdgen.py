@@ -187,10 +187,10 @@ def test_printer_columns_point_at_typed_fields(kind: Kind) -> None:
         assert node["type"] == col["type"], col
 
 
-def test_job_columns_show_phase_instance_nodes_restarts_reason_age() -> None:
+def test_job_columns_show_phase_instance_nodes_restarts_reason_usage_age() -> None:
     job = next(k for k in KINDS if k.kind == "DGXTrainingJob")
     names = [c["name"] for c in crd(job)["spec"]["versions"][0]["additionalPrinterColumns"] if "priority" not in c]
-    assert names == ["Phase", "Instance", "Nodes", "Restarts", "Reason", "Age"]
+    assert names == ["Phase", "Instance", "Nodes", "Restarts", "Reason", "GPU-Hours", "Cost", "Age"]
 
 
 def test_mount_columns_show_phase_direction_source_objects_reason_age() -> None:

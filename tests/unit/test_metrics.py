@@ -509,6 +509,47 @@ def test_job_status_written_counts_only_transitions() -> None:
     assert value(m, "kubedgx_job_run_duration_seconds_bucket", outcome="Failed", le="172800.0") == 1
 
 
+def test_usage_counters_add_what_each_write_added_by_capacity() -> None:
+    """Counted by the write that carried the usage, with what it added: a write that repeats it, or
+    a second replica reading it, adds nothing."""
+    from dgx_operator.api.trainingjob import Usage
+
+    m = Metrics()
+    m.prices(Catalog.load())
+    assert value(m, "kubedgx_price_per_gpu_hour", family="a100.80g", capacity="spot", currency="USD") == 0.70
+
+    def usage(norm: int, spot: int) -> Usage:
+        return Usage.model_validate(
+            {
+                "currency": "USD",
+                "buckets": [
+                    {
+                        "capacity": "norm",
+                        "pricePerGpuHour": "1.80",
+                        "referencePricePerGpuHour": "1.80",
+                        "gpuSeconds": norm,
+                    },
+                    {
+                        "capacity": "spot",
+                        "pricePerGpuHour": "0.70",
+                        "referencePricePerGpuHour": "1.80",
+                        "gpuSeconds": spot,
+                    },
+                ],
+            }
+        )
+
+    labels = {"namespace": "team-a", "instance": "dgxa100.80g.8.norm", "queue": "research"}
+    m.usage_written(*labels.values(), None, usage(3600, 0))
+    m.usage_written(*labels.values(), usage(3600, 0), usage(7200, 7200))
+    m.usage_written(*labels.values(), usage(7200, 7200), usage(7200, 7200))  # nothing new
+    assert value(m, "kubedgx_gpu_seconds_total", capacity="norm", **labels) == 7200
+    assert value(m, "kubedgx_gpu_seconds_total", capacity="spot", **labels) == 7200
+    assert value(m, "kubedgx_cost_total", capacity="norm", currency="USD", **labels) == pytest.approx(3.60)
+    assert value(m, "kubedgx_cost_total", capacity="spot", currency="USD", **labels) == pytest.approx(1.40)
+    assert value(m, "kubedgx_spot_savings_total", currency="USD", **labels) == pytest.approx(2.20)
+
+
 def test_the_pre_initialised_outcome_reasons_are_the_vocabularys() -> None:
     """Every reason a job can end with (api.vocabulary) has its series from the start, so the first
     failure of a kind shows in increase(); the planner can only end a job with a declared reason

@@ -115,6 +115,7 @@ OTHER_VALUE: dict[str, Any] = {
     "trainer.imagePullPolicy": "Always",
     "webhook.failurePolicy": "Ignore",
     "caBundle": {"configMap": {"name": "trust-bundle"}},
+    "usageInterval": "6m",
 }
 #: Values the change needs besides (more than one replica needs leader election).
 ALSO: dict[str, dict[str, Any]] = {"leaderElection.enabled": {"replicaCount": 1}}

@@ -100,6 +100,25 @@ KINDS: tuple[Kind, ...] = (
                 "description": "The Running condition's message: which worker waits for what.",
             },
             {
+                "name": "GPU-Hours",
+                "type": "string",
+                "jsonPath": ".status.usage.gpuHours",
+                "description": "GPU-hours used so far, every attempt included.",
+            },
+            {
+                "name": "Cost",
+                "type": "string",
+                "jsonPath": ".status.usage.cost",
+                "description": "What they cost at the catalog's prices (see usage.currency).",
+            },
+            {
+                "name": "Currency",
+                "type": "string",
+                "jsonPath": ".status.usage.currency",
+                "priority": 1,
+                "description": "The catalog's currency.",
+            },
+            {
                 "name": "Step",
                 "type": "integer",
                 "jsonPath": ".status.progress.step",

@@ -451,6 +451,77 @@ class Artifact(KubeModel):
     mount: str | None = Field(default=None, max_length=253, description="The DGXDataMount it was archived to.")
 
 
+#: An amount of money or a price, as a decimal string ("31.20", "1.4"): never a float, which would round.
+DecimalText = Annotated[str, Field(max_length=24, pattern=r"^[0-9]{1,15}(\.[0-9]{1,8})?$")]
+
+
+class UsageBucket(KubeModel):
+    """GPU-seconds used on one capacity at one price: the accounting's ledger, from which the totals
+    are derived (a price edit starts a new bucket, it never reprices the seconds before it)."""
+
+    capacity: str = Field(max_length=63, description="The capacity pool the workers ran in (norm, spot, ...).")
+    price_per_gpu_hour: DecimalText | None = Field(
+        default=None, description="What a GPU-hour cost then, in usage.currency; absent: the catalog had no price."
+    )
+    reference_price_per_gpu_hour: DecimalText | None = Field(
+        default=None,
+        description="The reference capacity's price then (pricing.reference, normally norm): what spot saved against.",
+    )
+    gpu_seconds: int = Field(ge=0, description="GPUs x seconds on a node.")
+
+
+class UsageHolding(KubeModel):
+    """A worker on a node when the usage was last accounted, and the price its next seconds get."""
+
+    pod: str = Field(max_length=253, description="The worker pod's uid.")
+    gpus: int = Field(ge=0, description="GPUs it holds.")
+    capacity: str = Field(max_length=63, description="The capacity pool it runs in.")
+    price_per_gpu_hour: DecimalText | None = Field(default=None, description="Its price per GPU-hour.")
+    reference_price_per_gpu_hour: DecimalText | None = Field(default=None, description="The reference price.")
+    ends: datetime | None = Field(
+        default=None, description="Being deleted: the end of its grace period, the latest it lets go of the node."
+    )
+
+
+class Usage(KubeModel):
+    """What the job has used of the cluster's GPUs and what that cost, every attempt included: each
+    worker pod counts from the moment it is bound to a node until it ends (or its grace period ends
+    once deleted), times the GPUs it holds, at the catalog's price of the capacity it runs in (Kueue's
+    admitted flavor's), the price taken when a worker is first accounted and moving to an edited one
+    at the next pass. See docs/cost.md."""
+
+    gpu_seconds: int = Field(default=0, ge=0, description="GPU-seconds, the authoritative total.")
+    gpu_hours: DecimalText = Field(default="0.00", description="gpuSeconds / 3600, two decimals (GPU-HOURS column).")
+    cost: DecimalText | None = Field(
+        default=None,
+        description=(
+            "What those GPU-seconds cost at the prices they ran at, two decimals (COST column); absent when the "
+            "catalog has no prices. Seconds on an unpriced instance are left out (see unpricedGpuSeconds)."
+        ),
+    )
+    currency: str | None = Field(default=None, max_length=3, description="The catalog's currency (ISO 4217).")
+    spot_savings: DecimalText | None = Field(
+        default=None, description="What the seconds on cheaper capacity saved against the reference price."
+    )
+    example_prices: bool | None = Field(
+        default=None, description="true: the catalog's prices are its shipped examples, not this cluster's."
+    )
+    unpriced_gpu_seconds: int | None = Field(
+        default=None, ge=0, description="GPU-seconds on an instance the catalog has no price for (not in cost)."
+    )
+    accounted_until: datetime | None = Field(
+        default=None, description="Every worker's time up to here is in the totals (whole seconds)."
+    )
+    buckets: list[UsageBucket] = Field(
+        default_factory=list, max_length=256, description="GPU-seconds by capacity and price."
+    )
+    running: list[UsageHolding] = Field(
+        default_factory=list,
+        max_length=1024,
+        description="Workers on a node at accountedUntil: where the next accounting goes on from.",
+    )
+
+
 class DGXTrainingJobStatus(KubeModel):
     """What the operator observed, never what it hopes: written only by the operator."""
 
@@ -499,6 +570,12 @@ class DGXTrainingJobStatus(KubeModel):
             "that wrote them (empty when nothing was archived; see the Archived condition)."
         ),
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["uri"]},
+    )
+    usage: Usage | None = Field(
+        default=None,
+        description=(
+            "GPU-hours and cost so far, every attempt included (docs/cost.md); absent until a worker was placed."
+        ),
     )
 
 

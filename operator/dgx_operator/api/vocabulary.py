@@ -225,6 +225,7 @@ class JobReason:
     WORKER_LOST: Final = _job("WorkerLost", None, "event", "workers vanished without the operator deleting them (node loss, spot reclaim); replaced, not counted")
     CREATE_FAILED: Final = _job("CreateFailed", None, "event", "creating a child failed for a reason retrying may heal")
     WORKLOAD_WRITE_FAILED: Final = _job("WorkloadWriteFailed", None, "event", "a write to the job's Kueue Workload failed; retried")
+    USAGE: Final = _job("Usage", None, "event", "the job ended and its last worker let go of its node: the GPU-hours, cost and spot savings of the whole job (status.usage)")
 
     # fmt: on
 

@@ -344,6 +344,7 @@ OPERATOR_FLAGS = {
     "shutdown_delay": "KUBEDGX_SHUTDOWN_DELAY",
     "progress_interval": "KUBEDGX_PROGRESS_INTERVAL",
     "status_interval": "KUBEDGX_STATUS_INTERVAL",
+    "usage_interval": "KUBEDGX_USAGE_INTERVAL",
     "leader_elect": "KUBEDGX_LEADER_ELECTION",
     "leader_election_namespace": "KUBEDGX_LEADER_ELECTION_NAMESPACE",
     "leader_election_id": "KUBEDGX_LEADER_ELECTION_ID",
@@ -630,6 +631,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--status-interval",
         metavar="DURATION",
         help="how long a job's status may lag behind its running-worker counts (10s; 0: written at once)",
+    )
+    o.add_argument(
+        "--usage-interval",
+        metavar="DURATION",
+        help="how long a running job's status.usage may lag behind (5m; 0: like the worker counts)",
     )
     o.add_argument(
         "--leader-elect",

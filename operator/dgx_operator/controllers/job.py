@@ -36,6 +36,7 @@ from dgx_operator.reconcile.queueing import (
 )
 from dgx_operator.reconcile.queueing import (
     PRIORITY_LABEL,
+    QUEUE_LABEL,
     VERSIONS,
     Flavor,
     PriorityClass,
@@ -183,6 +184,8 @@ class Controller(ReconcileLoop):
     failure_reads: dict[Key, dict[tuple[str, datetime | None], str | None]] = field(default_factory=dict)
     #: Seconds a job's status may lag behind its counts in flight (0: every change written at once).
     status_interval: float = DEFAULT_STATUS_INTERVAL
+    #: How long a running job's status.usage may lag behind (KUBEDGX_USAGE_INTERVAL).
+    usage_interval: float = 300.0
     #: When this process last wrote each job's status (``now``): the planner holds a change of the
     #: counts in flight alone until that write is status_interval old.
     status_writes: dict[Key, datetime] = field(default_factory=dict)
@@ -332,6 +335,7 @@ class Controller(ReconcileLoop):
             progress_live=self.progress_interval > 0,
             status_written_at=self.status_writes.get(key),
             status_interval=self.status_interval,
+            usage_interval=self.usage_interval,
             status_held_since=self.status_held.get(key),
             queueing=queueing,
             pods=tuple(views),
@@ -582,6 +586,13 @@ class Controller(ReconcileLoop):
             self.status_writes[key] = self.now()
             if self.metrics is not None:  # counted once written: a refused write is planned again
                 self.metrics.job_status_written(job.metadata.creation_timestamp, job.status, result.status)
+                self.metrics.usage_written(
+                    namespace,
+                    job.spec.instance,
+                    (job.metadata.labels or {}).get(QUEUE_LABEL, ""),
+                    job.status.usage if job.status is not None else None,
+                    result.status.usage,
+                )
         seen = {v.name: v for v in views}
         deleting = bool(body["metadata"].get("deletionTimestamp"))
         for pod in result.delete:

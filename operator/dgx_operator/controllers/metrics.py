@@ -33,6 +33,7 @@ import re
 from collections import Counter as Tally
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from decimal import Decimal
 from importlib import metadata
 from typing import TYPE_CHECKING
 
@@ -59,13 +60,15 @@ from dgx_operator.api.vocabulary import (
     JobReason,
     reasons_of,
 )
+from dgx_operator.reconcile import usage
 from dgx_operator.reconcile.status import find_condition
 
 if TYPE_CHECKING:
     import aiohttp.web
 
     from dgx_operator.api.common import Condition
-    from dgx_operator.api.trainingjob import DGXTrainingJobStatus
+    from dgx_operator.api.trainingjob import DGXTrainingJobStatus, Usage
+    from dgx_operator.catalog import Catalog
     from dgx_operator.reconcile.pods import PodView
 
 log = logging.getLogger("kubedgx")
@@ -258,6 +261,34 @@ class Metrics:
             buckets=WEBHOOK_BUCKETS,
             registry=r,
         )
+        # Usage (issue 31): counted by the replica whose status write carried it, with the amount that
+        # write added, so sum(increase(...)) over replicas is right across restarts and leader changes.
+        usage_labels = ["namespace", "instance", "capacity", "queue"]
+        self.gpu_seconds = Counter(
+            "kubedgx_gpu_seconds",
+            "GPU-seconds DGXTrainingJobs' workers held nodes for (status.usage), by namespace, instance type, the "
+            "capacity they ran in and Kueue LocalQueue (empty without).",
+            usage_labels,
+            registry=r,
+        )
+        self.cost = Counter(
+            "kubedgx_cost",
+            "What those GPU-seconds cost at the catalog's prices, in its currency (only priced instances).",
+            [*usage_labels, "currency"],
+            registry=r,
+        )
+        self.spot_savings = Counter(
+            "kubedgx_spot_savings",
+            "What GPU-seconds on capacity cheaper than the catalog's reference (spot against norm) saved.",
+            ["namespace", "instance", "queue", "currency"],
+            registry=r,
+        )
+        self.price = Gauge(
+            "kubedgx_price_per_gpu_hour",
+            "The catalog's price of a GPU-hour by GPU family and capacity (absent: unpriced), for joins.",
+            ["family", "capacity", "currency"],
+            registry=r,
+        )
         self.leader_gauge = Gauge(
             "kubedgx_leader",
             "1 while this replica is the leader and reconciles; 0 while it stands by and reconciles nothing.",
@@ -345,6 +376,35 @@ class Metrics:
             waited = _seconds(created, running.last_transition_time if running is not None else None)
             if waited is not None:
                 self.time_to_running.observe(waited)
+
+    def prices(self, catalog: Catalog) -> None:
+        """The catalog's prices as gauges (the operator reads its catalog once, at start)."""
+        pricing = catalog.spec.pricing
+        if pricing is None:
+            return
+        for family in catalog.spec.gpus:
+            for capacity, price in catalog.prices_for(family.key).items():
+                if price is not None:
+                    self.price.labels(family.key, capacity, pricing.currency).set(float(price))
+
+    def usage_written(self, namespace: str, instance: str, queue: str, old: Usage | None, new: Usage | None) -> None:
+        """A job's status write moved its usage from ``old`` to ``new``: count what it added."""
+        if new is None or new == old:
+            return
+        currency = new.currency
+        before = {b.key: b.gpu_seconds for b in usage.from_status(old).buckets}
+        saved = Decimal(0)
+        for b in usage.from_status(new).buckets:
+            added = b.gpu_seconds - before.get(b.key, 0)
+            if added <= 0:
+                continue
+            self.gpu_seconds.labels(namespace, instance, b.capacity, queue).inc(added)
+            if b.price is not None and currency is not None:
+                self.cost.labels(namespace, instance, b.capacity, queue, currency).inc(float(added * b.price / 3600))
+                if b.reference_price is not None and b.reference_price > b.price:
+                    saved += added * (b.reference_price - b.price) / 3600
+        if saved and currency is not None:
+            self.spot_savings.labels(namespace, instance, queue, currency).inc(float(saved))
 
     def restarted(self, reason: str, workers: int = 1) -> None:
         self.restarts.labels(reason).inc(workers)

@@ -17,9 +17,11 @@ from dgx_operator.reconcile.diagnosis import Diagnosis, Fields, diagnose, summar
 from dgx_operator.render.datasync import SIDECAR_PREFIX
 from dgx_operator.render.names import (
     ATTEMPT_LABEL,
+    CAPACITY_ANNOTATION,
     CONFIG_LABEL,
     CONTAINER_NAME,
     DETACHED_SUFFIX,
+    GPU_RESOURCE,
     INDEX_LABEL,
     JOB_LABEL,
 )
@@ -122,6 +124,12 @@ class PodView:
     #: When a finished pod's last container ended (every container's and init container's
     #: finishedAt, native sidecars included): it let go of its node then.
     ended_at: datetime | None = None
+    #: The GPUs its trainer container holds (its nvidia.com/gpu limit); None: not read (a pod the
+    #: operator created and has not seen yet).
+    gpus: int | None = None
+    #: The capacity pool it was placed in (its kubedgx.io/capacity annotation); None on a worker made
+    #: before the operator wrote it: the job's instance's capacity then.
+    capacity: str | None = None
 
     @property
     def failed(self) -> bool:
@@ -273,7 +281,18 @@ class PodView:
                 else None
             ),
             ended_at=_ended_at(status) if phase in ("Succeeded", "Failed") else None,
+            gpus=_gpus(pod.get("spec") or {}),
+            capacity=annotations.get(CAPACITY_ANNOTATION),
         )
+
+
+def _gpus(spec: Mapping[str, Any]) -> int | None:
+    """The trainer container's GPU limit (extended resources are requested as limits)."""
+    for c in spec.get("containers") or []:
+        if c.get("name") == CONTAINER_NAME:
+            limits = (c.get("resources") or {}).get("limits") or {}
+            return _int(limits.get(GPU_RESOURCE), 0)
+    return None
 
 
 def _ended_at(status: Mapping[str, Any]) -> datetime | None:
@@ -364,25 +383,43 @@ def slim(pod: Mapping[str, Any]) -> dict[str, Any]:
     status = pod.get("status") or {}
     annotations = meta.get("annotations") or {}
     labels = meta.get("labels") or {}
+    gpus = _gpus(pod.get("spec") or {})
     return {
         "metadata": {
             "name": meta.get("name"),
+            **({"uid": meta["uid"]} if meta.get("uid") else {}),
             "labels": {k: labels[k] for k in (JOB_LABEL, INDEX_LABEL, ATTEMPT_LABEL, CONFIG_LABEL) if k in labels},
-            "annotations": {k: v for k, v in annotations.items() if k == "kubedgx.io/progress"},
+            "annotations": {k: v for k, v in annotations.items() if k in ("kubedgx.io/progress", CAPACITY_ANNOTATION)},
             "ownerReferences": [o for o in meta.get("ownerReferences") or [] if o.get("controller")],
             **({"deletionTimestamp": meta["deletionTimestamp"]} if meta.get("deletionTimestamp") else {}),
         },
+        **(
+            {"spec": {"containers": [{"name": CONTAINER_NAME, "resources": {"limits": {GPU_RESOURCE: str(gpus)}}}]}}
+            if gpus is not None
+            else {}
+        ),
         "status": {
             "phase": status.get("phase"),
             "reason": status.get("reason"),
             "message": status.get("message"),
             "hostIP": status.get("hostIP"),
             "conditions": [
-                {k: str(c[k])[:1000] for k in ("type", "status", "reason", "message") if c.get(k) is not None}
+                {
+                    k: str(c[k])[:1000]
+                    for k in ("type", "status", "reason", "message", "lastTransitionTime")
+                    if c.get(k) is not None
+                }
                 for c in status.get("conditions") or []
                 if c.get("type") in ("PodScheduled", DISRUPTION_CONDITION)
             ],
-            "containerStatuses": [c for c in status.get("containerStatuses") or [] if c.get("name") == CONTAINER_NAME],
+            "containerStatuses": [
+                c
+                if c.get("name") == CONTAINER_NAME
+                else {"name": c.get("name"), "state": {"terminated": {"finishedAt": ended}}}
+                for c in status.get("containerStatuses") or []
+                if c.get("name") == CONTAINER_NAME
+                or (ended := ((c.get("state") or {}).get("terminated") or {}).get("finishedAt"))
+            ],
             "initContainerStatuses": [
                 {"name": name, "state": {"terminated": dict(t)}} for name, t in _init_terminated(status)
             ]

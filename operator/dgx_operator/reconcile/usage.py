@@ -21,8 +21,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
-from decimal import Decimal
+from decimal import ROUND_HALF_UP, Decimal
 
+from dgx_operator.api import trainingjob as api
+from dgx_operator.catalog import Pricing
 from dgx_operator.reconcile.pods import PodView
 
 
@@ -64,6 +66,9 @@ class Holding:
     capacity: str
     price: Decimal | None
     reference_price: Decimal | None
+    #: The latest it can let go (a deleted pod's grace period end): a pod that vanishes before the
+    #: next pass is charged until then, not until that pass noticed.
+    ends: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -121,10 +126,12 @@ Prices = Mapping[str, Decimal | None]
 def accrue(usage: Usage, spans: Iterable[Span], prices: Prices, reference: str, now: datetime) -> Usage:
     """``usage`` carried to ``now`` (whole seconds): each span's seconds after the watermark, at the
     price its worker holds (the catalog's ``prices`` for one first seen), and the workers still on a
-    node at ``now`` as the new holdings, at the catalog's current price.
+    node at ``now`` as the new holdings, at the catalog's current price. When no worker held a node
+    and none did since, ``usage`` itself: a queued, suspended or finished job's status stays as it is.
 
     A worker the previous pass saw holding a node and whose pod is no longer among ``spans`` is
-    charged until ``now``. A ``now`` at or before the watermark adds nothing (clocks, a stale pass)."""
+    charged until ``now``, or the end of its grace period if it was being deleted. A ``now`` at or
+    before the watermark adds nothing (clocks, a stale pass)."""
     now = now.replace(microsecond=0)
     since = usage.until
     if since is not None and now <= since:
@@ -155,10 +162,14 @@ def accrue(usage: Usage, spans: Iterable[Span], prices: Prices, reference: str, 
         ref = before.reference_price if before is not None else reference_price
         charge(span.gpus, span.capacity, price, ref, start, end)
         if span.end is None or span.end > now:
-            holding.append(Holding(span.pod, span.gpus, span.capacity, prices.get(span.capacity), reference_price))
+            holding.append(
+                Holding(span.pod, span.gpus, span.capacity, prices.get(span.capacity), reference_price, span.end)
+            )
     for pod, gone in held.items():
         if pod not in seen and since is not None:  # vanished between two passes: charged until noticed
-            charge(gone.gpus, gone.capacity, gone.price, gone.reference_price, since, now)
+            charge(gone.gpus, gone.capacity, gone.price, gone.reference_price, since, gone.ends or now)
+    if not added and not holding and not usage.holding:
+        return usage  # nothing on a node, before or now: the watermark waits for the next worker
     buckets = {b.key: b for b in usage.buckets}
     for key, seconds in added.items():
         old = buckets.get(key)
@@ -172,3 +183,105 @@ def accrue(usage: Usage, spans: Iterable[Span], prices: Prices, reference: str, 
 
 def _order(b: Bucket) -> tuple[str, Decimal, Decimal]:
     return (b.capacity, b.price if b.price is not None else Decimal(-1), b.reference_price or Decimal(-1))
+
+
+# --- status.usage: the state above as the API stores it, and what people read of it -----------------
+
+CENT = Decimal("0.01")
+
+
+def _money(value: Decimal) -> str:
+    """Two decimals, half up, as invoices round."""
+    return str(value.quantize(CENT, rounding=ROUND_HALF_UP))
+
+
+def _price(value: Decimal | None) -> str | None:
+    return None if value is None else str(value)
+
+
+def _decimal(value: str | None) -> Decimal | None:
+    return None if value is None else Decimal(value)
+
+
+def from_status(stored: api.Usage | None) -> Usage:
+    """The accounting state a job's ``status.usage`` carries (an empty one without it)."""
+    if stored is None:
+        return Usage()
+    return Usage(
+        until=stored.accounted_until,
+        buckets=tuple(
+            Bucket(b.capacity, _decimal(b.price_per_gpu_hour), _decimal(b.reference_price_per_gpu_hour), b.gpu_seconds)
+            for b in stored.buckets
+        ),
+        holding=tuple(
+            Holding(
+                h.pod,
+                h.gpus,
+                h.capacity,
+                _decimal(h.price_per_gpu_hour),
+                _decimal(h.reference_price_per_gpu_hour),
+                h.ends,
+            )
+            for h in stored.running
+        ),
+    )
+
+
+def to_status(usage: Usage, pricing: Pricing | None) -> api.Usage:
+    """``status.usage`` for ``usage``: the state, and the totals derived from it for people (two
+    decimals; money only where the catalog has prices)."""
+    unpriced = sum(b.gpu_seconds for b in usage.buckets if b.price is None)
+    return api.Usage(
+        gpu_seconds=usage.gpu_seconds,
+        gpu_hours=_money(Decimal(usage.gpu_seconds) / 3600),
+        cost=_money(usage.cost) if pricing is not None else None,
+        currency=pricing.currency if pricing is not None else None,
+        spot_savings=_money(usage.savings) if pricing is not None else None,
+        example_prices=True if pricing is not None and pricing.examples else None,
+        unpriced_gpu_seconds=unpriced if pricing is not None and unpriced else None,
+        accounted_until=usage.until,
+        buckets=[
+            api.UsageBucket(
+                capacity=b.capacity,
+                price_per_gpu_hour=_price(b.price),
+                reference_price_per_gpu_hour=_price(b.reference_price),
+                gpu_seconds=b.gpu_seconds,
+            )
+            for b in usage.buckets
+        ],
+        running=[
+            api.UsageHolding(
+                pod=h.pod,
+                gpus=h.gpus,
+                capacity=h.capacity,
+                price_per_gpu_hour=_price(h.price),
+                reference_price_per_gpu_hour=_price(h.reference_price),
+                ends=h.ends,
+            )
+            for h in usage.holding
+        ],
+    )
+
+
+def summary(usage: Usage, pricing: Pricing | None) -> str:
+    """One sentence for the job's final Event: "used 12.50 GPU-hours (spot 8.00, norm 4.50), 31.20
+    USD at example prices, 14.40 USD saved on cheaper capacity"."""
+    hours = _money(Decimal(usage.gpu_seconds) / 3600)
+    capacities = sorted({b.capacity for b in usage.buckets if b.gpu_seconds})
+    text = f"used {hours} GPU-hours"
+    if len(capacities) > 1:
+        parts = ", ".join(f"{c} {_money(Decimal(usage.gpu_seconds_on(c)) / 3600)}" for c in capacities)
+        text += f" ({parts})"
+    elif capacities:
+        text += f" on {capacities[0]}"
+    if pricing is None:
+        return text + " (the catalog has no prices)"
+    text += f", {_money(usage.cost)} {pricing.currency}"
+    if pricing.examples:
+        text += " at the catalog's example prices"
+    if not usage.priced:
+        unpriced = sum(b.gpu_seconds for b in usage.buckets if b.price is None)
+        text += f" (leaving out {_money(Decimal(unpriced) / 3600)} GPU-hours on unpriced instances)"
+    if usage.savings > 0:
+        text += f", {_money(usage.savings)} {pricing.currency} saved against {pricing.reference}"
+    return text

@@ -22,11 +22,17 @@ CONFIG_LABEL = f"{LABEL_PREFIX}/trainer-config"
 #: placement terms of the job's pods, yet still seen by the operator's watch. Job names are DNS-1035
 #: labels of at most 50 characters, so "<job>.detached" is never another job's name and fits 63.
 DETACHED_SUFFIX = ".detached"
+#: The instance type a worker was made for.
+INSTANCE_ANNOTATION = f"{LABEL_PREFIX}/instance"
+#: The capacity pool a worker runs in, which its GPU-seconds are priced at (reconcile.usage).
+CAPACITY_ANNOTATION = f"{LABEL_PREFIX}/capacity"
 COMPONENT_LABEL = "app.kubernetes.io/component"
 #: Labels copied from the job to its pods, so Kueue and similar admission systems see them.
 PROPAGATED_LABEL_PREFIXES = ("kueue.x-k8s.io/",)
 
 CONTAINER_NAME = "trainer"
+#: The device plugin's resource a worker's GPUs are (limits only, as for every extended resource).
+GPU_RESOURCE = "nvidia.com/gpu"
 CONFIG_FILE = "trainer.yaml"
 
 

@@ -12,9 +12,12 @@ from dgx_operator.api.datamount import DGXDataMountSpec
 from dgx_operator.api.trainingjob import KIND, DGXTrainingJobSpec
 from dgx_operator.render.datasync import MountPlan, archives, out_local_dir, sync_containers
 from dgx_operator.render.names import (
+    CAPACITY_ANNOTATION,
     CONFIG_FILE,
     CONFIG_LABEL,
     CONTAINER_NAME,
+    GPU_RESOURCE,
+    INSTANCE_ANNOTATION,
     config_digest,
     config_map_name,
     job_selector,
@@ -24,7 +27,6 @@ from dgx_operator.render.names import (
 )
 from dgx_operator.render.resolved import BuildContext, JobIdentity, Resolved
 
-GPU_RESOURCE = "nvidia.com/gpu"
 HOSTNAME_KEY = "kubernetes.io/hostname"
 
 #: The interactive debug worker idles until deleted, and exits at once on SIGTERM.
@@ -463,7 +465,11 @@ def worker_pod(
                 **worker_labels(job.name, index, attempt, job.labels),
                 **({CONFIG_LABEL: config[1]} if (config := trainer_config(job, spec)) is not None else {}),
             },
-            "annotations": {"kubedgx.io/instance": r.instance.name},
+            "annotations": {
+                INSTANCE_ANNOTATION: r.instance.name,
+                # The pool it runs in (and is paid for): Kueue may admit a norm instance on spot.
+                CAPACITY_ANNOTATION: ctx.catalog.capacity_of(node_selector, r.instance.capacity),
+            },
             "ownerReferences": [owner_reference(job)],
         },
         "spec": pod_spec,

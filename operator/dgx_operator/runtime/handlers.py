@@ -74,6 +74,7 @@ async def startup(
     catalog = config.catalog()
     for note in catalog.pricing_notes():  # no price is never a price of 0: say where one is missing
         log.warning("%s", note)
+    memo.metrics.prices(catalog)
     memo.validator = Validator(catalog, defaults=config.defaults())
     memo.controller = Controller(
         kube=kube,
@@ -87,6 +88,7 @@ async def startup(
         metrics=memo.metrics,
         progress_interval=config.progress_interval,
         status_interval=config.status_interval,
+        usage_interval=config.usage_interval,
     )
     if config.kueue:
         memo.controller.kueue = KueueSettings(manage_without_queue_name=config.kueue_manage_without_queue_name)

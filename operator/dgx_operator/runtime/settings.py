@@ -486,6 +486,17 @@ SETTINGS: tuple[Setting, ...] = (
         flag="--status-interval",
     ),
     Setting(
+        "KUBEDGX_USAGE_INTERVAL",
+        _duration(),
+        300.0,
+        "usage_interval",
+        "how long a running job's `status.usage` (GPU-HOURS, COST) may lag behind: it rides on every status write"
+        " made anyway (progress, transitions) and is written alone at most once per interval per job, and at once"
+        " when the job's last worker lets go of its node; `0`: like the counts in flight (`statusInterval`)",
+        chart="usageInterval",
+        flag="--usage-interval",
+    ),
+    Setting(
         "KUBEDGX_CHECKPOINT_SYNC_INTERVAL",
         _duration(positive=True),
         30.0,
@@ -573,6 +584,9 @@ class OperatorConfig:
     #: Seconds a job's status may lag behind its counts in flight (KUBEDGX_STATUS_INTERVAL); 0: none
     #: (reconcile.planner.coalesce).
     status_interval: float = 10.0
+    #: Seconds a running job's status.usage may lag behind (KUBEDGX_USAGE_INTERVAL); 0: like the
+    #: counts in flight (reconcile.planner.coalesce).
+    usage_interval: float = 300.0
     #: Seconds between the checkpoint sidecars' scans (KUBEDGX_CHECKPOINT_SYNC_INTERVAL): how long
     #: a complete checkpoint may wait on the node before it starts uploading.
     checkpoint_sync_interval: float = 30.0

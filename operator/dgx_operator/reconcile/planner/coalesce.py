@@ -14,6 +14,12 @@ rides along with it). So the status is never more than an interval plus SETTLE b
 workers turning Running one by one within an interval make two writes (the job's start and its
 Running transition). See docs/operator.md, "How often the status is written".
 
+Usage (``status.usage``, planner.accounting) moves every second a worker holds a node. It rides on
+every write made anyway; alone it is written once the job's last write is a usage interval old
+(``KUBEDGX_USAGE_INTERVAL``, 300 s by default: one write per five minutes of a job that reports no
+progress), and at once when the job's last worker let go of its node, so a run's usage is final in
+the status as soon as it is.
+
 Pure: it compares the stored status with the planned one and, when only those counts differ and
 the write is not due yet, keeps the stored counts in the plan, says so (Plan.status_held: the
 controller remembers since when) and asks for a pass when it is due.
@@ -52,22 +58,33 @@ def held_counts(old: DGXTrainingJobStatus, new: DGXTrainingJobStatus) -> DGXTrai
 
 
 def coalesce(d: Draft) -> None:
-    """Hold back a write that only moves the counts in flight (see the module docstring)."""
+    """Hold back a write that only moves the counts in flight or the usage (see the module
+    docstring)."""
     old = d.job.status
     interval = d.observed.status_interval
     written = d.observed.status_written_at
-    if old is None or interval <= 0 or written is None or d.status == old:
+    if old is None or written is None or d.status == old:
         return
-    held = held_counts(old, d.status)
+    counted = held_counts(old, d.status) if interval > 0 else d.status
+    held = counted.model_copy(update={"usage": old.usage})
     if held != old:
-        return  # something a reader acts on changed: written now, counts included
-    since = d.observed.status_held_since or d.now
-    due = max(written + timedelta(seconds=interval), since + SETTLE)
+        return  # something a reader acts on changed: written now, counts and usage included
+    dues = []
+    if counted != held:  # the usage moved
+        if old.usage is not None and old.usage.running and d.status.usage is not None and not d.status.usage.running:
+            return  # the last worker let go of its node: the run's usage is final, written now
+        every = d.observed.usage_interval if d.observed.usage_interval > 0 else interval
+        dues.append(written + timedelta(seconds=every))
+    counts_moved = counted != d.status
+    if counts_moved:
+        since = d.observed.status_held_since or d.now
+        dues.append(max(written + timedelta(seconds=interval), since + SETTLE))
+    due = min(dues)
     if d.now >= due:
         return
     # In place: the plan holds this very status object.
     for name in DGXTrainingJobStatus.model_fields:
         setattr(d.status, name, getattr(held, name))
-    d.plan.status_held = True
+    d.plan.status_held = counts_moved
     wait = (due - d.now).total_seconds()
     d.plan.requeue_after = wait if d.plan.requeue_after is None else min(d.plan.requeue_after, wait)

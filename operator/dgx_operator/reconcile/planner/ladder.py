@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 from dgx_operator.api.trainingjob import KIND, DGXTrainingJob
 from dgx_operator.api.vocabulary import JobPhase, JobReason
 from dgx_operator.catalog import UnknownInstanceError
-from dgx_operator.reconcile.planner import archives, gating, restarts, timers
+from dgx_operator.reconcile.planner import accounting, archives, gating, restarts, timers
 from dgx_operator.reconcile.planner.coalesce import coalesce
 from dgx_operator.reconcile.planner.draft import Draft
 from dgx_operator.reconcile.planner.model import TERMINAL, Observed, Plan
@@ -260,5 +260,6 @@ def plan(job: DGXTrainingJob, ctx: BuildContext, observed: Observed, now: dateti
     """Decide what to do for ``job`` given what exists; see the package docstring."""
     d = Draft(job, ctx, observed, now)
     result = run(d)
+    accounting.account(d)
     coalesce(d)
     return result

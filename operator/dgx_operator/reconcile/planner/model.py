@@ -106,6 +106,8 @@ class Observed:
     #: Since when the passes have held back a change of the counts in flight (None: the last pass
     #: held nothing): it is written once it has waited planner.coalesce.SETTLE.
     status_held_since: datetime | None = None
+    #: How often a change of status.usage alone is written, at most (0: like the counts in flight).
+    usage_interval: float = 300.0
 
 
 @dataclass(frozen=True)
