@@ -101,6 +101,28 @@ def test_custom_info_carries_the_job_s_progress_and_where_it_is() -> None:
     assert st.custom_info["job"] == "ml/flyte-x"
     assert st.custom_info["progress"] == {"step": 3}
     assert st.custom_info["phase"] == "Running"
+    assert "usage" not in st.custom_info  # nothing placed yet
+
+
+def test_custom_info_carries_the_job_s_gpu_hours_and_cost_not_the_accounting_state() -> None:
+    usage = {
+        "gpuSeconds": 57600,
+        "gpuHours": "16.00",
+        "cost": "28.80",
+        "currency": "USD",
+        "spotSavings": "0.00",
+        "accountedUntil": "2026-12-05T10:00:00Z",
+        "buckets": [{"capacity": "norm", "pricePerGpuHour": "1.80", "gpuSeconds": 57600}],
+        "running": [],
+    }
+    st = status_of(job("Succeeded", usage=usage))
+    assert st.custom_info["usage"] == {
+        "gpuSeconds": 57600,
+        "gpuHours": "16.00",
+        "cost": "28.80",
+        "currency": "USD",
+        "spotSavings": "0.00",
+    }
 
 
 def test_log_links_one_per_worker_or_one_for_the_job_or_none() -> None:

@@ -79,6 +79,10 @@ def log_links(job: Mapping[str, Any], template: str | None) -> tuple[tuple[str, 
     )
 
 
+#: What of status.usage the task's custom_info carries.
+USAGE_SHOWN = ("gpuSeconds", "gpuHours", "cost", "currency", "spotSavings", "examplePrices", "unpricedGpuSeconds")
+
+
 def status_of(job: Mapping[str, Any] | None, log_template: str | None = None) -> Status:
     """Flyte's view of the job. ``None`` is a job that is gone: deleted outside Flyte (an abort
     deletes it too, but then Flyte no longer asks)."""
@@ -90,6 +94,9 @@ def status_of(job: Mapping[str, Any] | None, log_template: str | None = None) ->
     info = {k: status[k] for k in ("phase", "nodes", "restarts", "attempt", "progress", "artifacts") if k in status}
     meta = job.get("metadata") or {}
     info["job"] = f"{meta.get('namespace')}/{meta.get('name')}"
+    usage = status.get("usage") or {}
+    if usage:  # the totals people read (GPU-hours, cost), not the accounting state behind them
+        info["usage"] = {k: usage[k] for k in USAGE_SHOWN if k in usage}
     running = _condition(job, JobCondition.RUNNING)
 
     def done(p: int, msg: str) -> Status:
