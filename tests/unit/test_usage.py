@@ -199,3 +199,15 @@ def test_a_finished_pod_let_go_when_its_last_container_ended_sidecars_included()
 def test_a_pod_being_deleted_holds_its_node_until_its_grace_period_ends() -> None:
     reclaimed = pod("Running", deletionTimestamp="2026-12-01T08:45:00Z", **SCHEDULED)
     assert span_of(reclaimed, 8, "spot").end == at(45)
+
+
+def test_a_worker_ending_in_the_watermarks_second_is_let_go_in_that_second() -> None:
+    """Two passes in one second (the kubelet's write and the operator's reaction): the second one
+    adds nothing but sees the worker's end, so the job's usage is final at once."""
+    start = datetime(2026, 12, 5, 1, 0, 0, tzinfo=UTC)
+    end = start + timedelta(seconds=24)
+    running = accrue(Usage(), [Span("p", 8, "norm", start)], PRICES, "norm", end)
+    assert running.holding
+    done = accrue(running, [Span("p", 8, "norm", start, end)], PRICES, "norm", end + timedelta(microseconds=400))
+    assert done.holding == ()
+    assert done.gpu_seconds == running.gpu_seconds == 8 * 24

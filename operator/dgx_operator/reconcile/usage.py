@@ -131,11 +131,13 @@ def accrue(usage: Usage, spans: Iterable[Span], prices: Prices, reference: str, 
 
     A worker the previous pass saw holding a node and whose pod is no longer among ``spans`` is
     charged until ``now``, or the end of its grace period if it was being deleted. A ``now`` at or
-    before the watermark adds nothing (clocks, a stale pass)."""
+    before the watermark adds nothing (clocks, a stale pass); one in the watermark's own second adds
+    nothing either, but lets go of the workers that ended in it (else a job whose last worker ended
+    in the second of the previous pass would show a worker on a node until something woke it)."""
     now = now.replace(microsecond=0)
     since = usage.until
-    if since is not None and now <= since:
-        return usage
+    if since is not None and now < since:
+        return usage  # a clock behind the watermark: nothing to add, nothing known better
     held = {h.pod: h for h in usage.holding}
     added: dict[tuple[str, Decimal | None, Decimal | None], int] = {}
     holding: list[Holding] = []

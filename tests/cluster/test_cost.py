@@ -1,0 +1,156 @@
+"""Cost control on the real control plane (issue 31): a job's usage against what its pods say, across
+an operator that is killed mid-run and started again, as the chart's ServiceAccount, the workers
+placed by the real scheduler (whose binding stamps PodScheduled) and ended by kwok (which stamps
+finishedAt).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Iterator
+from datetime import datetime
+from decimal import ROUND_HALF_UP, Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dgx_operator.catalog import Catalog
+from tests.chart.conftest import Rendered
+from tests.cluster.controlplane import EXIT_CODE_LABEL, ControlPlane
+from tests.cluster.operator import Operator, service_account, start_operator, token_kubeconfig
+from tests.e2e.jobs import INSTANCE, command_job, phase_is, running_with, wait_job, worker_pods
+from tests.e2e.kubectl import Kubectl, dig, wait_for
+
+TIMEOUT = 90
+CATALOG = Catalog.load()
+
+
+class Restartable:
+    """The module's operator, as the chart runs it, which a test may kill (SIGKILL: no shutdown
+    handlers, as when its node dies) and start again."""
+
+    def __init__(self, objects: list[Rendered], kubeconfig: Path, workdir: Path) -> None:
+        self.objects, self.kubeconfig, self.workdir = objects, kubeconfig, workdir
+        self.op: Operator | None = None
+
+    def start(self) -> Restartable:
+        self.op = start_operator(self.objects, self.kubeconfig, self.workdir)
+        return self
+
+    def kill(self) -> None:
+        assert self.op is not None
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.op.process.pid, signal.SIGKILL)
+        self.op.process.wait(10)
+
+    def stop(self) -> None:
+        if self.op is not None:
+            self.op.stop()
+
+    def forbidden(self) -> list[str]:
+        return self.op.forbidden() if self.op is not None else []
+
+
+@pytest.fixture(scope="module")
+def operator(
+    control_plane: ControlPlane, kubectl: Kubectl, chart: list[Rendered], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Restartable]:
+    workdir = tmp_path_factory.mktemp("operator")
+    kubeconfig = token_kubeconfig(control_plane, kubectl, workdir / "operator.kubeconfig", service_account(chart))
+    owner = __name__
+    running = control_plane.slot.take(owner, lambda: Restartable(chart, kubeconfig, workdir).start())
+    try:
+        yield running
+        assert running.forbidden() == [], "the chart's RBAC refused the operator"
+    finally:
+        control_plane.slot.release(owner)
+
+
+def stamp(value: str) -> datetime:
+    return datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+def used_by_pods(pods: list[dict[str, Any]]) -> int:
+    """GPU-seconds from what the pods themselves say: each one's GPUs times the span from its
+    binding (PodScheduled True) to its last container's end."""
+    total = 0
+    for pod in pods:
+        scheduled = next(c for c in pod["status"]["conditions"] if c["type"] == "PodScheduled")
+        ends = [dig(c, "state", "terminated", "finishedAt") for c in pod["status"]["containerStatuses"]]
+        gpus = int(pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"])
+        total += gpus * int((max(stamp(e) for e in ends) - stamp(scheduled["lastTransitionTime"])).total_seconds())
+    return total
+
+
+def usage_of(k: Kubectl, job: str) -> dict[str, Any]:
+    found: dict[str, Any] = dig(k.get("dgxjob", job), "status", "usage", default={}) or {}
+    return found
+
+
+def test_usage_equals_the_pods_spans_across_an_operator_killed_mid_run(
+    operator: Restartable, namespace: Kubectl
+) -> None:
+    namespace.apply(command_job("usage", min_nodes=2, max_nodes=2))
+    wait_job(namespace, "usage", "2/2 workers Running", running_with(2), timeout=TIMEOUT)
+    # The Running transition carries the usage so far.
+    first = wait_for("the usage written with Running", lambda: usage_of(namespace, "usage").get("accountedUntil"),
+                     timeout=TIMEOUT)  # fmt: skip
+    operator.kill()
+    time.sleep(3)  # the scenario, not a synchronisation: the workers run on while no operator counts
+    operator.start()
+    # A fresh process does not know when the status was last written: its first pass writes.
+    wait_for(
+        "the restarted operator to carry the usage on",
+        lambda: (usage_of(namespace, "usage").get("accountedUntil") or "") > first,
+        timeout=TIMEOUT,
+    )
+    # Worker 1 first (worker 0's success ends the job, and its other workers are deleted then).
+    namespace.run("label", "pod", "usage-worker-1", f"{EXIT_CODE_LABEL}=0", "--overwrite")
+    wait_for(
+        "worker 1 to finish its share",
+        lambda: dig(namespace.get("pod", "usage-worker-1"), "status", "phase") == "Succeeded",
+        timeout=TIMEOUT,
+    )
+    namespace.run("label", "pod", "usage-worker-0", f"{EXIT_CODE_LABEL}=0", "--overwrite")
+    wait_job(namespace, "usage", "Succeeded", phase_is("Succeeded"), timeout=TIMEOUT)
+    usage = wait_for(
+        "the final usage (no worker on a node)",
+        lambda: (u := usage_of(namespace, "usage")) and u.get("running") in (None, []) and u,
+        timeout=TIMEOUT,
+        diagnose=lambda: (
+            f"usage {usage_of(namespace, 'usage')}; pods {[p.get('status') for p in worker_pods(namespace, 'usage')]}"
+        ),  # noqa: E501
+    )
+    pods = worker_pods(namespace, "usage")
+    assert len(pods) == 2
+    expected = used_by_pods(pods)
+    assert usage["gpuSeconds"] == expected, f"pods say {expected} GPU-seconds, the status {usage}"
+    price = CATALOG.get(INSTANCE).price_per_gpu_hour
+    assert price is not None
+    cost = (Decimal(expected) * price / 3600).quantize(Decimal("0.01"), rounding=ROUND_HALF_UP)
+    assert usage["cost"] == str(cost)
+    assert usage["currency"] == "USD"
+    hours = (Decimal(expected) / 3600).quantize(Decimal("0.01"), rounding=ROUND_HALF_UP)
+    event = wait_for(
+        "the job's Usage event",
+        lambda: [e for e in namespace.select("events") if e.get("reason") == "Usage"],
+        timeout=TIMEOUT,
+    )
+    assert f"used {hours} GPU-hours on norm, {cost} USD" in event[0]["message"]
+    columns = namespace.run("get", "dgxjob", "usage", "--no-headers").stdout.split()
+    assert str(hours) in columns
+    assert str(cost) in columns
+
+
+def test_kubectl_get_shows_gpu_hours_and_cost_columns(operator: Restartable, namespace: Kubectl) -> None:
+    namespace.apply(command_job("columns"))
+    wait_job(namespace, "columns", "Running", running_with(1), timeout=TIMEOUT)
+    header, row = namespace.run("get", "dgxjob", "columns").stdout.splitlines()[:2]
+    names = header.split()
+    assert names[:8] == ["NAME", "PHASE", "INSTANCE", "NODES", "RESTARTS", "REASON", "GPU-HOURS", "COST"]
+    usage = usage_of(namespace, "columns")
+    assert row.split()[6:8] == [usage["gpuHours"], usage["cost"]]
