@@ -187,7 +187,8 @@ def _duration(
     """One duration field against its rule. ``what``: "" or " for interactive debug sessions"."""
     if value is None:
         if rule.default is not None:
-            return [], [f"{path} unset: {rule.default.value} applies ({rule.default.source.brief}){what}"]
+            session = " to this interactive debug session" if what else ""
+            return [], [f"{path} unset: {rule.default.value} applies{session} ({rule.default.source.brief})"]
         if rule.max is not None:
             return [
                 Problem(
