@@ -249,6 +249,11 @@ KINDS: tuple[Kind, ...] = (
             },
             {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
         ),
+        name_schema={
+            "type": "string",
+            "maxLength": 253,
+            "description": f"Always {LIMITS_NAME}: a namespace has one DGXLimits.",
+        },
         rules=(
             cel(
                 f"self.metadata.name == '{LIMITS_NAME}'",

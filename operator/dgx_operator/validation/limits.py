@@ -238,7 +238,7 @@ def check(job: DGXTrainingJob, limits: Effective, catalog: Catalog | None = None
     problems: list[Problem] = []
     warnings: list[str] = []
     interactive = _interactive(job)
-    for found in (
+    for refused, warned in (
         _duration(
             "spec.maxDuration",
             spec.max_duration,
@@ -248,8 +248,8 @@ def check(job: DGXTrainingJob, limits: Effective, catalog: Catalog | None = None
         ),
         _duration("spec.maxPending", spec.max_pending, limits.max_pending, ns, ""),
     ):
-        problems += found[0]
-        warnings += found[1]
+        problems += refused
+        warnings += warned
     if limits.max_nodes is not None:
         elastic = spec.elastic
         most = limits.max_nodes
@@ -263,8 +263,8 @@ def check(job: DGXTrainingJob, limits: Effective, catalog: Catalog | None = None
             )
     problems += _not_allowed("spec.instance", spec.instance, ns, limits.instances, glob=True)
     capacity = _capacity(spec.instance, catalog)
-    found = _not_allowed("spec.instance", capacity, ns, limits.capacities, glob=False)
-    problems += [Problem(p.path, f"{spec.instance}: capacity {p.message}") for p in found]
+    pools = _not_allowed("spec.instance", capacity, ns, limits.capacities, glob=False)
+    problems += [Problem(p.path, f"{spec.instance}: capacity {p.message}") for p in pools]
     problems += _not_allowed("spec.priority", spec.priority, ns, limits.priorities, glob=False)
     label = job.metadata.labels.get(KUEUE_PRIORITY_LABEL)
     if label:
