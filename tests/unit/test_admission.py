@@ -163,15 +163,27 @@ def test_only_the_old_objects_status_decides() -> None:
 
 
 class FakeKube:
-    """``get_mount`` as :class:`dgx_operator.kube.Kube` answers it: the stored mount, or None (404)."""
+    """``get_mount`` and ``get_limits`` as :class:`dgx_operator.kube.Kube` answers them: the stored object,
+    or None (404). ``limits``: a namespace's DGXLimits, or an exception its lookup raises."""
 
-    def __init__(self, mounts: Mapping[tuple[str, str], Body] | None = None) -> None:
+    def __init__(
+        self, mounts: Mapping[tuple[str, str], Body] | None = None, limits: Mapping[str, Any] | None = None
+    ) -> None:
         self.mounts = dict(mounts or {})
+        self.limits = dict(limits or {})
         self.asked: list[tuple[str, str]] = []
+        self.asked_limits: list[str] = []
 
     async def get_mount(self, namespace: str, name: str) -> Body | None:
         self.asked.append((namespace, name))
         return self.mounts.get((namespace, name))
+
+    async def get_limits(self, namespace: str) -> Body | None:
+        self.asked_limits.append(namespace)
+        found = self.limits.get(namespace)
+        if isinstance(found, BaseException):
+            raise found
+        return found
 
 
 def memo_for(kube: FakeKube | None = None, config: OperatorConfig | None = None) -> kopf.Memo:

@@ -38,7 +38,7 @@ INSTANCE_GLOB = pattern(
     "must be an instance type or a glob over them, such as dgxh100.80g.*.* or dgxa100.80g.8.spot "
     "(lower-case letters, digits, '.', '-', and the glob characters * ? [ ] !)",
 )
-CAPACITY = pattern(r"^[a-z]+$", "must be a capacity pool of the catalog, such as norm, spot or debug")
+CAPACITY = pattern(r"^[a-z][a-z]*$", "must be a capacity pool of the catalog, such as norm, spot or debug")
 
 InstanceGlob = Annotated[str, Field(min_length=1, max_length=64, pattern=INSTANCE_GLOB)]
 Capacity = Annotated[str, Field(min_length=1, max_length=32, pattern=CAPACITY)]

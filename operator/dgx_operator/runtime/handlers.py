@@ -87,6 +87,8 @@ async def startup(
         metrics=memo.metrics,
         progress_interval=config.progress_interval,
         status_interval=config.status_interval,
+        cluster_limits=config.limits,
+        limits_of=kube.get_limits,
     )
     if config.kueue:
         memo.controller.kueue = KueueSettings(manage_without_queue_name=config.kueue_manage_without_queue_name)
