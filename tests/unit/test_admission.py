@@ -19,7 +19,7 @@ import celpy
 import kopf
 import pytest
 import yaml
-from celpy import json_to_cel
+from celpy.adapter import json_to_cel
 
 from dgx_operator.api import DGXTrainingJob
 from dgx_operator.api.limits import KUEUE_PRIORITY_LABEL, LimitsSpec
