@@ -26,13 +26,15 @@ from typing import TYPE_CHECKING, Any, Literal, NoReturn
 import aiohttp
 
 from dgx_operator.api import GROUP, VERSION
-from dgx_operator.api.crdgen import DATA_MOUNTS, TRAINING_JOBS
+from dgx_operator.api.crdgen import DATA_MOUNTS, LIMITS, TRAINING_JOBS
+from dgx_operator.api.limits import LIMITS_NAME
 
 if TYPE_CHECKING:
     import kopf
 
 JOBS = TRAINING_JOBS.plural
 MOUNTS = DATA_MOUNTS.plural
+LIMIT_OBJECTS = LIMITS.plural
 MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
 JSON = "application/json"
@@ -408,6 +410,11 @@ class Kube:
 
     async def get_mount(self, namespace: str, name: str) -> dict[str, Any] | None:
         return await self._get(MOUNTS, namespace, name)
+
+    async def get_limits(self, namespace: str) -> dict[str, Any] | None:
+        """The namespace's guard rails (the DGXLimits named default), or None when it has none. A
+        cluster without the DGXLimits CRD answers 404 too: no limits."""
+        return await self._get(LIMIT_OBJECTS, namespace, LIMITS_NAME)
 
     async def list_jobs(self, namespace: str) -> list[dict[str, Any]]:
         try:

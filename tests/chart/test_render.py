@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from dgx_operator.catalog import Catalog
+from dgx_operator.runtime.settings import OperatorConfig
 from dgx_operator.webhook import admission
 from tests.chart.conftest import (
     CHART,
@@ -359,6 +360,7 @@ def test_names_follow_the_release() -> None:
         "team-a-kubedgx-metrics",
         "team-a-kubedgx-edit",
         "team-a-kubedgx-view",
+        "team-a-kubedgx-limits-admin",
     }
     objects = render({"fullnameOverride": "dgx"})
     assert {r.name for r in objects if r.kind == "Service"} == {"dgx-webhook", "dgx-metrics"}
@@ -688,14 +690,18 @@ def source_crds() -> dict[str, dict[str, Any]]:
 def test_the_crds_are_the_generated_ones_kept_on_uninstall() -> None:
     rendered = {c["metadata"]["name"]: c for c in find(render(), "CustomResourceDefinition")}
     sources = source_crds()
-    assert rendered.keys() == sources.keys() == {"dgxtrainingjobs.kubedgx.io", "dgxdatamounts.kubedgx.io"}
+    assert (
+        rendered.keys()
+        == sources.keys()
+        == {"dgxtrainingjobs.kubedgx.io", "dgxdatamounts.kubedgx.io", "dgxlimits.kubedgx.io"}
+    )
     for name, crd in rendered.items():
         assert crd["spec"] == sources[name]["spec"], (
             f"templates/crds differ from crds/: run python charts/kubedgx/hack/generate.py ({name})"
         )
         assert crd["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
     unkept = find(render({"crds": {"keep": False}}), "CustomResourceDefinition")
-    assert len(unkept) == 2
+    assert len(unkept) == 3
     assert all("annotations" not in c["metadata"] for c in unkept)
     assert find(render(dict(SCENARIOS)["no-crds"]), "CustomResourceDefinition") == []
 
@@ -783,3 +789,57 @@ def test_the_chart_describes_itself() -> None:
     # .helmignore keeps the generator out of the package; the Argo CD scripts and ci/ are in.
     assert not [name for name in packaged if name.startswith("hack/")]
     assert Path(CHART / ".helmignore").is_file()
+
+
+# -- guard rails (limits) ------------------------------------------------------------------------
+
+
+LIMITS_VALUE = {"maxDuration": {"default": "24h", "max": "168h"}, "priorities": ["low", "normal"], "maxNodes": 8}
+
+
+def test_the_charts_limits_reach_the_operator_as_a_file_it_reads_with_the_dgxlimits_schema(tmp_path: Path) -> None:
+    objects = render({"limits": LIMITS_VALUE})
+    data = one(objects, "ConfigMap", "kubedgx-limits")["data"]["limits.yaml"]
+    assert env(objects)["KUBEDGX_LIMITS"] == "/etc/kubedgx/limits/limits.yaml"
+    mounts = {m["name"]: m["mountPath"] for m in container(objects)["volumeMounts"]}
+    assert mounts["limits"] == "/etc/kubedgx/limits"
+    # The operator's own reader takes what the chart renders.
+    path = tmp_path / "limits.yaml"
+    path.write_text(data, encoding="utf-8")
+    read = OperatorConfig.from_env({"KUBEDGX_LIMITS": str(path)}).limits
+    assert read is not None
+    assert read.to_manifest() == LIMITS_VALUE
+
+
+def test_no_limits_render_nothing_and_a_change_rolls_the_operator() -> None:
+    plain = render()
+    assert find(plain, "ConfigMap", "kubedgx-limits") == []
+    assert "KUBEDGX_LIMITS" not in env(plain)
+
+    def checksum(values: dict[str, Any]) -> str | None:
+        annotations = deployment(render(values))["spec"]["template"]["metadata"]["annotations"]
+        return annotations.get("checksum/limits")
+
+    assert checksum({}) is None
+    assert checksum({"limits": LIMITS_VALUE}) != checksum({"limits": {**LIMITS_VALUE, "maxNodes": 4}})
+
+
+def test_a_limits_value_the_schema_refuses_fails_the_install() -> None:
+    with pytest.raises(Exception, match="limits"):
+        render({"limits": {"maxDuration": {"max": "3 days"}}})
+    with pytest.raises(Exception, match="limits"):
+        render({"limits": {"priority": ["low"]}})
+
+
+def test_users_read_dgxlimits_and_only_the_limits_admin_role_writes_them() -> None:
+    roles = {r.name: r.obj for r in render() if r.kind == "ClusterRole"}
+    writes = {"create", "update", "patch", "delete", "deletecollection"}
+    for name, role in roles.items():
+        for rule in role["rules"]:
+            if "dgxlimits" in rule["resources"] and writes & set(rule["verbs"]):
+                assert name == "kubedgx-limits-admin", name
+    admin = roles["kubedgx-limits-admin"]
+    assert "aggregationRule" not in admin
+    assert not any(k.startswith("rbac.authorization.k8s.io/aggregate") for k in admin["metadata"]["labels"])
+    view = roles["kubedgx-view"]["rules"]
+    assert any("dgxlimits" in r["resources"] and r["verbs"] == ["get", "list", "watch"] for r in view)

@@ -123,7 +123,7 @@ def test_usage_equals_the_pods_spans_across_an_operator_killed_mid_run(
         timeout=TIMEOUT,
         diagnose=lambda: (
             f"usage {usage_of(namespace, 'usage')}; pods {[p.get('status') for p in worker_pods(namespace, 'usage')]}"
-        ),  # noqa: E501
+        ),
     )
     pods = worker_pods(namespace, "usage")
     assert len(pods) == 2

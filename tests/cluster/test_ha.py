@@ -286,7 +286,7 @@ def test_the_replicas_share_one_certificate_whose_ca_is_the_release_s_configurat
     for hook in vwc["webhooks"]:
         assert hook["timeoutSeconds"] == 8  # webhook.timeoutSeconds
         assert hook["namespaceSelector"]["matchExpressions"][0]["values"] == [JOBS_NAMESPACE]
-        assert [c["name"] for c in hook["matchConditions"]] == ["not-being-deleted", "spec-changed"]
+        assert [c["name"] for c in hook["matchConditions"]] == ["not-being-deleted", "spec-or-priority-class-changed"]
     certificate = x509.load_pem_x509_certificate(base64.b64decode(data["tls.crt"])).public_bytes(Encoding.DER)
     pods = ha.ready_pods()
     assert len(pods) == 2

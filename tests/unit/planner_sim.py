@@ -22,6 +22,7 @@ from dgx_operator.catalog import Catalog
 from dgx_operator.reconcile.planner import MountState, Observed, Plan, plan
 from dgx_operator.reconcile.pods import PodView
 from dgx_operator.render import BuildContext, JobIdentity, resolve, worker_pod
+from dgx_operator.validation.limits import Effective
 from tests.conftest import BASE_JOB, BASE_MOUNT, with_changes
 
 UID = "8a1f3c52-6b0e-4d7a-9c21-5e4f3a2b1c0d"
@@ -348,8 +349,10 @@ class Sim:
         shared: bool = True,
         progress: Mapping[str, Any] | None = None,
         progress_live: bool = False,
+        limits: Effective | None = None,
     ) -> Plan:
         """Plan at ``T0 + at_s`` (time never goes backwards) and apply the status, as the operator would.
+        ``limits``: the namespace's guard rails as observed (the planner reads them at the first pass only).
 
         Every step also checks the stability property (see :func:`assert_stable`).
         """
@@ -366,6 +369,7 @@ class Sim:
             status_interval=self.status_interval,
             status_held_since=self.held_since,
             usage_interval=self.usage_interval,
+            limits=limits,
         )
         assert_stable(self.job, self.ctx, observed, self.now)
         result = plan(self.job, self.ctx, observed, self.now)

@@ -15,11 +15,14 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import celpy
 import kopf
 import pytest
 import yaml
+from celpy.adapter import json_to_cel
 
 from dgx_operator.api import DGXTrainingJob
+from dgx_operator.api.limits import KUEUE_PRIORITY_LABEL, LimitsSpec
 from dgx_operator.catalog import Catalog
 from dgx_operator.kube import ApiError
 from dgx_operator.render import JobIdentity, trainer_config_map
@@ -163,15 +166,27 @@ def test_only_the_old_objects_status_decides() -> None:
 
 
 class FakeKube:
-    """``get_mount`` as :class:`dgx_operator.kube.Kube` answers it: the stored mount, or None (404)."""
+    """``get_mount`` and ``get_limits`` as :class:`dgx_operator.kube.Kube` answers them: the stored object,
+    or None (404). ``limits``: a namespace's DGXLimits, or an exception its lookup raises."""
 
-    def __init__(self, mounts: Mapping[tuple[str, str], Body] | None = None) -> None:
+    def __init__(
+        self, mounts: Mapping[tuple[str, str], Body] | None = None, limits: Mapping[str, Any] | None = None
+    ) -> None:
         self.mounts = dict(mounts or {})
+        self.limits = dict(limits or {})
         self.asked: list[tuple[str, str]] = []
+        self.asked_limits: list[str] = []
 
     async def get_mount(self, namespace: str, name: str) -> Body | None:
         self.asked.append((namespace, name))
         return self.mounts.get((namespace, name))
+
+    async def get_limits(self, namespace: str) -> Body | None:
+        self.asked_limits.append(namespace)
+        found = self.limits.get(namespace)
+        if isinstance(found, BaseException):
+            raise found
+        return found
 
 
 def memo_for(kube: FakeKube | None = None, config: OperatorConfig | None = None) -> kopf.Memo:
@@ -682,3 +697,125 @@ def test_a_restartable_job_without_durable_checkpoints_is_admitted_with_one_warn
     assert line.startswith(
         "spec.dataMounts[0]: this job can be restarted in a new pod (spot capacity), but DGXDataMoun"
     )
+
+
+# -- guard rails (DGXLimits and the chart's limits) --------------------------------------------------------------
+
+
+def dgx_limits(spec: dict[str, Any], namespace: str = "ml") -> Body:
+    return {
+        "apiVersion": "kubedgx.io/v1alpha1",
+        "kind": "DGXLimits",
+        "metadata": {"name": "default", "namespace": namespace},
+        "spec": spec,
+    }
+
+
+LIMITED = {"maxDuration": {"default": "24h", "max": "72h"}, "priorities": ["low", "normal"]}
+
+
+def test_a_job_over_the_namespaces_limit_is_refused_naming_the_limit_and_where_it_is_set() -> None:
+    kube = FakeKube(limits={"ml": dgx_limits(LIMITED)})
+    message = refusal(with_changes(BASE_JOB, {"spec.maxDuration": "96h", "spec.priority": "high"}), memo=memo_for(kube))
+    assert message.splitlines() == [
+        "spec.maxDuration: 96h exceeds the maximum 72h set by DGXLimits ml/default (spec.maxDuration.max)",
+        "spec.priority: high is not allowed in namespace ml (DGXLimits ml/default allows low, normal)",
+    ]
+    assert kube.asked_limits == ["ml"]
+
+
+def test_a_default_that_applies_is_a_warning_and_is_not_written_into_the_job() -> None:
+    kube = FakeKube(limits={"ml": dgx_limits(LIMITED)})
+    job = with_changes(BASE_JOB, {"spec.restartPolicy": "Never"})  # no checkpoint warning beside it
+    assert warned(job, memo_for(kube)) == ["spec.maxDuration unset: 24h applies (DGXLimits ml/default)"]
+    assert "maxDuration" not in job["spec"]
+
+
+def test_the_charts_limits_apply_without_a_dgxlimits() -> None:
+    config = OperatorConfig(limits=LimitsSpec.model_validate({"maxNodes": 2}))
+    message = refusal(with_changes(BASE_JOB, {"spec.elastic.maxNodes": 4}), memo=memo_for(FakeKube(), config))
+    assert message == (
+        "spec.elastic.maxNodes: 4 exceeds the maximum of 2 nodes per job set by the chart value limits.maxNodes"
+    )
+
+
+@pytest.mark.parametrize(
+    ("answer", "reason"),
+    [
+        pytest.param(ApiError(status=403, reason="Forbidden"), "the API server answered HTTP 403 Forbidden", id="rbac"),
+        pytest.param(aiohttp.ClientConnectionError("refused"), "refused", id="connection"),
+    ],
+)
+def test_limits_that_cannot_be_looked_up_refuse_for_now_rather_than_let_the_job_through(
+    answer: BaseException, reason: str
+) -> None:
+    error = review(BASE_JOB, memo=memo_for(FakeKube(limits={"ml": answer})))
+    assert error is not None
+    assert error.code == admission.RETRY_CODE
+    assert str(error) == (
+        f"spec: cannot check against DGXLimits ml/default (the namespace's guard rails): {reason}; retry"
+    )
+
+
+def test_a_dgxlimits_this_kubedgx_cannot_read_refuses_for_now_saying_why() -> None:
+    broken = dgx_limits({"maxNodes": "many"})
+    error = review(BASE_JOB, memo=memo_for(FakeKube(limits={"ml": broken})))
+    assert error is not None
+    assert error.code == admission.RETRY_CODE
+    assert str(error).startswith(
+        "spec: cannot check against DGXLimits ml/default (the namespace's guard rails): DGXLimits cannot be read by "
+        "this kubedgx (spec.maxNodes: "
+    )
+
+
+def test_an_update_is_refused_only_for_the_limit_it_breaks() -> None:
+    """A limit set after the job was made refuses no edit (Kueue flips spec.suspend), only a new breach."""
+    kube = FakeKube(limits={"ml": dgx_limits(LIMITED)})
+    old = job_in("Pending", base=with_changes(BASE_JOB, {"spec.maxDuration": "96h"}))
+    assert review(edited(old, {"spec.suspend": True}), old, "UPDATE", memo_for(kube)) is None
+    assert review(edited(old, {"spec.backoffLimit": 5}), old, "UPDATE", memo_for(kube)) is None
+    assert refusal(edited(old, {"spec.priority": "high"}), old, "UPDATE", memo_for(kube)) == (
+        "spec.priority: high is not allowed in namespace ml (DGXLimits ml/default allows low, normal)"
+    )
+
+
+def test_adding_the_kueue_priority_class_label_later_is_checked() -> None:
+    """A metadata-only update, which the webhook otherwise never refuses (open question 10)."""
+    kube = FakeKube(limits={"ml": dgx_limits({"kueuePriorityClasses": ["research"]})})
+    old = job_in("Running")
+    labelled = edited(old, {"metadata.labels": {KUEUE_PRIORITY_LABEL: "production"}})
+    assert refusal(labelled, old, "UPDATE", memo_for(kube)) == (
+        'metadata.labels["kueue.x-k8s.io/priority-class"]: production is not allowed in namespace ml '
+        "(DGXLimits ml/default allows research)"
+    )
+    assert (
+        review(edited(old, {"metadata.labels": {KUEUE_PRIORITY_LABEL: "research"}}), old, "UPDATE", memo_for(kube))
+        is None
+    )
+    # Other labels are never checked, nor looked up for.
+    asked = len(kube.asked_limits)
+    assert review(edited(old, {"metadata.labels": {"team": "nlp"}}), old, "UPDATE", memo_for(kube)) is None
+    assert len(kube.asked_limits) == asked
+
+
+def test_the_match_conditions_send_priority_class_label_changes_and_no_other_metadata_update() -> None:
+    """The apiserver's matchConditions, evaluated offline with cel-python as the apiserver would."""
+    (_, changed) = admission.MATCH_CONDITIONS
+    env = celpy.Environment()
+    program = env.program(env.compile(changed["expression"]))
+
+    def sent(old: Body, new: Body) -> bool:
+        request = {"operation": "UPDATE"}
+        return bool(
+            program.evaluate(
+                {"object": json_to_cel(new), "oldObject": json_to_cel(old), "request": json_to_cel(request)}
+            )
+        )
+
+    old = job_in("Running")
+    labelled = edited(old, {"metadata.labels": {KUEUE_PRIORITY_LABEL: "x"}})
+    assert sent(old, labelled)
+    assert sent(labelled, edited(labelled, {"metadata.labels": {}}))
+    assert sent(old, edited(old, {"spec.suspend": True}))
+    assert not sent(old, edited(old, {"metadata.labels": {"team": "nlp"}}))
+    assert not sent(old, edited(old, {"metadata.finalizers": ["kubedgx.io/finalizer"]}))

@@ -37,7 +37,10 @@ SOURCES = Path(settings.__file__).parents[1]
 REGENERATE = f"run `python -m {settings.__name__} docs/operator.md` and commit the result"
 
 #: Renderings beyond the chart's ci/ scenarios that set the variables those leave out.
-MORE_VALUES: list[dict[str, Any]] = [{"caBundle": {"configMap": {"name": "trust-bundle"}}}]
+MORE_VALUES: list[dict[str, Any]] = [
+    {"caBundle": {"configMap": {"name": "trust-bundle"}}},
+    {"limits": {"maxDuration": {"default": "24h"}}},
+]
 #: Variables the chart sets that are no operator setting, and why.
 NOT_SETTINGS = {"POD_NAME": "the pod's name (downward API): leader.default_identity's part, not a setting"}
 
@@ -116,6 +119,7 @@ OTHER_VALUE: dict[str, Any] = {
     "webhook.failurePolicy": "Ignore",
     "caBundle": {"configMap": {"name": "trust-bundle"}},
     "usageInterval": "6m",
+    "limits": {"maxNodes": 4},
 }
 #: Values the change needs besides (more than one replica needs leader election).
 ALSO: dict[str, dict[str, Any]] = {"leaderElection.enabled": {"replicaCount": 1}}
@@ -150,10 +154,13 @@ def at(key: str, value: Any) -> dict[str, Any]:
 
 
 def seen(setting: Setting, objects: list[Rendered]) -> Any:
-    """What the chart gives the setting: the variable's value (None: not set). KUBEDGX_CATALOG is a
-    fixed path: its chart value decides the file there, the catalog ConfigMap."""
+    """What the chart gives the setting: the variable's value (None: not set). KUBEDGX_CATALOG and
+    KUBEDGX_LIMITS are fixed paths: their chart values decide the files there, their ConfigMaps."""
     if setting.variable == "KUBEDGX_CATALOG":
         return one(objects, "ConfigMap", "kubedgx-catalog")["data"]
+    if setting.variable == "KUBEDGX_LIMITS":  # a fixed path too, set when the limits ConfigMap is rendered
+        found = [r.obj["data"] for r in objects if r.kind == "ConfigMap" and r.name == "kubedgx-limits"]
+        return (env(objects).get(setting.variable), found)
     return env(objects).get(setting.variable)
 
 

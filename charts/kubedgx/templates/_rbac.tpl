@@ -19,6 +19,11 @@ watches every namespace, a Role in each namespace of watchNamespaces otherwise.
 - apiGroups: ["kubedgx.io"]
   resources: ["dgxdatamounts"]
   verbs: ["get", "list", "watch", "patch"]
+# Application and admission: a namespace's guard rails (DGXLimits "default") are read by the webhook at
+# each create or change of a job, and by the operator at a job's first pass (its defaults).
+- apiGroups: ["kubedgx.io"]
+  resources: ["dgxlimits"]
+  verbs: ["get"]
 # Application: phase, conditions, progress and listings are written to the status subresources.
 - apiGroups: ["kubedgx.io"]
   resources: ["dgxtrainingjobs/status", "dgxdatamounts/status"]

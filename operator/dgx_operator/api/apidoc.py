@@ -64,7 +64,7 @@ def _rules(node: Mapping[str, Any], path: str) -> Iterator[str]:
 def section(kind: str, plural: str, short_name: str, schema: Mapping[str, Any]) -> str:
     """One kind's reference, from its CRD openAPIV3Schema."""
     spec = schema["properties"]["spec"]
-    status = schema["properties"]["status"]
+    status = schema["properties"].get("status")
     lines = [
         f"## {kind}",
         "",
@@ -80,15 +80,24 @@ def section(kind: str, plural: str, short_name: str, schema: Mapping[str, Any]) 
         "",
         "### Cross-field rules (CEL, enforced by the API server)",
         "",
+        *(
+            f"- `{r.get('fieldPath', '.').lstrip('.') or '.'}`: {r.get('message')}"
+            for r in schema.get("x-kubernetes-validations", [])
+        ),
         *_rules(spec, "spec"),
         "",
-        "### status",
-        "",
-        "| Field | Type | Description |",
-        "|---|---|---|",
-        *_rows(status, "status", False),
-        "",
     ]
+    if status is not None:
+        lines += [
+            "### status",
+            "",
+            "| Field | Type | Description |",
+            "|---|---|---|",
+            *_rows(status, "status", False),
+            "",
+        ]
+    else:
+        lines += ["No status: nothing observes it.", ""]
     return "\n".join(lines)
 
 

@@ -15,10 +15,12 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from dgx_api.schema import structural_schema
+from dgx_api.schema import cel, structural_schema
 from dgx_operator.api import GROUP, VERSION, apidoc
 from dgx_operator.api.common import JOB_KIND, MOUNT_KIND
 from dgx_operator.api.datamount import DGXDataMountSpec, DGXDataMountStatus
+from dgx_operator.api.limits import KIND as LIMITS_KIND
+from dgx_operator.api.limits import LIMITS_NAME, LimitsSpec
 from dgx_operator.api.trainingjob import (
     JOB_NAME_PATTERN,
     MAX_JOB_NAME,
@@ -34,11 +36,14 @@ class Kind:
     singular: str
     short_names: tuple[str, ...]
     spec: type[BaseModel]
-    status: type[BaseModel]
+    #: None: the kind has no status (and no status subresource): nothing observes it.
+    status: type[BaseModel] | None
     description: str
     columns: tuple[dict[str, Any], ...]
     #: Restrictions on metadata.name (the only metadata field a CRD schema may restrict).
     name_schema: dict[str, Any] | None = None
+    #: CEL rules on the whole object (``self.metadata.name`` is the only metadata they may read).
+    rules: tuple[dict[str, str], ...] = ()
 
     @property
     def resource(self) -> tuple[str, str, str]:
@@ -210,6 +215,72 @@ KINDS: tuple[Kind, ...] = (
             {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
         ),
     ),
+    Kind(
+        kind=LIMITS_KIND,
+        plural="dgxlimits",
+        singular="dgxlimits",
+        short_names=("dgxlim",),
+        spec=LimitsSpec,
+        status=None,
+        description=(
+            "A namespace's guard rails for DGXTrainingJobs (as LimitRange is for pods): default and maximum "
+            "maxDuration and maxPending, the end of interactive sessions, nodes per job, allowed instance types, "
+            "capacities and priorities. One per namespace, named default; enforced at kubectl apply by the "
+            "kubedgx webhook."
+        ),
+        columns=(
+            {
+                "name": "Max-Duration",
+                "type": "string",
+                "jsonPath": ".spec.maxDuration.max",
+                "description": "The longest maxDuration a job may ask for.",
+            },
+            {
+                "name": "Default-Duration",
+                "type": "string",
+                "jsonPath": ".spec.maxDuration.default",
+                "description": "The maxDuration of a job that sets none.",
+            },
+            {
+                "name": "Interactive",
+                "type": "string",
+                "jsonPath": ".spec.interactive.default",
+                "description": "The maxDuration of an interactive debug session that sets none.",
+            },
+            {
+                "name": "Max-Nodes",
+                "type": "integer",
+                "jsonPath": ".spec.maxNodes",
+                "description": "The most nodes per job.",
+            },
+            {
+                "name": "Priorities",
+                "type": "string",
+                "jsonPath": ".spec.priorities",
+                "description": "Allowed values of spec.priority.",
+            },
+            {
+                "name": "Instances",
+                "type": "string",
+                "jsonPath": ".spec.instances",
+                "priority": 1,
+                "description": "Allowed instance types (globs).",
+            },
+            {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+        ),
+        name_schema={
+            "type": "string",
+            "maxLength": 253,
+            "description": f"Always {LIMITS_NAME}: a namespace has one DGXLimits.",
+        },
+        rules=(
+            cel(
+                f"self.metadata.name == '{LIMITS_NAME}'",
+                f"a namespace has one DGXLimits, named {LIMITS_NAME}: rename it to {LIMITS_NAME}",
+                field_path=".metadata.name",
+            ),
+        ),
+    ),
 )
 
 
@@ -224,6 +295,7 @@ def kind_by_name(kind: str) -> Kind:
 #: cluster client, the metrics): one source, so a rename or a new version cannot miss a place.
 TRAINING_JOBS: Kind = kind_by_name(JOB_KIND)
 DATA_MOUNTS: Kind = kind_by_name(MOUNT_KIND)
+LIMITS: Kind = kind_by_name(LIMITS_KIND)
 
 
 def openapi_schema(kind: Kind) -> dict[str, Any]:
@@ -243,11 +315,14 @@ def openapi_schema(kind: Kind) -> dict[str, Any]:
             },
             "metadata": {"type": "object"},
             "spec": structural_schema(kind.spec),
-            "status": structural_schema(kind.status),
         },
     }
+    if kind.status is not None:
+        schema["properties"]["status"] = structural_schema(kind.status)
     if kind.name_schema is not None:
         schema["properties"]["metadata"]["properties"] = {"name": dict(kind.name_schema)}
+    if kind.rules:
+        schema["x-kubernetes-validations"] = [dict(r) for r in kind.rules]
     return schema
 
 
@@ -276,7 +351,7 @@ def crd(kind: Kind) -> dict[str, Any]:
                     "name": VERSION,
                     "served": True,
                     "storage": True,
-                    "subresources": {"status": {}},
+                    **({"subresources": {"status": {}}} if kind.status is not None else {}),
                     "additionalPrinterColumns": [dict(c) for c in kind.columns],
                     "schema": {"openAPIV3Schema": openapi_schema(kind)},
                 }

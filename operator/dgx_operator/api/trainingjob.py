@@ -522,6 +522,26 @@ class Usage(KubeModel):
     )
 
 
+class PinnedLimits(KubeModel):
+    """The defaults of the namespace's limits (DGXLimits, the chart's limits) this job took for the
+    fields its spec leaves unset, fixed at its first pass: a later edit of the limits does not move
+    a running job's deadline. The spec, when it sets a field, always wins."""
+
+    max_duration: Duration | None = Field(
+        default=None, description="The maxDuration the job runs under (its spec sets none)."
+    )
+    max_pending: Duration | None = Field(
+        default=None, description="The maxPending the job runs under (its spec sets none)."
+    )
+    source: str = Field(
+        default="",
+        max_length=1024,
+        description=(
+            "Where the defaults are set, e.g. DGXLimits team-a/default or the chart value limits.maxDuration.default."
+        ),
+    )
+
+
 class DGXTrainingJobStatus(KubeModel):
     """What the operator observed, never what it hopes: written only by the operator."""
 
@@ -559,6 +579,12 @@ class DGXTrainingJobStatus(KubeModel):
     )
     start_time: datetime | None = Field(
         default=None, description="When the current run started (maxDuration counts from here)."
+    )
+    limits: PinnedLimits | None = Field(
+        default=None,
+        description=(
+            "The defaults of the namespace's guard rails (DGXLimits) this job runs under, pinned at its first pass."
+        ),
     )
     completion_time: datetime | None = Field(default=None, description="When the job succeeded or failed.")
     progress: Progress | None = Field(default=None, description="Training progress reported by the trainer.")

@@ -30,10 +30,14 @@ from dgx_operator.api import API_VERSION, DGXDataMount, DGXDataMountSpec, DGXTra
 from dgx_operator.api.common import JOB_KIND, MOUNT_KIND
 from dgx_operator.api.crdgen import KINDS
 from dgx_operator.api.crdgen import render as render_crd
+from dgx_operator.api.limits import KIND as LIMITS_KIND
+from dgx_operator.api.limits import DGXLimits
 from dgx_operator.catalog import Catalog, CatalogError
 from dgx_operator.render import BuildContext, BuildError, Defaults, build_children
 from dgx_operator.render.resolved import DEFAULT_TRAINER_IMAGE
 from dgx_operator.validation.durability import reference_warnings
+from dgx_operator.validation.limits import check as check_limits
+from dgx_operator.validation.limits import effective as effective_limits
 from dgx_operator.validation.objectmeta import dns1123_label_errors
 from dgx_operator.validation.validator import (
     DEFAULT_KUBE_VERSION,
@@ -136,6 +140,43 @@ def _catalog(path: str | None, err: TextIO) -> Catalog | None:
         return None
 
 
+def _limits(path: str, validator: Validator, stdin: TextIO, err: TextIO) -> dict[str, DGXLimits] | int:
+    """The DGXLimits of the file ``--limits`` names, by namespace, or the exit code (2) when it is unusable."""
+    loaded = _load_all([path], stdin, err)
+    if isinstance(loaded, int):
+        return 2
+    found: dict[str, DGXLimits] = {}
+    for doc in loaded:
+        if not isinstance(doc.obj, dict) or doc.obj.get("kind") != LIMITS_KIND:
+            continue
+        outcome = validator.validate(doc.obj)
+        if not outcome.ok:
+            for problem in outcome.problems:
+                print(f"kubedgx validate: --limits {_line(doc, problem)}", file=err)
+            return 2
+        limits = DGXLimits.model_validate(doc.obj)
+        found[limits.metadata.namespace or "default"] = limits
+    if not found:
+        print(f"kubedgx validate: --limits {path}: no DGXLimits in it (kind: DGXLimits, apiVersion: {API_VERSION})",
+              file=err)  # fmt: skip
+        return 2
+    return found
+
+
+def _limit_check(
+    job: DGXTrainingJob, given: Mapping[str, DGXLimits], catalog: Catalog
+) -> tuple[list[Problem], list[str]]:
+    """The webhook's guard-rail check of ``job`` offline: against the DGXLimits of its namespace, or the
+    only one given (a job manifest often names no namespace; kubectl picks it when applying)."""
+    namespace = job.metadata.namespace
+    limits = given.get(namespace or "default")
+    if limits is None and len(given) == 1:
+        limits = next(iter(given.values()))
+    if limits is None:
+        return [], []
+    return check_limits(job, effective_limits(None, limits, namespace or limits.metadata.namespace), catalog)
+
+
 def _line(doc: Document, problem: Problem) -> str:
     return f"{doc.source}: {doc.label}: {problem}"
 
@@ -172,10 +213,25 @@ def cmd_validate(args: argparse.Namespace, out: TextIO, err: TextIO, stdin: Text
     for i, problem in reference_problems(validator.catalog, valid):
         print(_line(docs[i], problem), file=out)
         invalid.add(i)
+    limit_warnings: list[tuple[int, str]] = []
+    if getattr(args, "limits", None) is not None:
+        given = _limits(args.limits, validator, stdin, err)
+        if isinstance(given, int):
+            return given
+        for i, doc in enumerate(docs):
+            if i in invalid or not isinstance(doc.obj, dict) or doc.obj.get("kind") != JOB_KIND:
+                continue
+            if doc.obj.get("apiVersion") != API_VERSION:
+                continue
+            problems, warned = _limit_check(DGXTrainingJob.model_validate(doc.obj), given, validator.catalog)
+            for problem in problems:
+                print(_line(doc, problem), file=out)
+                invalid.add(i)
+            limit_warnings += [(i, w) for w in warned]
     # Warnings, as kubectl prints the webhook's: on stderr, the exit code unchanged, -q or not (a
     # warning says something about the job; -q only drops the summary).
     sound = [(doc.obj, i) for i, doc in enumerate(docs) if i not in invalid]
-    for i, warning in reference_warnings(validator.catalog, sound):
+    for i, warning in [*limit_warnings, *reference_warnings(validator.catalog, sound)]:
         print(f"{docs[i].source}: {docs[i].label}: warning: {warning}", file=err)
     if not args.quiet:
         summary = f"{len(docs)} object(s) checked, {len(invalid)} invalid" if docs else "no objects found"
@@ -324,6 +380,7 @@ def cmd_run(args: argparse.Namespace, out: TextIO, err: TextIO, stdin: TextIO) -
 #: `kubedgx operator` flags -> the variables they override (flags win over the environment).
 OPERATOR_FLAGS = {
     "catalog": "KUBEDGX_CATALOG",
+    "limits": "KUBEDGX_LIMITS",
     "trainer_image": "KUBEDGX_TRAINER_IMAGE",
     "datasync_image": "KUBEDGX_DATASYNC_IMAGE",
     "cache_root": "KUBEDGX_CACHE_ROOT",
@@ -518,6 +575,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     v.add_argument("files", nargs="+", metavar="FILE", help="YAML files (multi-document); - for stdin")
     v.add_argument("-q", "--quiet", action="store_true", help="no summary line")
+    v.add_argument(
+        "--limits",
+        metavar="FILE",
+        help="a DGXLimits manifest: check each job against it as the webhook would (the DGXLimits of the job's "
+        "namespace, or the only one given); its defaults are printed as warnings",
+    )
     common(v)
     v.set_defaults(func=cmd_validate)
 
@@ -577,6 +640,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     scope.add_argument("-A", "--all-namespaces", action="store_true", help="watch every namespace")
     o.add_argument("--catalog", metavar="FILE", help="instance catalog YAML (default: $KUBEDGX_CATALOG or built-in)")
+    o.add_argument(
+        "--limits", metavar="FILE", help="cluster-wide guard rails, YAML of a DGXLimits spec ($KUBEDGX_LIMITS)"
+    )
     o.add_argument("--trainer-image", help="default trainer image ($KUBEDGX_TRAINER_IMAGE)")
     o.add_argument("--datasync-image", help="data sync containers' image ($KUBEDGX_DATASYNC_IMAGE; default: trainer's)")
     o.add_argument("--cache-root", metavar="PATH", help="node-local data cache ($KUBEDGX_CACHE_ROOT; /raid/kubedgx)")

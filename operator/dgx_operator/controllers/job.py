@@ -21,6 +21,8 @@ from datetime import datetime
 from typing import Any, ClassVar
 
 from dgx_operator.api import DGXTrainingJob
+from dgx_operator.api.limits import KIND as LIMITS_KIND
+from dgx_operator.api.limits import LIMITS_NAME, DGXLimits, LimitsSpec
 from dgx_operator.api.trainingjob import DGXTrainingJobStatus
 from dgx_operator.api.vocabulary import JobPhase, JobReason
 from dgx_operator.catalog import Catalog
@@ -57,6 +59,7 @@ from dgx_operator.render.names import (
     service_name,
 )
 from dgx_operator.render.resolved import Defaults
+from dgx_operator.validation.limits import Effective, effective, parse_limits
 
 log = logging.getLogger("kubedgx")
 
@@ -118,6 +121,8 @@ ConfigMapSource = Callable[[str, str], list[tuple[str, str | None]]]
 #: (namespace, job) -> the Workloads that job controls (slim bodies, see queueing.slim_workload).
 WorkloadSource = Callable[[str, str], list[Mapping[str, Any]]]
 FlavorSource = Callable[[], Mapping[str, Flavor]]
+#: namespace -> its DGXLimits "default" as stored (None: it has none), read with the operator's client.
+LimitsSource = Callable[[str], Awaitable[Mapping[str, Any] | None]]
 
 #: How long a discovery of Kueue's API is trusted: not installed (look again soon: an admin may be
 #: installing it), installed (its version changes only with an upgrade).
@@ -168,6 +173,10 @@ class Controller(ReconcileLoop):
     kueue: KueueSettings | None = None
     workloads_of: WorkloadSource = _no_workloads
     flavors_of: FlavorSource = _no_flavors
+    #: The guard rails of every namespace (the chart's limits); combined with each namespace's
+    #: DGXLimits, read through ``limits_of`` (None: not read), at a job's first pass only.
+    cluster_limits: LimitsSpec | None = None
+    limits_of: LimitsSource | None = None
     #: (the served Workload version or None, when it was discovered).
     kueue_api: tuple[str | None, float] | None = None
     #: Seconds between two reads of a running worker 0's log for its progress (0: never read). It
@@ -330,7 +339,10 @@ class Controller(ReconcileLoop):
         wanted = current[0] if current is not None else None
         queueing = await self.queueing(job) if self.kueue is not None else None
         progress = await self.live_progress(key, job, views)
+        first = job.status is None or job.status.phase is None
+        limits = await self.limits(job) if first else None
         observed = Observed(
+            limits=limits,
             progress=progress,
             progress_live=self.progress_interval > 0,
             status_written_at=self.status_writes.get(key),
@@ -420,6 +432,24 @@ class Controller(ReconcileLoop):
             self.progress_seen[key] = (shape, first)
             report = {**report, "updatedAt": first.strftime("%Y-%m-%dT%H:%M:%SZ")}
         return report
+
+    async def limits(self, job: DGXTrainingJob) -> Effective | None:
+        """The guard rails of the job's namespace (planner.guardrails), or None when there are none.
+        A DGXLimits this kubedgx cannot read is left out, with a warning in the log: the webhook has
+        refused the job's create while it is unreadable, so this job came past it, and failing it for
+        the admin's object would be the wrong party's fault. A failed read is raised (retried)."""
+        namespace = job.metadata.namespace or "default"
+        found: DGXLimits | None = None
+        if self.limits_of is not None:
+            body = await self.limits_of(namespace)
+            if body is not None:
+                found, why = parse_limits({k: v for k, v in body.items() if k != "status"})
+                if why is not None:
+                    log.warning("%s %s/%s: %s; its limits are not applied", LIMITS_KIND, namespace, LIMITS_NAME, why)
+        if found is None and self.cluster_limits is None:
+            return None
+        limits = effective(self.cluster_limits, found, namespace)
+        return None if limits.empty else limits
 
     # -- Kueue ------------------------------------------------------------------------------------
 

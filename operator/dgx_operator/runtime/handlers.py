@@ -89,6 +89,8 @@ async def startup(
         progress_interval=config.progress_interval,
         status_interval=config.status_interval,
         usage_interval=config.usage_interval,
+        cluster_limits=config.limits,
+        limits_of=kube.get_limits,
     )
     if config.kueue:
         memo.controller.kueue = KueueSettings(manage_without_queue_name=config.kueue_manage_without_queue_name)

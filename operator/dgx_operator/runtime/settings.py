@@ -24,8 +24,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 import kopf
+import yaml
+from pydantic import ValidationError
 
 from dgx_datasync import trust
+from dgx_operator.api.limits import LimitsSpec
 from dgx_operator.catalog import Catalog
 from dgx_operator.render.names import JOB_LABEL
 from dgx_operator.render.resolved import DEFAULT_TRAINER_IMAGE, Defaults
@@ -135,6 +138,7 @@ PRIORITY_MAP = Kind(
     lambda mapping: _code(",".join(f"{k}={v}" for k, v in mapping.items())),
 )
 PEM_FILE = Kind("PEM file (absolute path)", lambda env, name, default: env.ca_bundle(name) or default)
+LIMITS_FILE = Kind("YAML file (absolute path)", lambda env, name, default: env.limits(name) or default)
 WEBHOOK_SECONDS = Kind("seconds (1-30)", lambda env, name, default: env.webhook_timeout(name, default))
 
 
@@ -183,6 +187,18 @@ SETTINGS: tuple[Setting, ...] = (
         chart="catalog",
         flag="--catalog",
         unset="built-in catalog",
+    ),
+    Setting(
+        "KUBEDGX_LIMITS",
+        LIMITS_FILE,
+        None,
+        "limits",
+        "cluster-wide guard rails for jobs, the fields of a DGXLimits spec (docs/cost.md), read once at startup"
+        " (a file the schema refuses: exit 2 naming this variable); a namespace's DGXLimits narrows them (the"
+        " chart mounts its `limits` value, a ConfigMap, at `/etc/kubedgx/limits/limits.yaml` when it sets any)",
+        chart="limits",
+        flag="--limits",
+        unset="no cluster-wide limits",
     ),
     Setting(
         "KUBEDGX_TRAINER_IMAGE",
@@ -539,6 +555,9 @@ class OperatorConfig:
     :meth:`from_env`; tests build it directly, where the servers default to off (no fixed ports)."""
 
     catalog_path: str | None = None
+    #: Guard rails for every namespace (the chart's ``limits``), combined with each namespace's DGXLimits
+    #: (validation.limits); None: none but the namespaces' own.
+    limits: LimitsSpec | None = None
     trainer_image: str = DEFAULT_TRAINER_IMAGE
     datasync_image: str | None = None
     cache_root: str = Defaults.cache_root
@@ -704,6 +723,30 @@ class _Env:
             return trust.certificates(text)
         except ValueError as exc:
             raise ConfigError(name, f"{path} {exc}") from None
+
+    def limits(self, name: str) -> LimitsSpec | None:
+        """The cluster's limits in the YAML file ``name`` points to, checked now with the DGXLimits
+        schema: a typo would otherwise disable a limit silently."""
+        path = self.text(name)
+        if path is None:
+            return None
+        if not path.startswith("/"):
+            raise ConfigError(name, f"must be the absolute path of a YAML file, got {path!r}")
+        try:
+            with open(path, encoding="utf-8") as handle:
+                data = yaml.safe_load(handle)
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(name, f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
+        except yaml.YAMLError as exc:
+            raise ConfigError(name, f"{path} is not YAML: {' '.join(str(exc).split())}") from None
+        try:
+            return LimitsSpec.model_validate(data or {})
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(part) for part in first["loc"]) or "<top>"
+            raise ConfigError(
+                name, f"{path}: limits.{where}: {first['msg']} (the fields of a DGXLimits spec, docs/cost.md)"
+            ) from None
 
     def choice(self, name: str, choices: tuple[str, ...], default: str) -> str:
         value = self.text(name)

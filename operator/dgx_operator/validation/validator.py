@@ -31,6 +31,7 @@ from dgx_api.text import printable
 from dgx_operator.api import API_VERSION, GROUP, VERSION, DGXDataMount, DGXDataMountSpec, DGXTrainingJob
 from dgx_operator.api.common import JOB_KIND, MOUNT_KIND
 from dgx_operator.api.crdgen import KINDS, kind_by_name, openapi_schema
+from dgx_operator.api.limits import DGXLimits
 from dgx_operator.api.vocabulary import JobPhase
 from dgx_operator.catalog import Catalog, UnknownInstanceError
 from dgx_operator.render import BuildContext, BuildError, build_children
@@ -177,13 +178,19 @@ class Validator:
         if problems:
             return Outcome(tuple(sorted(set(problems))))
         try:
-            model: DGXTrainingJob | DGXDataMount = (
-                DGXTrainingJob.model_validate(obj) if kind == JOB_KIND else DGXDataMount.model_validate(obj)
+            model: DGXTrainingJob | DGXDataMount | DGXLimits = (
+                DGXTrainingJob.model_validate(obj)
+                if kind == JOB_KIND
+                else DGXDataMount.model_validate(obj)
+                if kind == MOUNT_KIND
+                else DGXLimits.model_validate(obj)
             )
         except ValidationError as exc:  # the schema accepted what the model refuses: a bug, say so
             return Outcome(tuple(_pydantic_problems(exc)))
         if isinstance(model, DGXTrainingJob):
             return Outcome(tuple(self.semantic_problems(model)))
+        if isinstance(model, DGXLimits):
+            return Outcome()  # the schema and its CEL rules say all (validation.limits applies it to jobs)
         return Outcome(tuple(mount_problems(model.spec)))
 
     def semantic_problems(self, job: DGXTrainingJob) -> list[Problem]:

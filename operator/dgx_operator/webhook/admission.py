@@ -31,7 +31,9 @@ from pydantic import ValidationError
 from dgx_api.schema import Problem, join_path
 from dgx_operator.api import GROUP, VERSION, DGXDataMount, DGXTrainingJob
 from dgx_operator.api.crdgen import DATA_MOUNTS, TRAINING_JOBS
-from dgx_operator.catalog import UnknownInstanceError
+from dgx_operator.api.limits import KIND as LIMITS_KIND
+from dgx_operator.api.limits import KUEUE_PRIORITY_LABEL, LIMITS_NAME, DGXLimits
+from dgx_operator.catalog import Catalog, UnknownInstanceError
 from dgx_operator.kube import ApiError, Kube, Refusal, TransientError, refusal, status_of
 from dgx_operator.render import (
     BuildContext,
@@ -43,6 +45,7 @@ from dgx_operator.render import (
     worker_pod,
 )
 from dgx_operator.validation.durability import reference_warnings
+from dgx_operator.validation.limits import effective, new_problems, parse_limits
 from dgx_operator.validation.validator import Validator, immutable_changes, object_label, reference_problems
 from dgx_operator.webhook.certificates import CertificateKeeper, PublishError, SelfSigned, self_signed
 from dgx_operator.webhook.config import WebhookConfig
@@ -61,19 +64,29 @@ WEBHOOKS = (
     (f"{DATA_MOUNTS.plural}.{GROUP}", DATA_MOUNTS.plural, f"/{MOUNT_WEBHOOK}"),
 )
 MANAGED_BY = {"app.kubernetes.io/managed-by": "kubedgx-operator"}
+
+
+def _label_of(obj: str) -> str:
+    """CEL: the value of the Kueue priority-class label of ``obj`` ('' without one)."""
+    labels = f"{obj}.metadata.labels"
+    return f"((has({labels}) && '{KUEUE_PRIORITY_LABEL}' in {labels}) ? {labels}['{KUEUE_PRIORITY_LABEL}'] : '')"
+
+
 #: Which requests reach the webhook at all; the apiserver evaluates these before calling it. Not an
-#: object that is being deleted, and of updates only those that change the spec (all the webhook
-#: checks). So while the webhook cannot be reached (failurePolicy Fail), deleting a job and the
-#: operator's removal of its finalizer, an update of metadata only, still go through: proven on the
-#: real apiserver (tests/cluster/test_webhook.py), where without them a job stayed Terminating.
-#: Status writes go to the status subresource, which no rule names. The chart's configuration
-#: (cert-manager mode) carries the same list; a chart test compares them.
+#: object that is being deleted, and of updates only those that change the spec, or the Kueue
+#: priority-class label (a guard rail, DGXLimits' kueuePriorityClasses, checks it: without it a label
+#: added after creation would bypass that limit). So while the webhook cannot be reached (failurePolicy
+#: Fail), deleting a job and the operator's removal of its finalizer, an update of metadata only, still
+#: go through: proven on the real apiserver (tests/cluster/test_webhook.py), where without them a job
+#: stayed Terminating. Status writes go to the status subresource, which no rule names. The chart's
+#: configuration (cert-manager mode) carries the same list; a chart test compares them.
 MATCH_CONDITIONS = (
     {"name": "not-being-deleted", "expression": "!has(object.metadata.deletionTimestamp)"},
     {
-        "name": "spec-changed",
+        "name": "spec-or-priority-class-changed",
         "expression": "request.operation != 'UPDATE' || !has(object.spec) || !has(oldObject.spec) "
-        "|| object.spec != oldObject.spec",
+        "|| object.spec != oldObject.spec "
+        f"|| {_label_of('object')} != {_label_of('oldObject')}",
     },
 )
 #: Attempts at reading (or writing) the certificate Secret at startup before the operator gives up.
@@ -149,8 +162,11 @@ async def _review(
     ):
         # Metadata-only writes (the operator's own finalizer removal, labels) and writes to a
         # deleting object are never refused: a spec that became invalid later (the catalog
-        # dropped its instance, a mount changed) must not pin the job forever.
-        return [], []
+        # dropped its instance, a mount changed) must not pin the job forever. Except a change of
+        # the Kueue priority-class label, which a guard rail limits (and only for that limit).
+        if (body.get("metadata") or {}).get("deletionTimestamp") or not _priority_class_changed(old, body):
+            return [], []
+        return await _label_limits(memo, body, old)
     # Shared by every request: created at startup (handlers.startup); built here only for callers
     # without one, such as tests.
     validator: Validator = memo.get("validator") or Validator(memo.config.catalog(), defaults=memo.config.defaults())
@@ -171,8 +187,26 @@ async def _review(
         found: list[tuple[dict[str, Any], int]] = [(new, 0)]
         hook = getattr(memo.get("config"), "webhook", None)
         lookup_s, dry_run_s = budgets(hook.timeout_seconds if isinstance(hook, WebhookConfig) else None)
+        earlier = _previous_job(previous) if operation == "UPDATE" else None
+        if operation != "UPDATE" or _spec_changed(old, body, operation) or _priority_class_changed(old, body):
+            # Looked up alongside the mounts, within the same budget. Not for Kueue's suspend flips:
+            # they change nothing a limit is about.
+            limits, mounts = await asyncio.gather(
+                _limits(memo, job, lookup_s),
+                _mounts(memo.kube, job, lookup_s) if "kube" in memo else _no_mounts(),
+            )
+            namespace_limits, cannot_check = limits
+            if cannot_check is not None:
+                unchecked.append(cannot_check)
+            else:
+                refused, defaults = _guard_rails(memo, job, earlier, namespace_limits, validator.catalog)
+                problems += refused
+                if _spec_changed(old, body, operation):
+                    warnings += defaults
+        else:
+            mounts = await _mounts(memo.kube, job, lookup_s) if "kube" in memo else []
         if "kube" in memo:
-            for index, (mount, cannot) in enumerate(await _mounts(memo.kube, job, lookup_s)):
+            for index, (mount, cannot) in enumerate(mounts):
                 unreadable = _unreadable(index, mount) if mount is not None else None
                 if cannot is not None:
                     unchecked.append(cannot)
@@ -187,13 +221,85 @@ async def _review(
             # decide whether the checkpoints outlive the pod. Still admitted: a warning, not a refusal.
             warnings += [str(w) for key, w in reference_warnings(validator.catalog, found) if key == 0]
         if not problems and not unchecked and _dry_runs(memo):
-            mounts = {m["metadata"]["name"]: DGXDataMount.model_validate(m).spec for m, key in found if key == 1}
-            ctx = BuildContext(catalog=validator.catalog, defaults=memo.config.defaults(), data_mounts=mounts)
-            earlier = _previous_job(previous) if operation == "UPDATE" else None
+            specs = {m["metadata"]["name"]: DGXDataMount.model_validate(m).spec for m, key in found if key == 1}
+            ctx = BuildContext(catalog=validator.catalog, defaults=memo.config.defaults(), data_mounts=specs)
             denied, notes = await dry_run(memo.kube, job, ctx, earlier, dry_run_s)
             problems += denied
             warnings += notes
     return problems, unchecked
+
+
+# -- guard rails (DGXLimits) -----------------------------------------------------------------------
+
+
+def _priority_class(obj: dict[str, Any] | None) -> str | None:
+    labels = ((obj or {}).get("metadata") or {}).get("labels")
+    return labels.get(KUEUE_PRIORITY_LABEL) if isinstance(labels, dict) else None
+
+
+def _priority_class_changed(old: dict[str, Any] | None, new: dict[str, Any]) -> bool:
+    return old is not None and _priority_class(old) != _priority_class(new)
+
+
+async def _no_mounts() -> list[tuple[dict[str, Any] | None, str | None]]:
+    return []
+
+
+async def _limits(
+    memo: kopf.Memo, job: DGXTrainingJob, timeout: float | None = None
+) -> tuple[DGXLimits | None, str | None]:
+    """(the namespace's DGXLimits or None, None), or (None, why it could not be read). Read with the
+    operator's own client within ``timeout`` (default MOUNT_LOOKUP_TIMEOUT_S). A DGXLimits that cannot
+    be looked up, or that this kubedgx cannot read, refuses the job for now (retry), as an unreadable
+    DGXDataMount does, rather than letting it through unchecked: a guard rail that lets go silently
+    is none."""
+    if "kube" not in memo:
+        return None, None
+    namespace = job.metadata.namespace or "default"
+    what = f"{LIMITS_KIND} {namespace}/{LIMITS_NAME}"
+    limit = MOUNT_LOOKUP_TIMEOUT_S if timeout is None else timeout
+    bound = asyncio.timeout(limit)
+    try:
+        async with bound:
+            body = await memo.kube.get_limits(namespace)
+    except Exception as exc:  # whatever failed, the limits are unknown: the job cannot be checked
+        reason = f"the API server did not answer within {limit:g}s" if bound.expired() else _lookup_failure(exc)
+        return None, f"spec: cannot check against {what} (the namespace's guard rails): {reason}; retry"
+    if body is None:
+        return None, None
+    found, why = parse_limits(_without_status(body))
+    if found is None:
+        return None, (
+            f"spec: cannot check against {what} (the namespace's guard rails): {why}; until an admin does, jobs "
+            f"in {namespace} cannot be created or changed"
+        )
+    return found, None
+
+
+def _guard_rails(
+    memo: kopf.Memo, job: DGXTrainingJob, earlier: DGXTrainingJob | None, namespace: DGXLimits | None, catalog: Catalog
+) -> tuple[list[Problem], list[str]]:
+    """(refusals, defaults that apply) of the chart's and the namespace's limits (validation.limits); on
+    an update, only the refusals the stored job did not have already."""
+    cluster = getattr(memo.get("config"), "limits", None)
+    limits = effective(cluster, namespace, job.metadata.namespace or "default")
+    return new_problems(job, earlier, limits, catalog)
+
+
+async def _label_limits(memo: kopf.Memo, body: dict[str, Any], old: dict[str, Any]) -> tuple[list[Problem], list[str]]:
+    """An update that changes only the Kueue priority-class label: checked against that limit alone
+    (what else the stored job breaks was checked when it was made, under the limits of then)."""
+    try:
+        job = DGXTrainingJob.model_validate(_without_status(body))
+        earlier = DGXTrainingJob.model_validate(_without_status(old))
+    except ValidationError:
+        return [], []  # a stored spec this kubedgx cannot read: never pinned by a label change
+    namespace, cannot = await _limits(memo, job)
+    if cannot is not None:
+        return [], [cannot]
+    catalog = memo["validator"].catalog if "validator" in memo else memo.config.catalog()
+    problems, _ = _guard_rails(memo, job, earlier, namespace, catalog)
+    return [p for p in problems if p.path.startswith("metadata.")], []
 
 
 def _spec_changed(old: dict[str, Any] | None, new: dict[str, Any], operation: str | None) -> bool:

@@ -26,7 +26,8 @@ The package, by policy around its decision ladder (each module's docstring says 
 - ``gating``: Kueue, suspend, data mounts not Ready, ResourceQuota refusals;
 - ``restarts``: the restart policy and incident accounting;
 - ``archives``: success, artifacts and the Archived condition;
-- ``timers``: maxDuration and maxPending.
+- ``guardrails``: the namespace's limits at the first pass (refused, or their defaults pinned);
+- ``timers``: maxDuration and maxPending (the spec's, else the pinned defaults).
 
 A new decision goes into the policy module it belongs to and is called from its rung of the ladder;
 its reason is one line in :mod:`dgx_operator.api.vocabulary` (docs/where-things-go.md).

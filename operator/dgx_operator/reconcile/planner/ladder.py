@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 from dgx_operator.api.trainingjob import KIND, DGXTrainingJob
 from dgx_operator.api.vocabulary import JobPhase, JobReason
 from dgx_operator.catalog import UnknownInstanceError
-from dgx_operator.reconcile.planner import accounting, archives, gating, restarts, timers
+from dgx_operator.reconcile.planner import accounting, archives, gating, guardrails, restarts, timers
 from dgx_operator.reconcile.planner.coalesce import coalesce
 from dgx_operator.reconcile.planner.draft import Draft
 from dgx_operator.reconcile.planner.model import TERMINAL, Observed, Plan
@@ -50,6 +50,10 @@ def run(d: Draft) -> Plan:
         r = resolve(d.spec, d.ctx.catalog)
     except UnknownInstanceError as exc:
         return d.finish(JobPhase.FAILED, JobReason.INVALID_SPEC, f"spec.instance: {exc.message}")
+    refused = guardrails.first_pass(d)
+    if refused is not None:
+        return refused
+    r = timers.with_pinned(d, r)
     gate = gating.kueue(d, r)
     if d.spec.suspend:
         return gating.suspended(d)
@@ -68,7 +72,7 @@ def run(d: Draft) -> Plan:
         return d.finish(
             JobPhase.FAILED,
             JobReason.DEADLINE_EXCEEDED,
-            f"the job ran longer than spec.maxDuration ({d.spec.max_duration})",
+            f"the job ran longer than {timers.described(d, 'maxDuration')}",
         )
     # Losses first: a survivor's failure seen in the same pass belongs to the lost worker's
     # incident and must find the attempt already moved on.

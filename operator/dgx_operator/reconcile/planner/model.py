@@ -16,6 +16,7 @@ from dgx_operator.api.vocabulary import JobCondition, JobPhase
 from dgx_operator.reconcile.pods import PodView
 from dgx_operator.reconcile.queueing import Queueing, WorkloadWrites
 from dgx_operator.reconcile.status import find_condition
+from dgx_operator.validation.limits import Effective
 
 EventType = Literal["Normal", "Warning"]
 #: A condition reason the CRD's schema takes (api.common.Condition).
@@ -108,6 +109,10 @@ class Observed:
     status_held_since: datetime | None = None
     #: How often a change of status.usage alone is written, at most (0: like the counts in flight).
     usage_interval: float = 300.0
+    #: The guard rails of the job's namespace (the chart's limits and its DGXLimits, combined), read
+    #: only for the job's first pass (no phase yet): they are checked and their defaults pinned then
+    #: (planner.guardrails); None: not read, or no limits at all.
+    limits: Effective | None = None
 
 
 @dataclass(frozen=True)
