@@ -358,6 +358,7 @@ def test_names_follow_the_release() -> None:
         "team-a-kubedgx-metrics",
         "team-a-kubedgx-edit",
         "team-a-kubedgx-view",
+        "team-a-kubedgx-budget-admin",
     }
     objects = render({"fullnameOverride": "dgx"})
     assert {r.name for r in objects if r.kind == "Service"} == {"dgx-webhook", "dgx-metrics"}
@@ -687,14 +688,18 @@ def source_crds() -> dict[str, dict[str, Any]]:
 def test_the_crds_are_the_generated_ones_kept_on_uninstall() -> None:
     rendered = {c["metadata"]["name"]: c for c in find(render(), "CustomResourceDefinition")}
     sources = source_crds()
-    assert rendered.keys() == sources.keys() == {"dgxtrainingjobs.kubedgx.io", "dgxdatamounts.kubedgx.io"}
+    assert (
+        rendered.keys()
+        == sources.keys()
+        == {"dgxtrainingjobs.kubedgx.io", "dgxdatamounts.kubedgx.io", "dgxbudgets.kubedgx.io"}
+    )
     for name, crd in rendered.items():
         assert crd["spec"] == sources[name]["spec"], (
             f"templates/crds differ from crds/: run python charts/kubedgx/hack/generate.py ({name})"
         )
         assert crd["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
     unkept = find(render({"crds": {"keep": False}}), "CustomResourceDefinition")
-    assert len(unkept) == 2
+    assert len(unkept) == 3
     assert all("annotations" not in c["metadata"] for c in unkept)
     assert find(render(dict(SCENARIOS)["no-crds"]), "CustomResourceDefinition") == []
 
