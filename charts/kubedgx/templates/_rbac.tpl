@@ -23,6 +23,14 @@ watches every namespace, a Role in each namespace of watchNamespaces otherwise.
 - apiGroups: ["kubedgx.io"]
   resources: ["dgxtrainingjobs/status", "dgxdatamounts/status"]
   verbs: ["patch"]
+# Application: DGXBudgets are watched (a change releases held jobs) and read before a run starts;
+# their status is the ledger: spend settled, reservations taken (patch, guarded by resourceVersion).
+- apiGroups: ["kubedgx.io"]
+  resources: ["dgxbudgets"]
+  verbs: ["get", "list", "watch", "patch"]
+- apiGroups: ["kubedgx.io"]
+  resources: ["dgxbudgets/status"]
+  verbs: ["patch"]
 # Application: children carry ownerReferences with blockOwnerDeletion, which the
 # OwnerReferencesPermissionEnforcement admission plugin allows only to who may update the owner's finalizers.
 - apiGroups: ["kubedgx.io"]
