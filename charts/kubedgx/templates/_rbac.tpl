@@ -23,11 +23,12 @@ watches every namespace, a Role in each namespace of watchNamespaces otherwise.
 - apiGroups: ["kubedgx.io"]
   resources: ["dgxtrainingjobs/status", "dgxdatamounts/status"]
   verbs: ["patch"]
-# Application: DGXBudgets are watched (a change releases held jobs) and read before a run starts;
-# their status is the ledger: spend settled, reservations taken (patch, guarded by resourceVersion).
+# Application: DGXBudgets are watched (a change releases held jobs) and read before a run starts.
 - apiGroups: ["kubedgx.io"]
   resources: ["dgxbudgets"]
   verbs: ["get", "list", "watch", "patch"]
+# Application: a budget's status is its ledger: spend settled, reservations of runs in progress (a patch
+# guarded by the budget's resourceVersion, so two starts cannot both take the last room).
 - apiGroups: ["kubedgx.io"]
   resources: ["dgxbudgets/status"]
   verbs: ["patch"]
