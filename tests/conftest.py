@@ -55,6 +55,13 @@ BASE_MOUNT: dict[str, Any] = {
     "spec": {"source": "s3://bucket/prefix"},
 }
 
+BASE_BUDGET: dict[str, Any] = {
+    "apiVersion": "kubedgx.io/v1alpha1",
+    "kind": "DGXBudget",
+    "metadata": {"name": "burst", "namespace": "ml"},
+    "spec": {"limits": {"cost": "10000"}, "period": {"calendar": "Month"}},
+}
+
 
 def with_changes(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
     """A deep copy of ``base`` with dotted-path changes applied; a value of ``DELETE`` removes the key.

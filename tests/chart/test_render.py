@@ -361,6 +361,7 @@ def test_names_follow_the_release() -> None:
         "team-a-kubedgx-edit",
         "team-a-kubedgx-view",
         "team-a-kubedgx-limits-admin",
+        "team-a-kubedgx-budget-admin",
     }
     objects = render({"fullnameOverride": "dgx"})
     assert {r.name for r in objects if r.kind == "Service"} == {"dgx-webhook", "dgx-metrics"}
@@ -693,7 +694,7 @@ def test_the_crds_are_the_generated_ones_kept_on_uninstall() -> None:
     assert (
         rendered.keys()
         == sources.keys()
-        == {"dgxtrainingjobs.kubedgx.io", "dgxdatamounts.kubedgx.io", "dgxlimits.kubedgx.io"}
+        == {"dgxtrainingjobs.kubedgx.io", "dgxdatamounts.kubedgx.io", "dgxlimits.kubedgx.io", "dgxbudgets.kubedgx.io"}
     )
     for name, crd in rendered.items():
         assert crd["spec"] == sources[name]["spec"], (
@@ -701,7 +702,7 @@ def test_the_crds_are_the_generated_ones_kept_on_uninstall() -> None:
         )
         assert crd["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
     unkept = find(render({"crds": {"keep": False}}), "CustomResourceDefinition")
-    assert len(unkept) == 3
+    assert len(unkept) == 4
     assert all("annotations" not in c["metadata"] for c in unkept)
     assert find(render(dict(SCENARIOS)["no-crds"]), "CustomResourceDefinition") == []
 

@@ -460,14 +460,14 @@ def test_crds_command_prints_the_crd_files() -> None:
     result = run("crds")
     assert result.code == 0
     on_disk = [doc for path in sorted(CRDS.glob("*.yaml")) for doc in load_yaml_docs(path)]
-    assert len(on_disk) == 3
+    assert len(on_disk) == 4
     printed = objects(result.out)
 
     def key(doc: dict[str, Any]) -> str:  # files sort by name; the command prints in KINDS order
         return str(doc["metadata"]["name"])
 
     assert sorted(printed, key=key) == sorted(on_disk, key=key)
-    assert {d["spec"]["names"]["kind"] for d in printed} == {"DGXTrainingJob", "DGXDataMount", "DGXLimits"}
+    assert {d["spec"]["names"]["kind"] for d in printed} == {"DGXTrainingJob", "DGXDataMount", "DGXLimits", "DGXBudget"}
 
 
 def test_instances_lists_spot_instance() -> None:

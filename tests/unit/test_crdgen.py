@@ -16,7 +16,7 @@ import yaml
 from dgx_api.schema import KUBERNETES_CEL_FUNCTIONS, cel, to_cel, validate
 from dgx_api.trainer_config import trainer_schema
 from dgx_operator.api.crdgen import KINDS, Kind, crd, default_outdir, file_name, kind_by_name, outputs
-from tests.conftest import BASE_JOB, BASE_MOUNT, CRDS, ROOT, example_files, load_yaml_docs
+from tests.conftest import BASE_BUDGET, BASE_JOB, BASE_MOUNT, CRDS, ROOT, example_files, load_yaml_docs
 
 Node = Mapping[str, Any]
 CHART_CRDS = CRDS.parent / "charts" / "kubedgx" / "templates" / "crds"
@@ -276,11 +276,38 @@ def test_every_cel_rule_compiles_and_its_field_path_exists(kind: Kind) -> None:
 BASE_LIMITS = {"apiVersion": "kubedgx.io/v1alpha1", "kind": "DGXLimits", "metadata": {"name": "default"}, "spec": {}}
 
 
+#: Budgets beyond the minimal one (no example file has any): every optional field set, and a rolling window.
+FULL_BUDGETS: list[dict[str, Any]] = [
+    {
+        **BASE_BUDGET,
+        "spec": {
+            "limits": {"cost": "10000", "gpuHours": "4000.5"},
+            "period": {"calendar": "Week", "timeZone": "Europe/Berlin", "weekStart": "Sunday"},
+            "capacities": ["norm", "debug"],
+            "jobSelector": {
+                "matchLabels": {"team": "a"},
+                "matchExpressions": [
+                    {"key": "tier", "operator": "In", "values": ["x"]},
+                    {"key": "q", "operator": "Exists"},
+                ],
+            },
+            "enforcement": "Report",
+        },
+    },
+    {**BASE_BUDGET, "spec": {"limits": {"gpuHours": "100"}, "period": {"rolling": "168h"}}},
+]
+
+
 def valid_objects(kind: str) -> list[dict[str, Any]]:
     files = [*example_files(), *sorted((ROOT / "examples" / "limits").glob("*.yaml"))]
     docs = [d for f in files for d in load_yaml_docs(f) if d.get("kind") == kind]
-    base = {"DGXTrainingJob": BASE_JOB, "DGXDataMount": BASE_MOUNT, "DGXLimits": BASE_LIMITS}[kind]
-    return [base, *docs]
+    base = {
+        "DGXTrainingJob": [BASE_JOB],
+        "DGXDataMount": [BASE_MOUNT],
+        "DGXLimits": [BASE_LIMITS],
+        "DGXBudget": [BASE_BUDGET, *FULL_BUDGETS],
+    }
+    return [*base[kind], *docs]
 
 
 @pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.kind)

@@ -28,6 +28,15 @@ watches every namespace, a Role in each namespace of watchNamespaces otherwise.
 - apiGroups: ["kubedgx.io"]
   resources: ["dgxtrainingjobs/status", "dgxdatamounts/status"]
   verbs: ["patch"]
+# Application: DGXBudgets are watched (a change releases held jobs) and read before a run starts.
+- apiGroups: ["kubedgx.io"]
+  resources: ["dgxbudgets"]
+  verbs: ["get", "list", "watch", "patch"]
+# Application: a budget's status is its ledger: spend settled, reservations of runs in progress (a patch
+# guarded by the budget's resourceVersion, so two starts cannot both take the last room).
+- apiGroups: ["kubedgx.io"]
+  resources: ["dgxbudgets/status"]
+  verbs: ["patch"]
 # Application: children carry ownerReferences with blockOwnerDeletion, which the
 # OwnerReferencesPermissionEnforcement admission plugin allows only to who may update the owner's finalizers.
 - apiGroups: ["kubedgx.io"]

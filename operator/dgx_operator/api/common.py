@@ -15,9 +15,10 @@ from dgx_api.schema import KubeModel, cel, pattern
 GROUP: Final = "kubedgx.io"
 VERSION: Final = "v1alpha1"
 API_VERSION: Final = "kubedgx.io/v1alpha1"
-#: The two kinds (dgx_operator.api.crdgen.KINDS describes them whole: plural, short names, schema).
+#: The kinds (dgx_operator.api.crdgen.KINDS describes them whole: plural, short names, schema).
 JOB_KIND: Final = "DGXTrainingJob"
 MOUNT_KIND: Final = "DGXDataMount"
+BUDGET_KIND: Final = "DGXBudget"
 
 # At most 6 digits per part and 20 characters in all keep every accepted value below Go's
 # time.Duration limit (~2562047h), so CEL's duration() in the API server never overflows.

@@ -17,7 +17,8 @@ from pydantic import BaseModel
 
 from dgx_api.schema import cel, structural_schema
 from dgx_operator.api import GROUP, VERSION, apidoc
-from dgx_operator.api.common import JOB_KIND, MOUNT_KIND
+from dgx_operator.api.budget import DGXBudgetSpec, DGXBudgetStatus
+from dgx_operator.api.common import BUDGET_KIND, JOB_KIND, MOUNT_KIND
 from dgx_operator.api.datamount import DGXDataMountSpec, DGXDataMountStatus
 from dgx_operator.api.limits import KIND as LIMITS_KIND
 from dgx_operator.api.limits import LIMITS_NAME, LimitsSpec
@@ -281,6 +282,79 @@ KINDS: tuple[Kind, ...] = (
             ),
         ),
     ),
+    Kind(
+        kind=BUDGET_KIND,
+        plural="dgxbudgets",
+        singular="dgxbudget",
+        short_names=("dgxb",),
+        spec=DGXBudgetSpec,
+        status=DGXBudgetStatus,
+        description=(
+            "A namespace's limit on money and GPU-hours per calendar week, month or rolling window: jobs whose worst "
+            "case does not fit wait (BudgetExceeded); status is the ledger of what was spent and committed."
+        ),
+        columns=(
+            {
+                "name": "Limit",
+                "type": "string",
+                "jsonPath": ".spec.limits.cost",
+                "description": "The cost limit per period, in status.currency.",
+            },
+            {
+                "name": "Spent",
+                "type": "string",
+                "jsonPath": ".status.spent.cost",
+                "description": "Money settled in this period.",
+            },
+            {
+                "name": "Committed",
+                "type": "string",
+                "jsonPath": ".status.committed.cost",
+                "description": "What the runs in progress may still cost.",
+            },
+            {
+                "name": "Remaining",
+                "type": "string",
+                "jsonPath": ".status.remaining.cost",
+                "description": "Limit minus spent minus committed.",
+            },
+            {
+                "name": "Period",
+                "type": "string",
+                "jsonPath": ".status.period.start",
+                "description": "Start of the period counted now.",
+            },
+            {
+                "name": "Currency",
+                "type": "string",
+                "jsonPath": ".status.currency",
+                "priority": 1,
+                "description": "The catalog's currency.",
+            },
+            {
+                "name": "GPU-Hours-Limit",
+                "type": "string",
+                "jsonPath": ".spec.limits.gpuHours",
+                "priority": 1,
+                "description": "The GPU-hours limit per period.",
+            },
+            {
+                "name": "GPU-Hours-Spent",
+                "type": "string",
+                "jsonPath": ".status.spent.gpuHours",
+                "priority": 1,
+                "description": "GPU-hours settled in this period.",
+            },
+            {
+                "name": "GPU-Hours-Remaining",
+                "type": "string",
+                "jsonPath": ".status.remaining.gpuHours",
+                "priority": 1,
+                "description": "GPU-hours limit minus spent minus committed.",
+            },
+            {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+        ),
+    ),
 )
 
 
@@ -291,11 +365,12 @@ def kind_by_name(kind: str) -> Kind:
     raise KeyError(kind)
 
 
-#: The two kinds' identities, for everything that names them (kopf's handlers and webhooks, the
+#: The kinds' identities, for everything that names them (kopf's handlers and webhooks, the
 #: cluster client, the metrics): one source, so a rename or a new version cannot miss a place.
 TRAINING_JOBS: Kind = kind_by_name(JOB_KIND)
 DATA_MOUNTS: Kind = kind_by_name(MOUNT_KIND)
 LIMITS: Kind = kind_by_name(LIMITS_KIND)
+BUDGETS: Kind = kind_by_name(BUDGET_KIND)
 
 
 def openapi_schema(kind: Kind) -> dict[str, Any]:

@@ -29,7 +29,8 @@ from dgx_api.schema import Problem, explain, join_path, json_type, validate
 from dgx_api.stores import SyncError, check_endpoint, check_region
 from dgx_api.text import printable
 from dgx_operator.api import API_VERSION, GROUP, VERSION, DGXDataMount, DGXDataMountSpec, DGXTrainingJob
-from dgx_operator.api.common import JOB_KIND, MOUNT_KIND
+from dgx_operator.api.budget import DGXBudget
+from dgx_operator.api.common import BUDGET_KIND, JOB_KIND, MOUNT_KIND
 from dgx_operator.api.crdgen import KINDS, kind_by_name, openapi_schema
 from dgx_operator.api.limits import DGXLimits
 from dgx_operator.api.vocabulary import JobPhase
@@ -177,6 +178,14 @@ class Validator:
         problems += metadata_problems(meta)
         if problems:
             return Outcome(tuple(sorted(set(problems))))
+        if kind == BUDGET_KIND:
+            # The one check a CRD cannot make: that spec.period.timeZone names a zone of the time zone
+            # database (the model's validator asks zoneinfo).
+            try:
+                DGXBudget.model_validate(obj)
+            except ValidationError as exc:
+                return Outcome(tuple(_pydantic_problems(exc)))
+            return Outcome()
         try:
             model: DGXTrainingJob | DGXDataMount | DGXLimits = (
                 DGXTrainingJob.model_validate(obj)
@@ -495,5 +504,5 @@ def _pydantic_problems(exc: ValidationError) -> list[Problem]:
         path = ""
         for part in err["loc"]:
             path = join_path(path, part)
-        problems.append(Problem(path, err["msg"]))
+        problems.append(Problem(path, err["msg"].removeprefix("Value error, ")))
     return problems
