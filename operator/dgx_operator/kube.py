@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Literal, NoReturn
 import aiohttp
 
 from dgx_operator.api import GROUP, VERSION
-from dgx_operator.api.crdgen import DATA_MOUNTS, LIMITS, TRAINING_JOBS
+from dgx_operator.api.crdgen import BUDGETS, DATA_MOUNTS, LIMITS, TRAINING_JOBS
 from dgx_operator.api.limits import LIMITS_NAME
 
 if TYPE_CHECKING:
@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 JOBS = TRAINING_JOBS.plural
 MOUNTS = DATA_MOUNTS.plural
 LIMIT_OBJECTS = LIMITS.plural
+BUDGET_OBJECTS = BUDGETS.plural
 MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
 JSON = "application/json"
@@ -422,6 +423,27 @@ class Kube:
         except ApiError as exc:
             self._raise("list", exc, f"list {JOBS} in {namespace}")
         return list(found.get("items") or [])
+
+    async def list_budgets(self, namespace: str) -> list[dict[str, Any]]:
+        """The namespace's DGXBudgets (none on a cluster without the CRD: it answers 404)."""
+        try:
+            found = await self._json("GET", _custom(GROUP, VERSION, namespace, BUDGET_OBJECTS))
+        except ApiError as exc:
+            if exc.status == 404:
+                return []
+            self._raise("list", exc, f"list {BUDGET_OBJECTS} in {namespace}")
+        return list(found.get("items") or [])
+
+    async def get_budget(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return await self._get(BUDGET_OBJECTS, namespace, name)
+
+    async def patch_budget_status(
+        self, namespace: str, name: str, resource_version: str | None, status: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """A budget's whole status (its ledger), guarded by the resourceVersion it was computed from: two
+        writers (two jobs reserving, the budget's own pass) cannot both take the last room; the loser
+        gets 409 and plans again with the fresh budget."""
+        return await self.patch_job_status(namespace, name, resource_version, status, plural=BUDGET_OBJECTS)
 
     async def get_secret_data(self, namespace: str, name: str) -> dict[str, bytes] | None:
         """A Secret's decoded data, or None when it does not exist."""
