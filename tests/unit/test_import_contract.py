@@ -151,6 +151,8 @@ RUNTIME = (
     "dgx_operator.controllers.job",
     "dgx_operator.controllers.loop",
     "dgx_operator.controllers.mount",
+    "dgx_operator.controllers.ledger",
+    "dgx_operator.controllers.budget",
     "dgx_operator.runtime.settings",
     "dgx_operator.webhook.admission",
     "dgx_operator.runtime.leader",

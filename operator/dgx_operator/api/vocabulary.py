@@ -189,6 +189,7 @@ class JobReason:
     EVICTED: Final = _job("Evicted", _P.SUSPENDED, "Running, Suspended", "Kueue evicted the Workload (its own reason, such as Preempted, when it gives one)", relayed=True)
     FLAVOR_UNKNOWN: Final = _job("FlavorUnknown", _P.SUSPENDED, "Running, Suspended", "Kueue admitted the job on a ResourceFlavor the operator cannot see")
     DEACTIVATED: Final = _job("Deactivated", _P.SUSPENDED, "Running, Suspended", "Kueue deactivated the Workload")
+    BUDGET_EXCEEDED: Final = _job("BudgetExceeded", _P.SUSPENDED, "Running, Suspended, event", "the run's worst case (nodes x GPUs x price x maxDuration) does not fit a DGXBudget of the namespace; the message names it and its numbers; starts when the budget is raised, a run ends or the period rolls (docs/cost.md)")
     # -- Succeeded
     COMPLETED: Final = _job("Completed", _P.SUCCEEDED, _ENDED, "worker 0 exited 0")
     # -- Failed

@@ -24,8 +24,9 @@ from dgx_operator.api import DGXTrainingJob
 from dgx_operator.api.limits import KIND as LIMITS_KIND
 from dgx_operator.api.limits import LIMITS_NAME, DGXLimits, LimitsSpec
 from dgx_operator.api.trainingjob import DGXTrainingJobStatus
-from dgx_operator.api.vocabulary import JobPhase, JobReason
+from dgx_operator.api.vocabulary import JobCondition, JobPhase, JobReason
 from dgx_operator.catalog import Catalog
+from dgx_operator.controllers import ledger
 from dgx_operator.controllers.loop import RESYNC, EventSink, Key, ReconcileLoop, utcnow
 from dgx_operator.controllers.metrics import JOB_KIND, Metrics
 from dgx_operator.kube import ApiError, ForeignObjectError, Kube, TransientError, refusal, status_of
@@ -47,6 +48,7 @@ from dgx_operator.reconcile.queueing import (
     WorkloadWrites,
     queue_of,
 )
+from dgx_operator.reconcile.spending import BudgetView
 from dgx_operator.reconcile.status import merge_patch
 from dgx_operator.reconcile.stored import parse_stored
 from dgx_operator.render import BuildContext, JobIdentity, trainer_config
@@ -123,6 +125,8 @@ WorkloadSource = Callable[[str, str], list[Mapping[str, Any]]]
 FlavorSource = Callable[[], Mapping[str, Flavor]]
 #: namespace -> its DGXLimits "default" as stored (None: it has none), read with the operator's client.
 LimitsSource = Callable[[str], Awaitable[Mapping[str, Any] | None]]
+#: namespace -> its readable DGXBudgets and (when it has any) its jobs (controllers.ledger.read).
+BudgetSource = Callable[[str], Awaitable[tuple[list[BudgetView], list[DGXTrainingJob]]]]
 
 #: How long a discovery of Kueue's API is trusted: not installed (look again soon: an admin may be
 #: installing it), installed (its version changes only with an upgrade).
@@ -135,6 +139,21 @@ class KueueSettings:
     """The Kueue integration is on (see reconcile.queueing)."""
 
     manage_without_queue_name: bool = False
+
+
+def _held_by_budget(result: Plan) -> bool:
+    return any(
+        c.type == JobCondition.SUSPENDED and c.reason == JobReason.BUDGET_EXCEEDED for c in result.status.conditions
+    )
+
+
+def starting(job: DGXTrainingJob) -> bool:
+    """A pass that may start a run (planner.budget judges it): the job has none going, has not
+    ended and is not being deleted."""
+    status = job.status
+    return job.metadata.deletion_timestamp is None and (
+        status is None or (status.start_time is None and status.phase not in JobPhase.TERMINAL)
+    )
 
 
 def _no_workloads(namespace: str, name: str) -> list[Mapping[str, Any]]:
@@ -177,6 +196,9 @@ class Controller(ReconcileLoop):
     #: DGXLimits, read through ``limits_of`` (None: not read), at a job's first pass only.
     cluster_limits: LimitsSpec | None = None
     limits_of: LimitsSource | None = None
+    #: The namespace's DGXBudgets (None: budgets are not enforced), read for passes that may start a
+    #: run; a run's reservations and its settling are written through ``kube``.
+    budgets_of: BudgetSource | None = None
     #: (the served Workload version or None, when it was discovered).
     kueue_api: tuple[str | None, float] | None = None
     #: Seconds between two reads of a running worker 0's log for its progress (0: never read). It
@@ -200,6 +222,8 @@ class Controller(ReconcileLoop):
     status_writes: dict[Key, datetime] = field(default_factory=dict)
     #: Since when each job's passes have held back a change of its counts in flight.
     status_held: dict[Key, datetime] = field(default_factory=dict)
+    #: Jobs waiting for a DGXBudget (BudgetExceeded): woken when a budget of their namespace changes.
+    budget_held: set[Key] = field(default_factory=set)
 
     async def step(self, key: Key) -> float | None:
         result = await self.reconcile(*key)
@@ -210,6 +234,11 @@ class Controller(ReconcileLoop):
             # A running job's progress changes without any event: come back for it.
             delay = min(delay if delay is not None else self.progress_interval, self.progress_interval)
         return delay
+
+    def wake_budget_held(self, namespace: str) -> None:
+        """A budget of ``namespace`` changed (raised, a run ended, a new period): its held jobs look again."""
+        for key in sorted(k for k in self.budget_held if k[0] == namespace):
+            self.trigger(*key)
 
     def forget(self, namespace: str, name: str) -> None:
         """The job is gone: drop its bookkeeping."""
@@ -223,6 +252,7 @@ class Controller(ReconcileLoop):
         self.failure_reads.pop(key, None)
         self.status_writes.pop(key, None)
         self.status_held.pop(key, None)
+        self.budget_held.discard(key)
         self.locks.pop(key, None)
         self.unreadable_jobs.discard(key)
         if self.metrics is not None:
@@ -283,6 +313,10 @@ class Controller(ReconcileLoop):
                 retry = dataclasses.replace(again, foreign=tuple(foreign), refused=tuple(refused))
                 result = plan(job, ctx, retry, self.now())
                 await self.act(key, body, job, result, retry.pods)
+            if result.status.phase == JobPhase.SUSPENDED and _held_by_budget(result):
+                self.budget_held.add(key)
+            else:
+                self.budget_held.discard(key)
             if result.status_held:
                 self.status_held.setdefault(key, now)
             else:
@@ -341,7 +375,12 @@ class Controller(ReconcileLoop):
         progress = await self.live_progress(key, job, views)
         first = job.status is None or job.status.phase is None
         limits = await self.limits(job) if first else None
+        spend: tuple[list[BudgetView], list[DGXTrainingJob]] | None = None
+        if self.budgets_of is not None and starting(job):
+            spend = await self.budgets_of(job.metadata.namespace or "default")
         observed = Observed(
+            budgets=tuple(spend[0]) if spend is not None else None,
+            neighbours=tuple(spend[1]) if spend is not None else (),
             limits=limits,
             progress=progress,
             progress_live=self.progress_interval > 0,
@@ -587,6 +626,10 @@ class Controller(ReconcileLoop):
         # the rendezvous: when a ResourceQuota has room for only some workers, those must include
         # it), then the others all at once, as the Job controller does; every success is remembered
         # even if another fails.
+        # A starting run's reservations first: a budget that changed since it was judged answers 409
+        # (TransientError) and nothing is created; the job is judged again.
+        if result.reserve and any(o["kind"] == "Pod" for o in result.create):
+            await ledger.reserve(self.kube, result.reserve, self.catalog)
         shared = [o for o in result.create if o["kind"] != "Pod"]
         for obj in shared:
             await create(obj)
@@ -610,6 +653,10 @@ class Controller(ReconcileLoop):
         # The status before the deletes: it records the restart a failed worker's deletion answers,
         # so if the write fails (409, 5xx) the failed pod is still there to be counted on the retry,
         # and once it succeeded a retry sees the pod's attempt as already handled.
+        if result.settle and self.budgets_of is not None:
+            # Before the status write: if settling fails, the retry still sees the run end and settles.
+            done = job.model_copy(update={"status": result.status})
+            await ledger.settle_job(self.kube, done, self.catalog, self.now(), release=True)
         patch = status_patch(job.status, result.status)
         if patch is not None:
             await self.kube.patch_job_status(namespace, name, job.metadata.resource_version, patch)

@@ -17,10 +17,11 @@ from typing import Any, cast
 
 import kopf
 
-from dgx_operator.api.crdgen import DATA_MOUNTS, TRAINING_JOBS
+from dgx_operator.api.crdgen import BUDGETS, DATA_MOUNTS, TRAINING_JOBS
 from dgx_operator.api.trainingjob import KIND
 from dgx_operator.api.vocabulary import JobPhase
-from dgx_operator.controllers import metrics
+from dgx_operator.controllers import ledger, metrics
+from dgx_operator.controllers.budget import BudgetController
 from dgx_operator.controllers.job import Controller, KueueSettings
 from dgx_operator.controllers.loop import ReconcileLoop
 from dgx_operator.controllers.metrics import Metrics
@@ -40,6 +41,7 @@ log = logging.getLogger(__name__)
 
 JOB = TRAINING_JOBS.resource
 MOUNT = DATA_MOUNTS.resource
+BUDGET = BUDGETS.resource
 OURS = {JOB_LABEL: kopf.PRESENT}
 
 
@@ -91,6 +93,7 @@ async def startup(
         usage_interval=config.usage_interval,
         cluster_limits=config.limits,
         limits_of=kube.get_limits,
+        budgets_of=lambda namespace: ledger.read(kube, namespace),
     )
     if config.kueue:
         memo.controller.kueue = KueueSettings(manage_without_queue_name=config.kueue_manage_without_queue_name)
@@ -98,6 +101,13 @@ async def startup(
             memo.controller.workloads_of = lambda ns, name: list(workloads_by_job.get((ns, name), []))
         if resource_flavors is not None:
             memo.controller.flavors_of = lambda: {k: next(iter(v)) for k, v in resource_flavors.items() if v}
+    memo.budgets = BudgetController(
+        kube=kube,
+        catalog=catalog,
+        wake_jobs=memo.controller.wake_budget_held,
+        retry_base=config.retry_base,
+        metrics=memo.metrics,
+    )
     memo.mounts = MountController(
         kube=kube,
         post_event=post_event,
@@ -117,7 +127,7 @@ async def startup(
 
 async def elect(memo: Any, kube: Kube, election: ElectionConfig) -> None:
     """Start campaigning; the controllers wait (noting what is dirty) until this replica leads."""
-    loops: list[ReconcileLoop] = [memo.controller, memo.mounts]
+    loops: list[ReconcileLoop] = [memo.controller, memo.mounts, memo.budgets]
     for loop in loops:
         loop.leading = False
 
@@ -147,6 +157,8 @@ async def cleanup(memo: Any, **_: Any) -> None:
         await memo.controller.stop()
     if "mounts" in memo:
         await memo.mounts.stop()
+    if "budgets" in memo:
+        await memo.budgets.stop()
     if "kube" in memo:
         await memo.kube.close()
 
@@ -202,6 +214,14 @@ async def job_event(name: Any, namespace: Any, type: Any, body: Any, memo: Any, 
         # A mount whose deletion waits for this job may go now.
         for ref in (body.get("spec") or {}).get("dataMounts") or []:
             memo.mounts.trigger(namespace, ref.get("name"))
+
+
+@kopf.on.event(*BUDGET)
+async def budget_event(name: Any, namespace: Any, type: Any, memo: Any, **_: Any) -> None:
+    if type == "DELETED":
+        memo.budgets.forget(namespace, name)
+    else:
+        memo.budgets.trigger(namespace, name)
 
 
 @kopf.on.event("pods", labels=OURS)

@@ -10,6 +10,7 @@ from datetime import datetime, timedelta
 
 from dgx_operator.api.trainingjob import DGXTrainingJob, DGXTrainingJobStatus, Progress, WorkerCounts
 from dgx_operator.api.vocabulary import JobPhase, JobReason, PhaseName
+from dgx_operator.reconcile.budgets import Reservation
 from dgx_operator.reconcile.planner.model import (
     FAILED,
     FINISHED,
@@ -25,6 +26,7 @@ from dgx_operator.reconcile.planner.model import (
 )
 from dgx_operator.reconcile.pods import STUCK_AFTER, PodView, read_progress
 from dgx_operator.reconcile.queueing import WorkloadView, decide, pods_ready_status
+from dgx_operator.reconcile.spending import BudgetView
 from dgx_operator.reconcile.status import set_condition
 from dgx_operator.render import BuildContext, JobIdentity
 
@@ -57,6 +59,8 @@ class Draft:
         #: Workers Kueue admitted (None when Kueue does not manage the job): at most this many run.
         self.admitted: int | None = None
         self.admitted_workload: WorkloadView | None = None
+        #: The reservations a run starting in this pass takes (planner.budget.judge found it fits).
+        self.reservations: list[tuple[BudgetView, Reservation]] = []
         #: ``now`` as Kueue's conditions spell their transition times.
         self.stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
 

@@ -24,9 +24,11 @@ from dgx_operator.render import BuildError, worker_pod
 from dgx_operator.render.resolved import Resolved
 
 
-def kueue(d: Draft, r: Resolved) -> Gate | None:
+def kueue(d: Draft, r: Resolved, *, held: bool = False) -> Gate | None:
     """Kueue's word on a job it manages (None when it does not): hold it, or run it with the
-    admitted count on the admitted flavors' nodes. The Workload writes go into the plan."""
+    admitted count on the admitted flavors' nodes. The Workload writes go into the plan. ``held``:
+    something else holds the job (a DGXBudget): its Workload is kept inactive, as for spec.suspend,
+    so it reserves no quota while it waits."""
     q = d.observed.queueing
     if q is None:
         return None
@@ -46,7 +48,7 @@ def kueue(d: Draft, r: Resolved) -> Gate | None:
         namespace=d.ident.namespace,
         uid=d.ident.uid,
         podset=pod_set(worker, 1 if r.interactive else r.min_nodes, 1 if r.interactive else r.max_nodes),
-        user_suspended=d.spec.suspend,
+        user_suspended=d.spec.suspend or held,
         finished=None,
         workers_active=sum(1 for p in d.pods if not p.finished),
         now=d.stamp,

@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 from dgx_operator.api.trainingjob import KIND, DGXTrainingJob
 from dgx_operator.api.vocabulary import JobPhase, JobReason
 from dgx_operator.catalog import UnknownInstanceError
-from dgx_operator.reconcile.planner import accounting, archives, gating, guardrails, restarts, timers
+from dgx_operator.reconcile.planner import accounting, archives, budget, gating, guardrails, restarts, timers
 from dgx_operator.reconcile.planner.coalesce import coalesce
 from dgx_operator.reconcile.planner.draft import Draft
 from dgx_operator.reconcile.planner.model import TERMINAL, Observed, Plan
@@ -54,9 +54,12 @@ def run(d: Draft) -> Plan:
     if refused is not None:
         return refused
     r = timers.with_pinned(d, r)
-    gate = gating.kueue(d, r)
+    over_budget = None if d.spec.suspend else budget.judge(d, r)
+    gate = gating.kueue(d, r, held=over_budget is not None)
     if d.spec.suspend:
         return gating.suspended(d)
+    if over_budget is not None:
+        return budget.held(d, over_budget)
     if gate is not None and gate.placement is None:
         return gating.queued(d, gate)
     if d.old_phase == JobPhase.SUSPENDED:
@@ -145,6 +148,7 @@ def keep_running(d: Draft, r: Resolved) -> Plan:
     d.plan.create = [c for c in d.plan.create if (c["kind"], c["metadata"]["name"]) not in refused]
     if d.status.start_time is None and (d.plan.create or d.pods):
         d.status.start_time = d.now
+        budget.reserve(d, desired)
         if r.max_duration_s is not None:
             d.wakeups.append(d.now + timedelta(seconds=r.max_duration_s))
     return decide_phase(d, r, desired)
@@ -266,4 +270,7 @@ def plan(job: DGXTrainingJob, ctx: BuildContext, observed: Observed, now: dateti
     result = run(d)
     accounting.account(d)
     coalesce(d)
+    started = job.status is not None and job.status.start_time is not None
+    ended = d.status.phase in TERMINAL and d.old_phase not in TERMINAL
+    result.settle = result.release_finalizer or ended or (started and d.status.start_time is None)
     return result

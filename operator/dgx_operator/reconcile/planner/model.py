@@ -11,10 +11,12 @@ from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from dgx_operator.api.common import Condition
-from dgx_operator.api.trainingjob import DGXTrainingJobStatus
+from dgx_operator.api.trainingjob import DGXTrainingJob, DGXTrainingJobStatus
 from dgx_operator.api.vocabulary import JobCondition, JobPhase
+from dgx_operator.reconcile.budgets import Reservation
 from dgx_operator.reconcile.pods import PodView
 from dgx_operator.reconcile.queueing import Queueing, WorkloadWrites
+from dgx_operator.reconcile.spending import BudgetView
 from dgx_operator.reconcile.status import find_condition
 from dgx_operator.validation.limits import Effective
 
@@ -109,6 +111,10 @@ class Observed:
     status_held_since: datetime | None = None
     #: How often a change of status.usage alone is written, at most (0: like the counts in flight).
     usage_interval: float = 300.0
+    #: The namespace's DGXBudgets, read for a pass that may start a run (planner.budget); None: not read.
+    budgets: Sequence[BudgetView] | None = None
+    #: The namespace's jobs with it (their usage counts against the budgets), read with the budgets.
+    neighbours: Sequence[DGXTrainingJob] = ()
     #: The guard rails of the job's namespace (the chart's limits and its DGXLimits, combined), read
     #: only for the job's first pass (no phase yet): they are checked and their defaults pinned then
     #: (planner.guardrails); None: not read, or no limits at all.
@@ -141,6 +147,12 @@ class Plan:
     workloads: WorkloadWrites = field(default_factory=WorkloadWrites)
     #: The status keeps stored counts in flight newer ones would change (planner.coalesce).
     status_held: bool = False
+    #: A run starts in this pass: its reservation in each covering DGXBudget, written (guarded by the
+    #: budget's resourceVersion) before any worker is created (planner.budget).
+    reserve: list[tuple[BudgetView, Reservation]] = field(default_factory=list)
+    #: The job's run ended (it finished, was suspended or evicted) or its finalizer goes: its usage is
+    #: settled into the budgets that cover it and its reservations are released.
+    settle: bool = False
 
 
 def condition(status: DGXTrainingJobStatus, type_: str) -> Condition | None:
