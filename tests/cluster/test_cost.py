@@ -154,3 +154,82 @@ def test_kubectl_get_shows_gpu_hours_and_cost_columns(operator: Restartable, nam
     assert names[:8] == ["NAME", "PHASE", "INSTANCE", "NODES", "RESTARTS", "REASON", "GPU-HOURS", "COST"]
     usage = usage_of(namespace, "columns")
     assert row.split()[6:8] == [usage["gpuHours"], usage["cost"]]
+
+
+def dgx_budget(name: str, cost: str, **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "kubedgx.io/v1alpha1",
+        "kind": "DGXBudget",
+        "metadata": {"name": name},
+        "spec": {"limits": {"cost": cost}, "period": {"calendar": "Month"}, **spec},
+    }
+
+
+def suspended_reason(k: Kubectl, job: str) -> tuple[str, str] | None:
+    found = k.get("dgxjob", job)
+    cond = next((c for c in dig(found, "status", "conditions", default=[]) or [] if c["type"] == "Suspended"), None)
+    return None if cond is None else (cond["reason"], cond.get("message", ""))
+
+
+def test_a_second_job_waits_for_the_budget_and_starts_when_it_is_raised(
+    operator: Restartable, namespace: Kubectl
+) -> None:
+    """One run's worst case (8 GPUs x 3.00 USD/GPU-h x 30m = 12.00 USD) fits a 20 USD budget; a
+    second one's does not while the first runs (its committed 12.00 + 12.00 > 20)."""
+    namespace.apply(dgx_budget("team", "20"))
+    namespace.apply(command_job("first"))
+    wait_job(namespace, "first", "Running", running_with(1), timeout=TIMEOUT)
+    namespace.apply(command_job("second"))
+    held = wait_for(
+        "the second job held by the budget",
+        lambda: (s := suspended_reason(namespace, "second")) and s[0] == "BudgetExceeded" and s,
+        timeout=TIMEOUT,
+    )
+    assert f"DGXBudget {namespace.namespace}/team" in held[1]
+    assert "of 20.00 USD" in held[1]
+    assert worker_pods(namespace, "second") == []
+    budget = wait_for(
+        "the budget's numbers",
+        lambda: dig(namespace.get("dgxbudget", "team"), "status", "committed", "cost"),
+        timeout=TIMEOUT,
+    )
+    assert Decimal(budget) > 0
+    namespace.run("patch", "dgxbudget", "team", "--type", "merge", "-p", '{"spec": {"limits": {"cost": "40"}}}')
+    wait_job(namespace, "second", "Running once the budget was raised", running_with(1), timeout=TIMEOUT)
+
+
+def test_a_finished_job_deleted_by_its_ttl_is_still_counted(operator: Restartable, namespace: Kubectl) -> None:
+    namespace.apply(dgx_budget("ledger", "1000", enforcement="Report"))
+    job = command_job("brief")
+    job["spec"]["ttlSecondsAfterFinished"] = 20
+    namespace.apply(job)
+    wait_job(namespace, "brief", "Running", running_with(1), timeout=TIMEOUT)
+    uid = namespace.get("dgxjob", "brief")["metadata"]["uid"]
+    namespace.run("label", "pod", "brief-worker-0", f"{EXIT_CODE_LABEL}=0", "--overwrite")
+    final = wait_for(
+        "the job's final usage",
+        lambda: (
+            (j := namespace.get("dgxjob", "brief"))
+            and dig(j, "status", "phase") == "Succeeded"
+            and (u := dig(j, "status", "usage", default={}) or {})
+            and u.get("running") in (None, [])
+            and u
+        ),
+        timeout=TIMEOUT,
+    )
+    wait_for("the job deleted by its TTL", lambda: namespace.get("dgxjob", "brief") is None, timeout=TIMEOUT)
+    row = wait_for(
+        "the job's row in the ledger",
+        lambda: next(
+            (
+                r
+                for r in dig(namespace.get("dgxbudget", "ledger"), "status", "ledger", default=[]) or []
+                if r["uid"] == uid
+            ),
+            None,
+        ),
+        timeout=TIMEOUT,
+    )
+    assert row["gpuSeconds"] == final["gpuSeconds"] > 0
+    spent = dig(namespace.get("dgxbudget", "ledger"), "status", "spent", "cost")
+    assert Decimal(spent) == Decimal(final["cost"])

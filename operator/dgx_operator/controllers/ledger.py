@@ -16,12 +16,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from dgx_operator.api.budget import DGXBudget
 from dgx_operator.api.trainingjob import DGXTrainingJob
 from dgx_operator.api.vocabulary import JobPhase
 from dgx_operator.catalog import Catalog
 from dgx_operator.kube import ApiError, Kube, TransientError
 from dgx_operator.reconcile import budgets, spending
+from dgx_operator.reconcile.status import merge_patch
 from dgx_operator.reconcile.stored import parse_stored
 from dgx_operator.reconcile.usage import from_status
 
@@ -77,8 +77,9 @@ async def write(
         generation=view.generation,
         conditions=conditions,
     )
-    body = status.model_dump(by_alias=True, mode="json")  # None included: a merge patch removes them
-    await kube.patch_budget_status(view.namespace, view.name, view.resource_version, body)
+    await kube.patch_budget_status(
+        view.namespace, view.name, view.resource_version, merge_patch(view.stored, _dump(status))
+    )
 
 
 async def reserve(
@@ -169,15 +170,14 @@ async def reconcile_budget(kube: Kube, namespace: str, name: str, catalog: Catal
     status = budgets.render_status(
         view.spec, ledger, watermarks(jobs), currency=currency(catalog), generation=view.generation
     )
-    wanted = status.model_dump(by_alias=True, mode="json")
-    if spending_status(body) != wanted:
-        await kube.patch_budget_status(namespace, name, view.resource_version, wanted)
+    patch = merge_patch(view.stored, _dump(status))
+    if patch:
+        await kube.patch_budget_status(namespace, name, view.resource_version, patch)
     return True
 
 
-def spending_status(body: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The stored status as the model writes it (so an unchanged ledger is not written again)."""
-    found, _ = parse_stored(DGXBudget, body)
-    if found is None or found.status is None:
-        return None
-    return found.status.model_dump(by_alias=True, mode="json")
+def _dump(status: Any) -> dict[str, Any]:
+    """A status as stored: no nulls (the schema has no nullable fields; a merge patch removes what
+    the new status leaves out)."""
+    dumped: dict[str, Any] = status.model_dump(by_alias=True, mode="json", exclude_none=True)
+    return dumped

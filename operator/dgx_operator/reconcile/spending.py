@@ -7,7 +7,7 @@ budget controller share it, so all three judge a run the same way."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any, cast
@@ -31,6 +31,8 @@ class BudgetView:
     spec: DGXBudgetSpec
     ledger: budgets.Ledger
     generation: int | None = None
+    #: The status as stored (what a merge patch of a new one is computed against).
+    stored: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def key(self) -> str:
@@ -59,6 +61,7 @@ def parse_budget(body: Mapping[str, Any]) -> BudgetView | None:
         spec=budget.spec,
         ledger=ledger,
         generation=budget.metadata.generation,
+        stored=dict(body.get("status") or {}),
     )
 
 
