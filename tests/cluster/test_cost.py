@@ -54,6 +54,9 @@ class Restartable:
     def forbidden(self) -> list[str]:
         return self.op.forbidden() if self.op is not None else []
 
+    def tail(self) -> str:
+        return self.op.tail(80) if self.op is not None else ""
+
 
 @pytest.fixture(scope="module")
 def operator(
