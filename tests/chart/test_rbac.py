@@ -73,10 +73,10 @@ KUEUE_WHY = (
 )
 
 #: DGXBudgets (issue 31): the API and its pure ledger exist (api/budget.py, reconcile/budgets.py), the controller
-#: that calls these does not yet; drop this entry when it does.
+#: that calls these does not yet; drop this entry when it does. (``list`` is used already: the webhook lists a
+#: namespace's budgets at each admission review of a job.)
 BUDGET_RULES = (
     ("kubedgx.io", "dgxbudgets", "get"),
-    ("kubedgx.io", "dgxbudgets", "list"),
     ("kubedgx.io", "dgxbudgets", "watch"),
     ("kubedgx.io", "dgxbudgets", "patch"),
     ("kubedgx.io", "dgxbudgets/status", "patch"),

@@ -158,3 +158,30 @@ def test_a_kueue_priority_class_label_added_later_is_refused(scoped: Kubectl) ->
     scoped.run("label", JOBS, "queued", f"{KUEUE_PRIORITY_LABEL}=research")
     assert dig(scoped.get(JOBS, "queued"), "metadata", "labels", KUEUE_PRIORITY_LABEL) == "research"
     scoped.run("label", JOBS, "queued", "team=nlp")  # other labels are never sent
+
+
+def test_a_job_that_cannot_fit_a_budget_is_applied_with_kubectl_printing_the_warning(scoped: Kubectl) -> None:
+    """DGXBudgets (issue 31): the webhook, as the chart's ServiceAccount, lists the namespace's budgets and jobs and
+    warns, never refuses; kubectl prints the admission warning on stderr."""
+    ns = scoped.namespace
+    wait_for(
+        "CRD dgxbudgets Established", lambda: established(scoped, "dgxbudgets.kubedgx.io"), timeout=60, interval=0.3
+    )
+    budget: dict[str, Any] = {
+        "apiVersion": "kubedgx.io/v1alpha1",
+        "kind": "DGXBudget",
+        "metadata": {"name": "small"},
+        "spec": {"limits": {"gpuHours": "1"}, "period": {"calendar": "Month"}},
+    }
+    scoped.apply(budget)
+    proc = scoped.apply(command_job("over"))  # 1 node x 8 GPUs x 30m = 4 GPU-hours
+    assert (
+        f"Warning: DGXBudget {ns}/small: this run's worst case 1 node x 8 GPUs x 30m = 4.00 GPU-hours does not fit: "
+        "spent 0.00 + committed 0.00 of 1.00 GPU-hours ("
+    ) in proc.stderr, proc.stderr
+    assert "this job will wait (BudgetExceeded) until then" in proc.stderr, proc.stderr
+    assert scoped.get(JOBS, "over") is not None
+    budget["spec"]["limits"] = {"gpuHours": "100"}
+    scoped.apply(budget)
+    proc = scoped.apply(command_job("fits"))
+    assert "DGXBudget" not in proc.stderr, proc.stderr

@@ -11,6 +11,7 @@ import asyncio
 import copy
 import json
 from collections.abc import Callable, Mapping
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +30,9 @@ from dgx_operator.render import JobIdentity, trainer_config_map
 from dgx_operator.render.names import FINALIZER
 from dgx_operator.runtime.settings import OperatorConfig
 from dgx_operator.validation.validator import immutable_changes
-from dgx_operator.webhook import admission
+from dgx_operator.webhook import admission, budget_warnings
 from dgx_operator.webhook.config import WebhookConfig
-from tests.conftest import BASE_JOB, BASE_MOUNT, DELETE, with_changes
+from tests.conftest import BASE_BUDGET, BASE_JOB, BASE_MOUNT, DELETE, with_changes
 
 Body = dict[str, Any]
 
@@ -166,16 +167,26 @@ def test_only_the_old_objects_status_decides() -> None:
 
 
 class FakeKube:
-    """``get_mount`` and ``get_limits`` as :class:`dgx_operator.kube.Kube` answers them: the stored object,
-    or None (404). ``limits``: a namespace's DGXLimits, or an exception its lookup raises."""
+    """``get_mount``, ``get_limits``, ``list_budgets`` and ``list_jobs`` as :class:`dgx_operator.kube.Kube` answers
+    them: the stored object, or None (404); a namespace's list. ``limits``: a namespace's DGXLimits, or an exception
+    its lookup raises; ``budgets``: a namespace's DGXBudgets, or an exception (or ``HANG``) for their listing."""
+
+    HANG = object()
 
     def __init__(
-        self, mounts: Mapping[tuple[str, str], Body] | None = None, limits: Mapping[str, Any] | None = None
+        self,
+        mounts: Mapping[tuple[str, str], Body] | None = None,
+        limits: Mapping[str, Any] | None = None,
+        budgets: Mapping[str, Any] | None = None,
+        jobs: Mapping[str, list[Body]] | None = None,
     ) -> None:
         self.mounts = dict(mounts or {})
         self.limits = dict(limits or {})
+        self.budgets = dict(budgets or {})
+        self.jobs = dict(jobs or {})
         self.asked: list[tuple[str, str]] = []
         self.asked_limits: list[str] = []
+        self.listed: list[tuple[str, str]] = []
 
     async def get_mount(self, namespace: str, name: str) -> Body | None:
         self.asked.append((namespace, name))
@@ -187,6 +198,19 @@ class FakeKube:
         if isinstance(found, BaseException):
             raise found
         return found
+
+    async def list_budgets(self, namespace: str) -> list[Body]:
+        self.listed.append(("dgxbudgets", namespace))
+        found = self.budgets.get(namespace, [])
+        if found is FakeKube.HANG:
+            await asyncio.Event().wait()  # no answer, ever: the review's own timeout ends it
+        if isinstance(found, BaseException):
+            raise found
+        return copy.deepcopy(list(found))
+
+    async def list_jobs(self, namespace: str) -> list[Body]:
+        self.listed.append(("dgxtrainingjobs", namespace))
+        return copy.deepcopy(self.jobs.get(namespace, []))
 
 
 def memo_for(kube: FakeKube | None = None, config: OperatorConfig | None = None) -> kopf.Memo:
@@ -819,3 +843,233 @@ def test_the_match_conditions_send_priority_class_label_changes_and_no_other_met
     assert sent(old, edited(old, {"spec.suspend": True}))
     assert not sent(old, edited(old, {"metadata.labels": {"team": "nlp"}}))
     assert not sent(old, edited(old, {"metadata.finalizers": ["kubedgx.io/finalizer"]}))
+
+
+# -- budgets (DGXBudget): the warning of a run that cannot fit ----------------------------------------------------
+
+#: The webhook's clock in these tests: mid-December, so the stored period below is the current one.
+NOW = datetime(2026, 12, 15, 12, tzinfo=UTC)
+#: A job that has run 2 hours on one a100 node (8 GPUs at the shipped example price, 1.80 USD/GPU-h): 28.80 USD
+#: of usage no budget has settled yet, and a reservation for 8 more hours (115.20 USD committed).
+RUNNING_USAGE = {
+    "gpuSeconds": 2 * 3600 * 8,
+    "accountedUntil": "2026-12-15T12:00:00Z",
+    "buckets": [{"capacity": "norm", "pricePerGpuHour": "1.80", "gpuSeconds": 2 * 3600 * 8}],
+}
+
+
+def stamp(moment: datetime) -> str:
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def running_job() -> Body:
+    return with_changes(
+        BASE_JOB,
+        {
+            "metadata.name": "running",
+            "metadata.uid": "uid-running",
+            "metadata.creationTimestamp": stamp(NOW - timedelta(hours=2)),
+            "spec.restartPolicy": "Never",
+            "spec.maxDuration": "10h",
+            "status": {"phase": "Running", "usage": RUNNING_USAGE},
+        },
+    )
+
+
+def dgx_budget(spec: dict[str, Any] | None = None, name: str = "burst", status: bool = True) -> Body:
+    """A DGXBudget of namespace ml limiting December's cost to 1000 USD, 600 of it spent by a job since deleted,
+    the running job's reservation in it."""
+    budget = with_changes(
+        BASE_BUDGET, {"metadata.name": name, "spec": {"limits": {"cost": "1000"}, "period": {"calendar": "Month"}}}
+    )
+    budget["spec"].update(spec or {})
+    if status:
+        budget["status"] = {
+            "currency": "USD",
+            "period": {"start": "2026-12-01T00:00:00Z", "end": "2027-01-01T00:00:00Z"},
+            "ledger": [
+                {
+                    "job": "gone",
+                    "uid": "uid-gone",
+                    "seenGpuSeconds": 1_200_000,
+                    "seenCost": "600",
+                    "gpuSeconds": 1_200_000,
+                    "cost": "600",
+                }
+            ],
+            "reservations": [
+                {
+                    "job": "running",
+                    "uid": "uid-running",
+                    "capacity": "norm",
+                    "nodes": 1,
+                    "gpusPerNode": 8,
+                    "pricePerGpuHour": "1.80",
+                    "from": stamp(NOW - timedelta(hours=2)),
+                    "until": stamp(NOW + timedelta(hours=8)),
+                }
+            ],
+        }
+    return budget
+
+
+def over(budget: Body | None = None, *, jobs: list[Body] | None = None) -> FakeKube:
+    """A FakeKube whose namespace ml has ``budget`` (default: :func:`dgx_budget`'s) and ``jobs`` (default: the
+    running job)."""
+    return FakeKube(budgets={"ml": [budget or dgx_budget()]}, jobs={"ml": [running_job()] if jobs is None else jobs})
+
+
+@pytest.fixture
+def december(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(admission, "now", lambda: NOW)
+
+
+#: BASE_JOB run once (no checkpoint warning), for a day: 1 node x 8 GPUs x 1.80 USD/GPU-h x 24h = 345.60 USD.
+DAY_JOB = with_changes(BASE_JOB, {"spec.restartPolicy": "Never", "spec.maxDuration": "24h"})
+OVER = (
+    "DGXBudget ml/burst: this run's worst case 1 node x 8 GPUs x 1.80 USD/GPU-h x 24h = 345.60 USD does not fit: "
+    "spent 628.80 + committed 115.20 of 1000.00 USD (2026-12-01 to 2027-01-01, UTC); it starts when the budget is "
+    "raised, a running job ends, or the period rolls on 2027-01-01: this job will wait (BudgetExceeded) until then"
+)
+
+
+@pytest.mark.usefixtures("december")
+def test_a_namespace_without_budgets_costs_one_listing_and_no_warning() -> None:
+    kube = FakeKube(jobs={"ml": [running_job()]})
+    assert warned(DAY_JOB, memo_for(kube)) == []
+    assert kube.listed == [("dgxbudgets", "ml")]  # its jobs are not listed
+
+
+@pytest.mark.usefixtures("december")
+def test_a_run_that_fits_warns_nothing() -> None:
+    """600 spent + 28.80 unsettled + 115.20 committed + 10h x 8 x 1.80 (144.00) = 888.00 <= 1000."""
+    kube = over()
+    assert warned(with_changes(DAY_JOB, {"spec.maxDuration": "10h"}), memo_for(kube)) == []
+    assert kube.listed == [("dgxbudgets", "ml"), ("dgxtrainingjobs", "ml")]
+
+
+@pytest.mark.usefixtures("december")
+def test_a_run_that_cannot_fit_is_admitted_with_the_budgets_numbers() -> None:
+    """600 spent + 28.80 unsettled + 115.20 committed + 345.60 = 1089.60 > 1000: admitted, with the message the job's
+    BudgetExceeded condition will carry."""
+    assert warned(DAY_JOB, memo_for(over())) == [OVER]
+
+
+@pytest.mark.usefixtures("december")
+def test_each_budget_that_holds_warns_and_report_budgets_never_do() -> None:
+    report = dgx_budget({"enforcement": "Report"}, name="ledger")
+    spot_only = dgx_budget({"capacities": ["spot"]}, name="spot")
+    other_team = dgx_budget({"jobSelector": {"matchLabels": {"team": "vision"}}}, name="vision")
+    hours = dgx_budget({"limits": {"gpuHours": "10"}}, name="hours", status=False)
+    kube = FakeKube(budgets={"ml": [report, spot_only, other_team, hours, dgx_budget()]}, jobs={"ml": [running_job()]})
+    assert warned(DAY_JOB, memo_for(kube)) == [
+        "DGXBudget ml/hours: this run's worst case 1 node x 8 GPUs x 24h = 192.00 GPU-hours does not fit: spent 16.00 "
+        "+ committed 0.00 of 10.00 GPU-hours (2026-12-01 to 2027-01-01, UTC), and alone exceeds the limit; it starts "
+        "when the budget is raised or the run asks for less (fewer nodes, a shorter spec.maxDuration): this job will "
+        "wait (BudgetExceeded) until then",
+        OVER,
+    ]
+
+
+@pytest.mark.usefixtures("december")
+def test_a_namespace_with_report_budgets_only_is_not_listed_further() -> None:
+    kube = over(dgx_budget({"enforcement": "Report"}))
+    assert warned(DAY_JOB, memo_for(kube)) == []
+    assert kube.listed == [("dgxbudgets", "ml")]
+
+
+@pytest.mark.usefixtures("december")
+def test_a_run_without_maxduration_cannot_fit_a_hold_budget_and_is_told_to_set_it() -> None:
+    job = with_changes(DAY_JOB, {"spec.maxDuration": DELETE})
+    assert warned(job, memo_for(over())) == [
+        "DGXBudget ml/burst: this run has no worst case to reserve: set spec.maxDuration (the budget holds a run until "
+        "its nodes x GPUs x price x maxDuration fits): this job will wait (BudgetExceeded) until then"
+    ]
+
+
+@pytest.mark.usefixtures("december")
+def test_the_guard_rails_default_maxduration_is_the_worst_case_of_a_job_without_one() -> None:
+    job = with_changes(DAY_JOB, {"spec.maxDuration": DELETE})
+    kube = over()
+    kube.limits = {"ml": dgx_limits({"maxDuration": {"default": "24h"}})}
+    assert warned(job, memo_for(kube)) == ["spec.maxDuration unset: 24h applies (DGXLimits ml/default)", OVER]
+    kube.limits = {"ml": dgx_limits({"maxDuration": {"default": "10h"}})}
+    assert warned(job, memo_for(kube)) == ["spec.maxDuration unset: 10h applies (DGXLimits ml/default)"]
+
+
+@pytest.mark.usefixtures("december")
+def test_an_update_counts_the_jobs_own_usage_once_and_not_its_own_reservation() -> None:
+    """The running job, its maxDuration raised: its own 28.80 USD count once (the listed copy is left out), and the
+    new run's worst case replaces its reservation (the 115.20 committed to it are not counted beside it). At 25h,
+    600 + 28.80 + 360.00 = 988.80 fits; counting its usage twice (1017.60) or its reservation (1104.00) would not."""
+    old = running_job()
+    assert warned(edited(old, {"spec.maxDuration": "25h"}), memo_for(over()), old, "UPDATE") == []
+    [message] = warned(edited(old, {"spec.maxDuration": "26h"}), memo_for(over()), old, "UPDATE")
+    assert "= 374.40 USD does not fit: spent 628.80 + committed 0.00 of 1000.00 USD" in message
+
+
+@pytest.mark.usefixtures("december")
+def test_no_budget_listing_when_the_spec_did_not_change() -> None:
+    """Kueue's suspend flips and label edits change no run's worst case: no listing, no warning for Kueue's log."""
+    old = running_job()
+    kube = over()
+    assert warned(edited(old, {"spec.suspend": True}), memo_for(kube), old, "UPDATE") == []
+    labelled = edited(old, {"metadata.labels": {KUEUE_PRIORITY_LABEL: "research"}})
+    assert warned(labelled, memo_for(kube), old, "UPDATE") == []
+    assert kube.listed == []
+
+
+@pytest.mark.usefixtures("december")
+def test_a_refused_job_is_not_warned_about_budgets() -> None:
+    """A refused job has no run to wait: the budget warning would only bury the refusal."""
+    kube = over()
+    kube.limits = {"ml": dgx_limits({"priorities": ["low"]})}
+    warnings: list[str] = []
+    with pytest.raises(kopf.AdmissionError):
+        asyncio.run(admission.review(memo_for(kube), DAY_JOB, None, "CREATE", warnings))
+    assert warnings == []
+    kube.limits = {}
+    assert warned(DAY_JOB, memo_for(kube)) == [OVER]  # the same job, admitted
+
+
+@pytest.mark.usefixtures("december")
+def test_a_budget_this_kubedgx_cannot_read_is_a_warning_and_the_others_still_count() -> None:
+    broken = dgx_budget({"period": {"calendar": "Fortnight"}}, name="broken")
+    kube = over()
+    kube.budgets["ml"] = [broken, dgx_budget()]
+    assert warned(DAY_JOB, memo_for(kube)) == [
+        "DGXBudget ml/broken cannot be read by this kubedgx, so this job was not checked against it; re-apply the "
+        "budget with a valid spec",
+        OVER,
+    ]
+
+
+@pytest.mark.parametrize(
+    ("answer", "reason"),
+    [
+        pytest.param(ApiError(status=403, reason="Forbidden"), "the API server answered HTTP 403 Forbidden", id="rbac"),
+        pytest.param(aiohttp.ClientConnectionError("refused"), "refused", id="connection"),
+        pytest.param(FakeKube.HANG, "the API server did not answer within 0.05s", id="no-answer"),
+    ],
+)
+def test_budgets_that_cannot_be_listed_admit_the_job_with_a_warning(
+    answer: object, reason: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(admission, "MOUNT_LOOKUP_TIMEOUT_S", 0.05)
+    kube = FakeKube(budgets={"ml": answer})
+    assert warned(DAY_JOB, memo_for(kube)) == [
+        f"spec: cannot check whether this job fits the DGXBudgets of namespace ml: {reason}; admitted without that "
+        "check"
+    ]
+
+
+@pytest.mark.usefixtures("december")
+def test_a_failure_judging_the_budgets_is_a_warning_not_a_refusal(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*_: Any) -> list[str]:
+        raise ValueError("a ledger no test foresaw")
+
+    monkeypatch.setattr(budget_warnings, "warnings", broken)
+    assert warned(DAY_JOB, memo_for(over())) == [
+        "spec: cannot check whether this job fits the DGXBudgets of namespace ml: ValueError: a ledger no test "
+        "foresaw; admitted without that check"
+    ]

@@ -51,6 +51,9 @@ class Kube:
     async def get_limits(self, namespace: str) -> Body | None:
         return None  # no guard rails: these tests are about the mounts (test_admission.py has the limits')
 
+    async def list_budgets(self, namespace: str) -> list[Body]:
+        return []  # no budgets either (test_admission.py has their warning)
+
     async def get_mount(self, namespace: str, name: str) -> Body | None:
         answer = self.answers.get((namespace, name))
         self.in_flight += 1

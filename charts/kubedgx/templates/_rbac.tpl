@@ -28,7 +28,9 @@ watches every namespace, a Role in each namespace of watchNamespaces otherwise.
 - apiGroups: ["kubedgx.io"]
   resources: ["dgxtrainingjobs/status", "dgxdatamounts/status"]
   verbs: ["patch"]
-# Application: DGXBudgets are watched (a change releases held jobs) and read before a run starts.
+# Application and admission: DGXBudgets are watched (a change releases held jobs) and read before a run
+# starts; the webhook lists a namespace's budgets (and then its jobs) at each create or change of a job,
+# to warn when its run cannot fit one.
 - apiGroups: ["kubedgx.io"]
   resources: ["dgxbudgets"]
   verbs: ["get", "list", "watch", "patch"]

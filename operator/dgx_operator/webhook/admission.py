@@ -21,6 +21,7 @@ import shutil
 import tempfile
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import aiohttp
@@ -45,8 +46,9 @@ from dgx_operator.render import (
     worker_pod,
 )
 from dgx_operator.validation.durability import reference_warnings
-from dgx_operator.validation.limits import effective, new_problems, parse_limits
+from dgx_operator.validation.limits import Effective, effective, new_problems, parse_limits, pinned
 from dgx_operator.validation.validator import Validator, immutable_changes, object_label, reference_problems
+from dgx_operator.webhook import budget_warnings
 from dgx_operator.webhook.certificates import CertificateKeeper, PublishError, SelfSigned, self_signed
 from dgx_operator.webhook.config import WebhookConfig
 
@@ -188,18 +190,25 @@ async def _review(
         hook = getattr(memo.get("config"), "webhook", None)
         lookup_s, dry_run_s = budgets(hook.timeout_seconds if isinstance(hook, WebhookConfig) else None)
         earlier = _previous_job(previous) if operation == "UPDATE" else None
+        spend: Spend | None = None
+        guard_rails: Effective | None = None
         if operation != "UPDATE" or _spec_changed(old, body, operation) or _priority_class_changed(old, body):
             # Looked up alongside the mounts, within the same budget. Not for Kueue's suspend flips:
             # they change nothing a limit is about.
-            limits, mounts = await asyncio.gather(
+            # The budgets too, for the warning of a run that cannot fit one: only when the spec changed
+            # (a relabelling changes no run's worst case).
+            listing = "kube" in memo and _spec_changed(old, body, operation)
+            limits, mounts, spend = await asyncio.gather(
                 _limits(memo, job, lookup_s),
                 _mounts(memo.kube, job, lookup_s) if "kube" in memo else _no_mounts(),
+                _spend(memo.kube, job, lookup_s) if listing else _no_spend(),
             )
             namespace_limits, cannot_check = limits
             if cannot_check is not None:
                 unchecked.append(cannot_check)
             else:
-                refused, defaults = _guard_rails(memo, job, earlier, namespace_limits, validator.catalog)
+                guard_rails = _effective(memo, job, namespace_limits)
+                refused, defaults = new_problems(job, earlier, guard_rails, validator.catalog)
                 problems += refused
                 if _spec_changed(old, body, operation):
                     warnings += defaults
@@ -226,6 +235,10 @@ async def _review(
             denied, notes = await dry_run(memo.kube, job, ctx, earlier, dry_run_s)
             problems += denied
             warnings += notes
+        if not problems and not unchecked and spend is not None:
+            # Only for a job that is admitted: a refused one has no run to wait.
+            default = pinned(job, guard_rails).max_duration if guard_rails is not None else None
+            warnings += _budget_warnings(job, body, spend, validator.catalog, default)
     return problems, unchecked
 
 
@@ -276,14 +289,18 @@ async def _limits(
     return found, None
 
 
+def _effective(memo: kopf.Memo, job: DGXTrainingJob, namespace: DGXLimits | None) -> Effective:
+    """The guard rails of the job's namespace: the chart's limits and its DGXLimits, combined."""
+    cluster = getattr(memo.get("config"), "limits", None)
+    return effective(cluster, namespace, job.metadata.namespace or "default")
+
+
 def _guard_rails(
     memo: kopf.Memo, job: DGXTrainingJob, earlier: DGXTrainingJob | None, namespace: DGXLimits | None, catalog: Catalog
 ) -> tuple[list[Problem], list[str]]:
     """(refusals, defaults that apply) of the chart's and the namespace's limits (validation.limits); on
     an update, only the refusals the stored job did not have already."""
-    cluster = getattr(memo.get("config"), "limits", None)
-    limits = effective(cluster, namespace, job.metadata.namespace or "default")
-    return new_problems(job, earlier, limits, catalog)
+    return new_problems(job, earlier, _effective(memo, job, namespace), catalog)
 
 
 async def _label_limits(memo: kopf.Memo, body: dict[str, Any], old: dict[str, Any]) -> tuple[list[Problem], list[str]]:
@@ -300,6 +317,67 @@ async def _label_limits(memo: kopf.Memo, body: dict[str, Any], old: dict[str, An
     catalog = memo["validator"].catalog if "validator" in memo else memo.config.catalog()
     problems, _ = _guard_rails(memo, job, earlier, namespace, catalog)
     return [p for p in problems if p.path.startswith("metadata.")], []
+
+
+# -- budgets (DGXBudget): a warning when the run cannot fit ----------------------------------------
+
+
+def now() -> datetime:
+    """The webhook's clock, for the budgets' periods (a test sets another)."""
+    return datetime.now(UTC)
+
+
+#: (the namespace's DGXBudgets and, when one may hold, its jobs; or None), or (None, why they could not be listed).
+Spend = tuple[tuple[list[dict[str, Any]], list[dict[str, Any]]] | None, str | None]
+
+
+async def _no_spend() -> Spend:
+    return None, None
+
+
+async def _spend(kube: Kube, job: DGXTrainingJob, timeout: float) -> Spend:
+    """The namespace's DGXBudgets and, only when one of them may hold a job, its DGXTrainingJobs (the
+    common namespace, without budgets, costs one listing), all within ``timeout``: the mounts' and the
+    guard rails' budget, which this runs alongside. Whatever fails, the answer is a warning, never a
+    refusal (budget_warnings: the budget only decides when the job starts, and it may be raised)."""
+    namespace = job.metadata.namespace or "default"
+    bound = asyncio.timeout(timeout)
+    try:
+        async with bound:
+            found = await kube.list_budgets(namespace)
+            if not any(budget_warnings.may_hold(b) for b in found):
+                return None, None
+            jobs = await kube.list_jobs(namespace)
+    except Exception as exc:  # whatever failed, the budgets are unknown: admitted without that check
+        reason = f"the API server did not answer within {timeout:g}s" if bound.expired() else _lookup_failure(exc)
+        log.warning("webhook: DGXBudgets of %s: %s", namespace, reason)
+        return None, (
+            f"spec: cannot check whether this job fits the DGXBudgets of namespace {namespace}: {reason}; admitted "
+            "without that check"
+        )
+    return (found, jobs), None
+
+
+def _budget_warnings(
+    job: DGXTrainingJob, body: dict[str, Any], spend: Spend, catalog: Catalog, default: str | None
+) -> list[str]:
+    """The warnings of :func:`budget_warnings.warnings` for what :func:`_spend` listed, or the one saying
+    they could not be listed. A failure of the judgement itself (a ledger no test foresaw) is logged and
+    warned about too: what is only advice must never refuse a job nor fail the review."""
+    listed, cannot_list = spend
+    if cannot_list is not None:
+        return [cannot_list]
+    if listed is None:
+        return []
+    namespace = job.metadata.namespace or "default"
+    try:
+        return budget_warnings.warnings(*listed, body, catalog, default, now())
+    except Exception as exc:
+        log.exception("webhook: judging %s against the DGXBudgets of %s failed", object_label(body), namespace)
+        return [
+            f"spec: cannot check whether this job fits the DGXBudgets of namespace {namespace}: "
+            f"{type(exc).__name__}: {_one_line(exc)}; admitted without that check"
+        ]
 
 
 def _spec_changed(old: dict[str, Any] | None, new: dict[str, Any], operation: str | None) -> bool:
