@@ -108,7 +108,8 @@ def test_this_month_a_budget_for_the_whole_namespace_gives_its_total_deleted_job
     rep = build()
     a = namespace(rep, "team-a")
     assert (report.hours(a.gpu_seconds), report.money(a.cost)) == ("52.50", "86.50")
-    assert a.source == "DGXBudget monthly ledger" and a.budget == "monthly"
+    assert a.source == "DGXBudget monthly ledger"
+    assert a.budget == "monthly"
     rows = jobs_of(rep)
     assert (report.hours(rows["team-a/llama-b"].gpu_seconds), report.money(rows["team-a/llama-b"].cost)) == (
         "40.00",
@@ -129,7 +130,8 @@ def test_the_ledger_is_brought_to_now_with_the_live_jobs_usage() -> None:
 def test_without_a_budget_the_total_is_the_live_jobs_and_the_note_says_what_is_missing() -> None:
     rep = build()
     b = namespace(rep, "team-b")
-    assert b.source == "live jobs" and b.budget is None
+    assert b.source == "live jobs"
+    assert b.budget is None
     assert (report.hours(b.gpu_seconds), report.money(b.cost), report.money(b.savings)) == ("48.00", "89.60", "73.60")
     note = next(n for n in rep.notes if n.startswith("team-b:"))
     assert "jobs deleted before now are not in it" in note
@@ -149,10 +151,15 @@ def test_a_budget_on_some_capacities_or_some_jobs_is_not_the_namespace_total() -
 def test_a_closed_month_comes_from_the_budget_history() -> None:
     rep = build("last-month")
     a = namespace(rep, "team-a")
-    assert (a.source, report.hours(a.gpu_seconds), report.money(a.cost)) == ("DGXBudget monthly history", "100.00",
-                                                                             "156.00")  # fmt: skip
+    assert (a.source, report.hours(a.gpu_seconds), report.money(a.cost), a.jobs) == (
+        "DGXBudget monthly history",
+        "100.00",
+        "156.00",
+        2,  # the history's count: bert-c and a job deleted since
+    )
+    assert a.savings is None  # the deleted job's are not kept
     assert list(jobs_of(rep)) == ["team-a/bert-c"]
-    assert any("jobs deleted since are in the total only" in n for n in rep.notes)
+    assert any("jobs deleted since are in the total, not listed" in n for n in rep.notes)
 
 
 def test_a_month_the_budget_does_not_know_falls_back_to_the_live_jobs() -> None:
@@ -218,14 +225,16 @@ def test_several_currencies_are_named_in_each_cell() -> None:
     jobs = data.jobs()
     jobs[3]["status"]["usage"]["currency"] = "EUR"
     text = report.render_table(build(namespaces=("team-b",), jobs=jobs))
-    assert "54.40 EUR" in text and "35.20 USD" in text
+    assert "54.40 EUR" in text
+    assert "35.20 USD" in text
     assert "COST (" not in text
 
 
 def test_json_and_csv_carry_the_same_numbers() -> None:
     rep = build()
     doc = json.loads(report.render_json(rep))
-    assert doc["period"]["label"] == "2026-12" and doc["examplePrices"] is True
+    assert doc["period"]["label"] == "2026-12"
+    assert doc["examplePrices"] is True
     assert [(n["namespace"], n["gpuHours"], n["cost"]) for n in doc["namespaces"]] == [
         ("team-a", "52.50", "86.50"),
         ("team-b", "48.00", "89.60"),
@@ -299,7 +308,11 @@ def test_an_exec_plugin_gives_the_token(tmp_path: Path) -> None:
     ("argv", "user", "says"),
     [
         (["--kubeconfig", "/nonexistent/config"], None, "--kubeconfig /nonexistent/config: no such file"),
-        (["--context", "three"], {"token": "t"}, "--context three: no such context in the kubeconfig (it has: one, two)"),
+        (
+            ["--context", "three"],
+            {"token": "t"},
+            "--context three: no such context in the kubeconfig (it has: one, two)",
+        ),
         ([], {"auth-provider": {"name": "gcp"}}, "auth-provider 'gcp', which kubedgx does not run"),
         ([], {"exec": {"command": "/nonexistent/plugin"}}, "the exec plugin /nonexistent/plugin did not run"),
     ],

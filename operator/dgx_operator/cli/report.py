@@ -322,6 +322,8 @@ class _Ledgered:
     total: budgets.Amount
     rows: tuple[budgets.Row, ...] | None
     source: str
+    #: Jobs counted, where the ledger says (a closed period's history): else the rows listed.
+    jobs: int | None = None
 
 
 def _from_budget(view: spending.BudgetView, jobs: Sequence[_Job], period: Period, now: datetime) -> _Ledgered | None:
@@ -348,7 +350,7 @@ def _from_budget(view: spending.BudgetView, jobs: Sequence[_Job], period: Period
         zone = view.spec.period.zone
         if (closed.start.astimezone(zone).date(), closed.end.astimezone(zone).date()) == wanted:
             amount = budgets.Amount(closed.gpu_seconds, closed.cost)
-            return _Ledgered(view.name, amount, None, f"DGXBudget {view.name} history")
+            return _Ledgered(view.name, amount, None, f"DGXBudget {view.name} history", closed.jobs)
     return None
 
 
@@ -413,6 +415,8 @@ def build(
         job_rows += rows
         savings = _sum_or_none(r.savings for r in rows)
         if ledgered is not None:
+            if ledgered.rows is None:  # the total has jobs the rows lack, and their savings are not kept
+                savings = None
             ns_rows.append(
                 NamespaceRow(
                     ns,
@@ -420,15 +424,16 @@ def build(
                     ledgered.total.gpu_seconds,
                     ledgered.total.cost if currency else None,
                     savings,
-                    len(rows),
+                    len(rows) if ledgered.jobs is None else ledgered.jobs,
                     currency,
                     budget=ledgered.budget,
                 )
             )
             if ledgered.rows is None:
                 notes.append(
-                    f"{ns}: the total is {ledgered.source}'s; the jobs listed are the live ones whose run overlaps "
-                    f"{period.label} (their whole usage); jobs deleted since are in the total only"
+                    f"{ns}: the total is from {ledgered.source}, which keeps totals only: the jobs listed are the live "
+                    f"ones whose run overlaps {period.label} (with their whole usage); jobs deleted since are in the "
+                    "total, not listed, and its spot savings are not known"
                 )
         else:
             without_ledger.append(ns)
