@@ -133,3 +133,11 @@ async def test_rbac_refusals_are_one_line(scenario: Emulator, kubeconfig: Path) 
     assert len(err.splitlines()) == 1
     assert "Traceback" not in err
     assert out == ""
+
+
+async def test_a_cluster_without_the_crds_says_so(scenario: Emulator, kubeconfig: Path) -> None:
+    scenario.fail("list", "dgxtrainingjobs", code=404)
+    code, out, err = await usage(kubeconfig, "-n", "team-a")
+    assert code == 2
+    assert "does not serve dgxtrainingjobs.kubedgx.io: are kubedgx's CRDs installed" in err
+    assert out == ""

@@ -148,6 +148,16 @@ def test_a_budget_on_some_capacities_or_some_jobs_is_not_the_namespace_total() -
         assert report.hours(a.gpu_seconds) == "12.50"  # llama-a only: llama-b is known to the ledger alone
 
 
+def test_a_budget_that_never_counted_is_not_taken_for_a_ledger() -> None:
+    """A budget without status.period (its controller never wrote it): its ledger would be made up of
+    the live jobs here, with none of the deleted ones, so the live jobs' sum is said to be just that."""
+    fresh = data.budget()
+    del fresh["status"]
+    rep = build(budgets=[fresh])
+    assert namespace(rep, "team-a").source == "live jobs"
+    assert any("DGXBudget team-a/monthly has not counted anything yet" in n for n in rep.notes)
+
+
 def test_a_closed_month_comes_from_the_budget_history() -> None:
     rep = build("last-month")
     a = namespace(rep, "team-a")

@@ -387,7 +387,11 @@ def build(
         currency = next((j.stored.currency for j in mine if j.stored is not None and j.stored.currency), None)
         ledgered = None
         for view in sorted((v for v in views if v.namespace == ns), key=lambda v: v.name):
-            if _whole_scope(view, queue):
+            if _whole_scope(view, queue) and view.ledger.window is None:
+                # Never counted (no operator counts budgets yet, or not this one): a ledger made up here
+                # from the live jobs would pass their sum off as one that includes the deleted jobs.
+                notes.append(f"DGXBudget {ns}/{view.name} has not counted anything yet (no status.period): not used")
+            elif _whole_scope(view, queue):
                 ledgered = _from_budget(view, mine, period, now)
                 if ledgered is not None:
                     currency = currency or _currency(budget_objects, ns, view.name)
