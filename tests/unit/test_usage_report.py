@@ -69,6 +69,8 @@ def test_last_month_in_january_is_the_previous_december() -> None:
         ("0d", "1d to 3660d"),
         ("2026-11-15..2026-11-01", "TO is before FROM"),
         ("2026-11-01..soon", "YYYY-MM-DD..YYYY-MM-DD"),
+        ("0000-01", "outside 1970 to 9998"),
+        ("2026-01-01..9999-12-31", "outside 1970 to 9998"),
     ],
 )
 def test_a_bad_period_says_what_is_accepted(text: str, says: str) -> None:

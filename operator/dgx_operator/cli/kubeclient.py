@@ -144,9 +144,11 @@ def _merge(paths: list[Path]) -> _Merged:
             raise ClusterError(f"kubeconfig {path}: cannot read it: {exc}") from None
         if not isinstance(document, dict):
             raise ClusterError(f"kubeconfig {path}: not a kubeconfig (a YAML mapping with clusters, users, contexts)")
-        merged.current = merged.current or document.get("current-context") or None
+        current = document.get("current-context")
+        merged.current = merged.current or (current if isinstance(current, str) and current else None)
         for kind, key in (("clusters", "cluster"), ("users", "user"), ("contexts", "context")):
-            for entry in document.get(kind) or []:
+            listed = document.get(kind)
+            for entry in listed if isinstance(listed, list) else []:
                 if isinstance(entry, dict) and isinstance(entry.get("name"), str):
                     found = entry.get(key)
                     body: dict[str, Any] = found if isinstance(found, dict) else {}

@@ -66,12 +66,15 @@ PERIOD_HELP = (
 def parse_period(text: str) -> PeriodSpec:
     """``--period``'s value; ValueError with the accepted forms when it is none of them."""
     value = text.strip()
-    if value in ("this-month", "last-month"):
-        return PeriodSpec(value, value)  # type: ignore[arg-type]
+    if value == "this-month":
+        return PeriodSpec(value, "this-month")
+    if value == "last-month":
+        return PeriodSpec(value, "last-month")
     if match := re.fullmatch(r"(\d{4})-(\d{2})", value):
         year, month = int(match[1]), int(match[2])
         if not 1 <= month <= 12:
             raise ValueError(f"{text!r}: there is no month {month}: give YYYY-MM with a month 01 to 12")
+        _check_year(text, year)
         return PeriodSpec(value, "month", month=(year, month))
     if match := re.fullmatch(r"(\d{1,4})d", value):
         days = int(match[1])
@@ -85,8 +88,16 @@ def parse_period(text: str) -> PeriodSpec:
             raise ValueError(f"{text!r}: FROM and TO must be dates, YYYY-MM-DD..YYYY-MM-DD") from None
         if last < first:
             raise ValueError(f"{text!r}: TO is before FROM: give FROM..TO with FROM first")
+        _check_year(text, first.year)
+        _check_year(text, last.year)
         return PeriodSpec(value, "dates", dates=(first, last))
     raise ValueError(f"{text!r} is not a period: give {PERIOD_HELP}")
+
+
+def _check_year(text: str, year: int) -> None:
+    """Years a job can have run in; the edges of the calendar would overflow a month's end."""
+    if not 1970 <= year <= 9998:
+        raise ValueError(f"{text!r}: the year {year} is outside 1970 to 9998")
 
 
 @dataclass(frozen=True)
