@@ -355,3 +355,23 @@ def unused_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
     return port
+
+
+def test_a_rolling_budget_of_the_report_s_length_gives_the_window_s_total() -> None:
+    """A 168h window holding llama-b's 40 deleted spot hours; llama-a has no row yet and is settled
+    into it from its creation: 40 + 12.50 GPU-hours. A 30-day report does not match the 7-day window."""
+    budget = data.budget()
+    budget["spec"] = {**budget["spec"], "period": {"rolling": "168h"}}
+    budget["status"] = {
+        "currency": "USD",
+        "period": {"start": "2026-11-28T09:00:00Z", "end": "2026-12-05T09:00:00Z", "rolling": "168h"},
+        "ledger": [
+            {"job": "llama-b", "uid": "uid-llama-b", "seenGpuSeconds": 144000, "seenCost": "44",
+             "seenUntil": "2026-12-04T12:00:00Z", "gpuSeconds": 144000, "cost": "44"},
+        ],
+        "buckets": [{"start": "2026-12-04T11:00:00Z", "gpuSeconds": 144000, "cost": "44"}],
+    }  # fmt: skip
+    a = namespace(build("7d", budgets=[budget]), "team-a")
+    assert a.source == "DGXBudget monthly rolling window"
+    assert (report.hours(a.gpu_seconds), report.money(a.cost)) == ("52.50", "86.50")
+    assert namespace(build("30d", budgets=[budget]), "team-a").source == "live jobs"

@@ -352,7 +352,7 @@ def _from_budget(view: spending.BudgetView, jobs: Sequence[_Job], period: Period
         return None
     if period.rolling is not None:
         if window.rolling == period.rolling:
-            return _Ledgered(view.name, budgets.spent(ledger), None, f"DGXBudget {view.name} (rolling {period.label})")
+            return _Ledgered(view.name, budgets.spent(ledger), None, f"DGXBudget {view.name} rolling window")
         return None
     wanted = (period.first, period.after)
     if window.rolling is None and _dates(window, view) == wanted:
