@@ -76,6 +76,32 @@ def test_render_crds_manifests_and_instances_run_without_the_daemon() -> None:
         assert result.stdout.strip(), argv
 
 
+def test_usage_reads_a_cluster_without_the_daemon(tmp_path: Path) -> None:
+    """`kubedgx usage` talks to the API server with the standard library: it gets as far as the
+    connection (refused here: nothing listens on the port) without importing a daemon module."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    config = tmp_path / "config"
+    config.write_text(
+        json.dumps(
+            {
+                "clusters": [{"name": "c", "cluster": {"server": f"http://127.0.0.1:{port}"}}],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "x",
+            }
+        ),
+        encoding="utf-8",
+    )
+    result = cli_without_daemon("usage", "--kubeconfig", str(config))
+    assert result.returncode == 2, result.stderr
+    assert "cannot reach the API server" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
 @pytest.mark.parametrize("verb", ["operator", "check-install"])
 def test_a_daemon_verb_names_the_extra_instead_of_a_traceback(verb: str) -> None:
     result = cli_without_daemon(verb)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -348,6 +348,35 @@ def cmd_instances(args: argparse.Namespace, out: TextIO, err: TextIO, stdin: Tex
     return 0
 
 
+def cmd_usage(args: argparse.Namespace, out: TextIO, err: TextIO, stdin: TextIO) -> int:
+    """GPU-hours, cost and spot savings per namespace and per job over a period (cli/report.py):
+    read with the user's kubeconfig (cli/kubeclient.py, the standard library only, so the verb runs
+    without the daemon's dependencies), built and formatted by pure code. The notes (where a total
+    comes from, what it leaves out, example prices) go to stderr, so the table, JSON or CSV stays
+    clean for whoever pipes it."""
+    from dgx_operator.cli import kubeclient, report
+
+    try:
+        client = kubeclient.load(args.kubeconfig, args.context)
+        now = report.now()
+        period = report.resolve(args.period, now)
+        found = report.read(
+            client,
+            namespace=args.namespace,
+            all_namespaces=args.all_namespaces,
+            team=args.team_label,
+            queue=args.queue,
+        )
+    except kubeclient.ClusterError as exc:
+        print(printable(f"kubedgx usage: {exc}"), file=err)
+        return 2
+    built = report.build(period, found.jobs, found.budgets, found.namespaces, now, queue=args.queue)
+    out.write(report.RENDERERS[args.output](built))
+    for note in built.notes:
+        print(printable(f"kubedgx usage: note: {note}"), file=err)
+    return 0
+
+
 def cmd_run(args: argparse.Namespace, out: TextIO, err: TextIO, stdin: TextIO) -> int:
     """Run a job's fine-tune here (--local); to run it on a cluster, kubectl apply it."""
     from dgx_operator.cli import local
@@ -544,6 +573,20 @@ def _namespace(text: str) -> str:
     if errors:
         raise argparse.ArgumentTypeError(f"invalid namespace {printable(text)!r}: {errors[0]}")
     return text
+
+
+def _checked(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """An argparse type from a parser raising ValueError: argparse then names the option, prints the
+    message and exits 2 (never a traceback)."""
+
+    def check(text: str) -> Any:
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(printable(str(exc))) from None
+
+    check.__name__ = parse.__name__
+    return check
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -744,6 +787,45 @@ def build_parser() -> argparse.ArgumentParser:
         help="keep retrying calls the apiserver answers with a 5xx (a webhook not reachable yet) this long (60)",
     )
     ci.set_defaults(func=cmd_check_install)
+
+    from dgx_operator.cli import report
+
+    u = sub.add_parser(
+        "usage",
+        help="GPU-hours, cost and spot savings per namespace and per job over a period",
+        description="Report what the jobs used over a period, from the DGXTrainingJobs' status.usage and the "
+        "DGXBudgets' ledgers, read with your kubeconfig (RBAC decides what you see). A namespace's total comes "
+        "from a DGXBudget counting all its jobs for that period when there is one (deleted jobs included), else "
+        "from its live jobs; the notes on stderr say which and what it leaves out (docs/cost.md, The report).",
+    )
+    where = u.add_mutually_exclusive_group()
+    where.add_argument(
+        "-n", "--namespace", type=_namespace, help="this namespace (default: the kubeconfig context's, as kubectl)"
+    )
+    where.add_argument("-A", "--all-namespaces", action="store_true", help="every namespace you may list jobs in")
+    where.add_argument(
+        "--team-label",
+        type=_checked(report.parse_label),
+        metavar="KEY=VALUE",
+        help="the namespaces with this label: a team (lists namespaces, which needs a ClusterRole)",
+    )
+    u.add_argument(
+        "--queue",
+        type=_checked(report.parse_queue),
+        metavar="Q",
+        help="only jobs of this Kueue LocalQueue (their kueue.x-k8s.io/queue-name label)",
+    )
+    u.add_argument(
+        "--period",
+        type=_checked(report.parse_period),
+        default=report.parse_period("this-month"),
+        metavar="PERIOD",
+        help=f"{report.PERIOD_HELP}; months and dates in UTC (default: this-month)",
+    )
+    u.add_argument("-o", "--output", choices=sorted(report.RENDERERS), default="table", help="format (table)")
+    u.add_argument("--kubeconfig", metavar="FILE", help="kubeconfig (default: $KUBECONFIG, else ~/.kube/config)")
+    u.add_argument("--context", metavar="NAME", help="kubeconfig context (default: the current one)")
+    u.set_defaults(func=cmd_usage)
 
     i = sub.add_parser("instances", help="list the instance types of the catalog")
     i.add_argument("--catalog", metavar="FILE", help="instance catalog YAML (default: the built-in one)")
