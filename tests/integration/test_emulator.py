@@ -659,7 +659,15 @@ async def test_discovery_lists_resources_verbs_and_status(http: aiohttp.ClientSe
     assert by_name["namespaces"]["namespaced"] is False
     _, ours = await send(http, "GET", "/apis/kubedgx.io/v1alpha1")
     by_name = {r["name"]: r for r in ours["resources"]}
-    assert set(by_name) == {"dgxtrainingjobs", "dgxtrainingjobs/status", "dgxdatamounts", "dgxdatamounts/status"}
+    assert set(by_name) == {
+        "dgxtrainingjobs",
+        "dgxtrainingjobs/status",
+        "dgxdatamounts",
+        "dgxdatamounts/status",
+        "dgxbudgets",
+        "dgxbudgets/status",
+        "dgxlimits",
+    }
     assert (by_name["dgxtrainingjobs"]["kind"], by_name["dgxtrainingjobs"]["namespaced"]) == ("DGXTrainingJob", True)
     _, groups = await send(http, "GET", "/apis")
     assert {"kubedgx.io", "apiextensions.k8s.io", "coordination.k8s.io"} <= {g["name"] for g in groups["groups"]}
