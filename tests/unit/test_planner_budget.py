@@ -161,3 +161,23 @@ def test_the_plan_asks_to_settle_when_a_run_ends_or_the_job_goes(ctx: BuildConte
     deleted = plan(gone, ctx, Observed(), at(100))
     assert deleted.release_finalizer
     assert deleted.settle is True
+
+
+def test_with_kueue_a_job_over_budget_keeps_its_workload_inactive_until_it_fits(ctx: BuildContext) -> None:
+    """Held by a budget, the job's Workload is created inactive (it reserves no ClusterQueue quota);
+    once the budget has room it is activated and Kueue decides."""
+    from tests.unit.test_queueing import as_stored, q_of
+
+    job = make_job({**HOUR, "metadata.labels": {"kueue.x-k8s.io/queue-name": "team"}})
+    observed = dataclasses.replace(observe(), queueing=q_of(), budgets=(budget("10"),))
+    first = plan(job, ctx, observed, at(0))
+    assert phase_reason(first.status) == "BudgetExceeded"
+    assert first.workloads.create is not None
+    assert first.workloads.create["spec"]["active"] is False
+    wl = as_stored(first.workloads.create, None)
+    raised = dataclasses.replace(observe(), queueing=q_of(wl), budgets=(budget("100"),))
+    second = plan(step(job, first), ctx, raised, at(30))
+    assert second.status.phase == "Suspended"  # now Kueue's to admit
+    assert phase_reason(second.status) != "BudgetExceeded"
+    [(_, _, patch)] = second.workloads.patch
+    assert patch["spec"]["active"] is True
