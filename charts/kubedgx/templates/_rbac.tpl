@@ -33,7 +33,7 @@ watches every namespace, a Role in each namespace of watchNamespaces otherwise.
 # to warn when its run cannot fit one.
 - apiGroups: ["kubedgx.io"]
   resources: ["dgxbudgets"]
-  verbs: ["get", "list", "watch", "patch"]
+  verbs: ["get", "list", "watch"]
 # Application: a budget's status is its ledger: spend settled, reservations of runs in progress (a patch
 # guarded by the budget's resourceVersion, so two starts cannot both take the last room).
 - apiGroups: ["kubedgx.io"]
