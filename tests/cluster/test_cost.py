@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import time
 from collections.abc import Iterator
 from datetime import datetime
 from decimal import ROUND_HALF_UP, Decimal
@@ -102,8 +101,7 @@ def test_usage_equals_the_pods_spans_across_an_operator_killed_mid_run(
     # The Running transition carries the usage so far.
     first = wait_for("the usage written with Running", lambda: usage_of(namespace, "usage").get("accountedUntil"),
                      timeout=TIMEOUT)  # fmt: skip
-    operator.kill()
-    time.sleep(3)  # the scenario, not a synchronisation: the workers run on while no operator counts
+    operator.kill()  # the workers run on while no operator counts, until the new one has started
     operator.start()
     # A fresh process does not know when the status was last written: its first pass writes.
     wait_for(

@@ -66,20 +66,15 @@ async def write(
     ledger: budgets.Ledger,
     jobs: Sequence[DGXTrainingJob],
     catalog: Catalog,
-    conditions: Sequence[Any] = (),
 ) -> None:
-    """``ledger`` as the budget's status, guarded by the resourceVersion ``view`` was read at."""
+    """``ledger`` as the budget's status, guarded by the resourceVersion ``view`` was read at; nothing
+    when the stored status says the same already."""
     status = budgets.render_status(
-        view.spec,
-        ledger,
-        watermarks(jobs),
-        currency=currency(catalog),
-        generation=view.generation,
-        conditions=conditions,
+        view.spec, ledger, watermarks(jobs), currency=currency(catalog), generation=view.generation
     )
-    await kube.patch_budget_status(
-        view.namespace, view.name, view.resource_version, merge_patch(view.stored, _dump(status))
-    )
+    patch = merge_patch(view.stored, _dump(status))
+    if patch:
+        await kube.patch_budget_status(view.namespace, view.name, view.resource_version, patch)
 
 
 async def reserve(
@@ -167,12 +162,7 @@ async def reconcile_budget(kube: Kube, namespace: str, name: str, catalog: Catal
     for run in ledger.reservations:
         if ended(by_uid.get(run.uid), run, now):
             ledger = budgets.release(ledger, run.uid)
-    status = budgets.render_status(
-        view.spec, ledger, watermarks(jobs), currency=currency(catalog), generation=view.generation
-    )
-    patch = merge_patch(view.stored, _dump(status))
-    if patch:
-        await kube.patch_budget_status(namespace, name, view.resource_version, patch)
+    await write(kube, view, ledger, jobs, catalog)
     return True
 
 
