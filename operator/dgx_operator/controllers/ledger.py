@@ -120,6 +120,7 @@ async def settle_job(kube: Kube, job: DGXTrainingJob, catalog: Catalog, now: dat
             if ledger == view.ledger:
                 continue
             try:
+                log.debug("%s/%s: settling into DGXBudget %s", namespace, job.metadata.name, view.name)
                 await write(kube, view, ledger, jobs, catalog)
             except ApiError as exc:
                 if exc.status != 409:
