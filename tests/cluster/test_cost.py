@@ -256,3 +256,24 @@ def test_a_finished_job_deleted_by_its_ttl_is_still_counted(operator: Restartabl
     assert row["gpuSeconds"] == final["gpuSeconds"] > 0
     spent = dig(namespace.get("dgxbudget", "ledger"), "status", "spent", "cost")
     assert Decimal(spent) == Decimal(final["cost"])
+
+
+def test_a_budget_in_a_time_zone_the_operator_lacks_is_not_ready_and_says_why(
+    operator: Restartable, namespace: Kubectl
+) -> None:
+    """The CRD checks a zone's shape only; the operator's zone database decides, and the budget's
+    Ready condition (and READY column) carries its answer, field and fix."""
+    namespace.apply(dgx_budget("zone", "1", period={"calendar": "Month", "timeZone": "Mars/Olympus"}))
+    ready = wait_for(
+        "the budget's Ready condition",
+        lambda: next(
+            (c for c in dig(namespace.get("dgxbudget", "zone"), "status", "conditions", default=[]) or []
+             if c["type"] == "Ready"),
+            None,
+        ),
+        timeout=TIMEOUT,
+    )  # fmt: skip
+    assert (ready["status"], ready["reason"]) == ("False", "InvalidSpec")
+    assert "spec.period.timeZone" in ready["message"]
+    header, row = namespace.run("get", "dgxbudget", "zone").stdout.splitlines()[:2]
+    assert row[header.index("READY") :].split()[0] == "False", f"{header}\n{row}"

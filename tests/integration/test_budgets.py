@@ -108,6 +108,8 @@ async def test_a_job_deleted_by_its_ttl_keeps_its_spend_in_the_budget(
     stored = emulator.get(BUDGETS, NS, "ledger")
     assert stored is not None
     assert stored["status"]["spent"]["cost"] == usage["cost"] == "2.88"  # 1.6 GPU-hours x 1.80
+    assert ready(emulator, "ledger") is not None
+    assert ready(emulator, "ledger")["reason"] == "Counting"
 
 
 async def test_a_second_job_waits_for_the_budget_and_starts_when_it_is_raised(
@@ -133,3 +135,39 @@ async def test_a_second_job_waits_for_the_budget_and_starts_when_it_is_raised(
     emulator.patch(BUDGETS, NS, "team", {"spec": {"limits": {"cost": "40"}}})
     await expect_pods(emulator, {"first-worker-0": "0", "second-worker-0": "0"})
     await emulator.wait_for(lambda: op.controller.budget_held == set(), timeout=5, message="nothing held")
+
+
+def ready(emulator: Emulator, name: str) -> dict[str, Any] | None:
+    found = emulator.get(BUDGETS, NS, name)
+    conditions = ((found or {}).get("status") or {}).get("conditions") or []
+    return next((c for c in conditions if c["type"] == "Ready"), None)
+
+
+async def test_a_budget_the_operator_cannot_read_says_so_in_its_ready_condition(
+    emulator: Emulator, run_operator: RunOperator
+) -> None:
+    """A time zone the schema's shape accepts but no zone database has: the budget counts and holds
+    nothing, and says so (field and fix) instead of a line in the operator's log only; fixed, it counts."""
+    await start_operator(emulator, run_operator)
+    emulator.create(
+        BUDGETS, budget("zone", "1", period={"calendar": "Month", "timeZone": "Mars/Olympus"}), namespace=NS
+    )
+    refused = await emulator.wait_for(lambda: ready(emulator, "zone"), timeout=10, message="the Ready condition")
+    assert (refused["status"], refused["reason"]) == ("False", "InvalidSpec")
+    assert "spec.period.timeZone" in refused["message"]
+    assert "unknown time zone 'Mars/Olympus'" in refused["message"]
+    stored = emulator.get(BUDGETS, NS, "zone")
+    assert stored is not None
+    assert "spent" not in stored["status"]
+    # A job its 1 USD limit would hold runs: the budget holds nothing while unreadable.
+    emulator.create(JOBS, job_with({"spec.maxDuration": "1h"}))
+    await expect_pods(emulator, {worker(0): "0"})
+    emulator.patch(BUDGETS, NS, "zone", {"spec": {"period": {"timeZone": "Europe/Berlin"}}})
+    counting = await emulator.wait_for(
+        lambda: (c := ready(emulator, "zone")) and c["status"] == "True" and c, timeout=10, message="Ready True"
+    )
+    assert counting["reason"] == "Counting"
+    assert "BudgetExceeded" in counting["message"]
+    stored = emulator.get(BUDGETS, NS, "zone")
+    assert stored is not None
+    assert stored["status"]["period"]["start"].endswith("+01:00")

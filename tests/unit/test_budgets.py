@@ -19,6 +19,7 @@ from dgx_operator.api.budget import DGXBudget, DGXBudgetSpec, DGXBudgetStatus, P
 from dgx_operator.api.crdgen import BUDGETS, openapi_schema
 from dgx_operator.catalog import Catalog
 from dgx_operator.reconcile import budgets as b
+from dgx_operator.reconcile import spending
 from dgx_operator.reconcile.budgets import (
     MONEY_QUANTUM,
     JobUsage,
@@ -634,3 +635,43 @@ def test_a_boundary_splits_usage_without_losing_or_doubling_any(parts: list[tupl
     else:  # every pass was still in November
         total = b.spent(ledger)
     assert total == b.Amount(last.gpu_seconds, last.cost)
+
+
+# -- the Ready condition (reconcile/spending.py) ---------------------------------------------------
+
+
+def stored_budget(**changes: Any) -> dict[str, Any]:
+    body = with_changes(BASE_BUDGET, changes)
+    body["metadata"].update({"namespace": "ml", "generation": 3, "resourceVersion": "7"})
+    return body
+
+
+def test_a_counted_budget_is_ready_and_keeps_its_transition_time() -> None:
+    view = spending.parse_budget(stored_budget())
+    assert view is not None
+    first = spending.ready(view, utc(2026, 12, 1))
+    assert [(c.type, c.status, c.reason, c.observed_generation) for c in first] == [("Ready", "True", "Counting", 3)]
+    assert "BudgetExceeded" in first[0].message  # Hold says what happens to a run that does not fit
+    again = spending.ready(
+        replace(view, stored={"conditions": [c.model_dump(by_alias=True, mode="json") for c in first]}),
+        utc(2026, 12, 2),
+    )
+    assert again[0].last_transition_time == utc(2026, 12, 1)
+    report = spending.parse_budget(stored_budget(**{"spec.enforcement": "Report"}))
+    assert report is not None
+    assert "holds nothing" in spending.ready(report, utc(2026, 12, 1))[0].message
+
+
+def test_a_budget_it_cannot_read_is_not_ready_and_says_which_field() -> None:
+    zone = stored_budget(**{"spec.period": {"calendar": "Month", "timeZone": "Atlantis/Capital"}})
+    assert spending.parse_budget(zone) is None
+    conditions, why = spending.unreadable(zone, utc(2026, 12, 1))
+    assert [(c.status, c.reason) for c in conditions] == [("False", "InvalidSpec")]
+    assert "spec.period.timeZone" in why
+    assert "re-apply the DGXBudget with a valid spec" in why
+    newer = stored_budget()
+    newer["status"] = {"ledger": [{"job": "a", "uid": "u", "fromTheFuture": 1}]}
+    assert spending.parse_budget(newer) is None  # its ledger is never written over with an empty one
+    conditions, why = spending.unreadable(newer, utc(2026, 12, 1))
+    assert [(c.status, c.reason) for c in conditions] == [("False", "UnreadableStatus")]
+    assert "upgrade the operator" in why

@@ -17,11 +17,13 @@ from dgx_datasync.errors import REASONS as SYNC_REASONS
 from dgx_operator.api.datamount import DGXDataMountStatus
 from dgx_operator.api.trainingjob import DGXTrainingJobStatus
 from dgx_operator.api.vocabulary import (
+    BUDGET,
     JOB,
     JOB_PHASES,
     MOUNT,
     MOUNT_PHASES,
     REASONS,
+    BudgetReason,
     JobCondition,
     JobPhase,
     JobReason,
@@ -68,10 +70,11 @@ def test_every_reason_fits_the_condition_schema_and_names_a_phase_of_its_kind() 
     for (kind, name), r in REASONS.items():
         assert REASON.fullmatch(name), name
         assert r.kind == kind
-        assert r.phase is None or r.phase in (JOB_PHASES if kind == JOB else MOUNT_PHASES), name
+        phases = {JOB: JOB_PHASES, MOUNT: MOUNT_PHASES, BUDGET: ()}[kind]  # a budget has no phase
+        assert r.phase is None or r.phase in phases, name
         assert r.meaning, name
         assert r.shows, name
-    assert {k for k, _ in REASONS} == {JOB, MOUNT}
+    assert {k for k, _ in REASONS} == {JOB, MOUNT, BUDGET}
 
 
 def test_the_namespaces_hold_every_declared_reason_once() -> None:
@@ -79,6 +82,7 @@ def test_the_namespaces_hold_every_declared_reason_once() -> None:
     reason nobody can use; REASONS refuses a second declaration of a name."""
     assert sorted(constants(JobReason).values()) == sorted(reasons_of(JOB))
     assert sorted(constants(MountReason).values()) == sorted(reasons_of(MOUNT))
+    assert sorted(constants(BudgetReason).values()) == sorted(reasons_of(BUDGET))
     assert len(set(reasons_of(JOB))) == len(reasons_of(JOB))
 
 

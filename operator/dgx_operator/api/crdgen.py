@@ -28,6 +28,7 @@ from dgx_operator.api.trainingjob import (
     DGXTrainingJobSpec,
     DGXTrainingJobStatus,
 )
+from dgx_operator.api.vocabulary import BudgetCondition
 
 
 @dataclass(frozen=True)
@@ -317,6 +318,12 @@ KINDS: tuple[Kind, ...] = (
                 "type": "string",
                 "jsonPath": ".status.remaining.cost",
                 "description": "Limit minus spent minus committed.",
+            },
+            {
+                "name": BudgetCondition.READY,
+                "type": "string",
+                "jsonPath": f'.status.conditions[?(@.type=="{BudgetCondition.READY}")].status',
+                "description": "Whether the operator counts this budget (False: the Ready condition says why).",
             },
             {
                 "name": "Period",

@@ -23,12 +23,14 @@ from dataclasses import dataclass
 from typing import Final, Literal, get_args
 
 from dgx_api.text import printable
-from dgx_operator.api.common import JOB_KIND, MOUNT_KIND
+from dgx_operator.api.common import BUDGET_KIND, JOB_KIND, MOUNT_KIND
 
 __all__ = [
     "JOB_PHASES",
     "MOUNT_PHASES",
     "REASONS",
+    "BudgetCondition",
+    "BudgetReason",
     "JobCondition",
     "JobPhase",
     "JobReason",
@@ -51,6 +53,7 @@ MOUNT_PHASES: Final[tuple[MountPhaseName, ...]] = get_args(MountPhaseName)
 
 JOB: Final = JOB_KIND
 MOUNT: Final = MOUNT_KIND
+BUDGET: Final = BUDGET_KIND
 
 
 class JobPhase:
@@ -115,6 +118,13 @@ class JobCondition:
 class MountCondition:
     """A DGXDataMount's condition types."""
 
+    READY: Final = "Ready"
+
+
+class BudgetCondition:
+    """A DGXBudget's condition types."""
+
+    #: Whether this operator counts the budget (and holds runs for it).
     READY: Final = "Ready"
 
 
@@ -273,6 +283,16 @@ class MountReason:
     # fmt: on
 
 
+class BudgetReason:
+    """A DGXBudget's reasons (its Ready condition's)."""
+
+    # fmt: off
+    COUNTING: Final = _reason(BUDGET, "Counting", None, "Ready", "the operator counts the budget: settles its jobs' usage, rolls its period and (Hold) keeps runs that do not fit waiting")
+    INVALID_SPEC: Final = _reason(BUDGET, "InvalidSpec", None, "Ready", "the stored spec is one this operator cannot read (a time zone its zone database lacks, a newer version's field): the budget counts and holds nothing; the message names the field and the fix")
+    UNREADABLE_STATUS: Final = _reason(BUDGET, "UnreadableStatus", None, "Ready", "the stored ledger is one this operator cannot read (written by a newer kubedgx): the budget counts and holds nothing, and the ledger is left as it is; upgrade the operator")
+    # fmt: on
+
+
 def reasons_of(kind: str, phase: str | None = None) -> tuple[str, ...]:
     """The reasons of ``kind`` (the ones that belong to ``phase`` when given), in declaration order."""
     return tuple(r.name for r in REASONS.values() if r.kind == kind and (phase is None or r.phase == phase))
@@ -324,6 +344,7 @@ TABLES: Final[dict[str, Callable[[], str]]] = {
     "job reasons": lambda: reason_table(JOB),
     "mount phases": mount_phase_table,
     "mount reasons": lambda: reason_table(MOUNT),
+    "budget reasons": lambda: reason_table(BUDGET),
 }
 
 

@@ -629,7 +629,7 @@ class Controller(ReconcileLoop):
         # A starting run's reservations first: a budget that changed since it was judged answers 409
         # (TransientError) and nothing is created; the job is judged again.
         if result.reserve and any(o["kind"] == "Pod" for o in result.create):
-            await ledger.reserve(self.kube, result.reserve, self.catalog)
+            await ledger.reserve(self.kube, result.reserve, self.catalog, self.now())
         shared = [o for o in result.create if o["kind"] != "Pod"]
         for obj in shared:
             await create(obj)

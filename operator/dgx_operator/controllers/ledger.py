@@ -66,11 +66,17 @@ async def write(
     ledger: budgets.Ledger,
     jobs: Sequence[DGXTrainingJob],
     catalog: Catalog,
+    now: datetime,
 ) -> None:
     """``ledger`` as the budget's status, guarded by the resourceVersion ``view`` was read at; nothing
     when the stored status says the same already."""
     status = budgets.render_status(
-        view.spec, ledger, watermarks(jobs), currency=currency(catalog), generation=view.generation
+        view.spec,
+        ledger,
+        watermarks(jobs),
+        currency=currency(catalog),
+        generation=view.generation,
+        conditions=spending.ready(view, now),
     )
     patch = merge_patch(view.stored, _dump(status))
     if patch:
@@ -78,7 +84,10 @@ async def write(
 
 
 async def reserve(
-    kube: Kube, reservations: Sequence[tuple[spending.BudgetView, budgets.Reservation]], catalog: Catalog
+    kube: Kube,
+    reservations: Sequence[tuple[spending.BudgetView, budgets.Reservation]],
+    catalog: Catalog,
+    now: datetime,
 ) -> None:
     """Each reservation into its budget, as read when the run was judged: a budget written since
     (another run took room) answers 409, raised as TransientError, and the job is judged again with
@@ -89,7 +98,7 @@ async def reserve(
     jobs = jobs_of(await kube.list_jobs(namespace))
     for view, run in reservations:
         try:
-            await write(kube, view, budgets.reserve(view.ledger, run), jobs, catalog)
+            await write(kube, view, budgets.reserve(view.ledger, run), jobs, catalog, now)
         except ApiError as exc:
             if exc.status == 409:
                 raise TransientError(f"DGXBudget {view.key} changed while the run was judged; judging again") from exc
@@ -121,7 +130,7 @@ async def settle_job(kube: Kube, job: DGXTrainingJob, catalog: Catalog, now: dat
                 continue
             try:
                 log.debug("%s/%s: settling into DGXBudget %s", namespace, job.metadata.name, view.name)
-                await write(kube, view, ledger, jobs, catalog)
+                await write(kube, view, ledger, jobs, catalog, now)
             except ApiError as exc:
                 if exc.status != 409:
                     raise
@@ -155,7 +164,16 @@ async def reconcile_budget(kube: Kube, namespace: str, name: str, catalog: Catal
         return False
     view = spending.parse_budget(body)
     if view is None:
-        log.warning("DGXBudget %s/%s cannot be read by this operator: it counts and holds nothing", namespace, name)
+        conditions, why = spending.unreadable(body, now)
+        log.warning("DGXBudget %s/%s: %s", namespace, name, why)
+        stored = dict(body.get("status") or {})
+        wanted = {
+            "conditions": [c.model_dump(by_alias=True, mode="json", exclude_none=True) for c in conditions],
+            "observedGeneration": body["metadata"].get("generation"),
+        }
+        patch = merge_patch({k: stored.get(k) for k in wanted if k in stored}, wanted)
+        if patch:
+            await kube.patch_budget_status(namespace, name, body["metadata"].get("resourceVersion"), patch)
         return False
     jobs = jobs_of(await kube.list_jobs(namespace))
     by_uid = {str(j.metadata.uid): j for j in jobs}
@@ -163,7 +181,7 @@ async def reconcile_budget(kube: Kube, namespace: str, name: str, catalog: Catal
     for run in ledger.reservations:
         if ended(by_uid.get(run.uid), run, now):
             ledger = budgets.release(ledger, run.uid)
-    await write(kube, view, ledger, jobs, catalog)
+    await write(kube, view, ledger, jobs, catalog, now)
     return True
 
 

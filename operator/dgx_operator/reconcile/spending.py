@@ -15,9 +15,14 @@ from typing import Any, cast
 from pydantic import ValidationError
 
 from dgx_operator.api.budget import Capacity, DGXBudget, DGXBudgetSpec
+from dgx_operator.api.common import Condition
 from dgx_operator.api.trainingjob import DGXTrainingJob
+from dgx_operator.api.vocabulary import BudgetCondition, BudgetReason
 from dgx_operator.reconcile import budgets, usage
+from dgx_operator.reconcile.status import set_condition
 from dgx_operator.reconcile.stored import parse_stored
+
+READY = BudgetCondition.READY
 
 
 @dataclass(frozen=True)
@@ -46,7 +51,7 @@ class BudgetView:
 def parse_budget(body: Mapping[str, Any]) -> BudgetView | None:
     """The budget, or None when its stored form is one this operator cannot read (a newer version's
     field, a zone the time zone database lacks): such a budget holds nothing (its controller says so
-    in its Ready condition)."""
+    in its Ready condition, :func:`unreadable`)."""
     budget, _ = parse_stored(DGXBudget, body)
     if budget is None or (body.get("status") and budget.status is None):
         return None  # a ledger it cannot read is never written over with an empty one
@@ -135,3 +140,44 @@ def judge(
         verdict = budgets.fits(view.key, view.spec, view.ledger, live, candidate, now, currency)
         out.append(Judged(view, verdict))
     return out
+
+
+def stored_conditions(stored: Mapping[str, Any]) -> list[Condition]:
+    """The conditions a stored budget status carries (those this operator can read)."""
+    out = []
+    for item in stored.get("conditions") or []:
+        try:
+            out.append(Condition.model_validate(item))
+        except ValidationError:
+            continue
+    return out
+
+
+def ready(view: BudgetView, now: datetime) -> list[Condition]:
+    """The conditions of a budget this operator counts: Ready, saying what it does with a run that
+    does not fit (its transition time kept while it stays Ready)."""
+    does = (
+        "runs whose worst case does not fit wait (BudgetExceeded)"
+        if view.holds
+        else "enforcement Report: it counts and holds nothing"
+    )
+    message = f"counting the usage of the jobs it covers; {does}"
+    conditions = stored_conditions(view.stored)
+    return set_condition(conditions, READY, True, BudgetReason.COUNTING, message, now, view.generation or 0)
+
+
+def unreadable(body: Mapping[str, Any], now: datetime) -> tuple[list[Condition], str]:
+    """Ready False for a budget :func:`parse_budget` refuses, and why (one line naming the field and
+    the fix): nothing of its spent or ledger is written over, only this condition."""
+    budget, why = parse_stored(DGXBudget, body)
+    stored = dict(body.get("status") or {})
+    generation = int((body.get("metadata") or {}).get("generation") or 0)
+    if budget is None:
+        reason, message = BudgetReason.INVALID_SPEC, f"this kubedgx counts and holds nothing for it: {why}"
+    else:
+        reason = BudgetReason.UNREADABLE_STATUS
+        message = (
+            "this kubedgx counts and holds nothing for it: its status (the ledger) is not one this version can "
+            "read, probably written by a newer kubedgx; upgrade the operator (the ledger is left as it is)"
+        )
+    return set_condition(stored_conditions(stored), READY, False, reason, message, now, generation), message
