@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -15,6 +16,7 @@ import pytest
 
 from dgx_trainer import preflight
 from dgx_trainer.preflight import Expectation, PreflightError
+from tests.trainer.conftest import config_data
 
 GIB = 2**30
 H100 = "NVIDIA H100 80GB HBM3"  # NVML's name; GPU Feature Discovery labels it NVIDIA-H100-80GB-HBM3
@@ -502,3 +504,36 @@ def test_a_mig_expectation_from_the_operator_environment() -> None:
     assert Expectation.from_env(MIG_ENV, allow_cpu=False) == expected
     assert Expectation.from_env({**MIG_ENV, "KUBEDGX_MIG_PROFILE": " 1G.10GB "}, allow_cpu=False) == expected
     assert Expectation.from_env({"KUBEDGX_MIG_PROFILE": ""}, allow_cpu=False).mig_profile is None
+
+
+# --- MIG: the memory estimate compares with the slice ------------------------------------------
+
+#: Llama-2-7B's config.json (the fields the estimate reads).
+LLAMA_7B = {
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "intermediate_size": 11008,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 32,
+    "vocab_size": 32000,
+}
+
+
+def test_a_7b_bf16_lora_is_refused_on_a_1g_10gb_slice_and_fits_the_whole_gpu(tmp_path: Path) -> None:
+    """The memory check takes the probed devices' GiB: a slice's ~10, not its parent's 80. 7B in
+    bf16 is ~12.6 GiB of weights alone."""
+    from dgx_api.trainer_config import parse_config
+    from dgx_trainer import launch
+
+    cfg = parse_config(config_data(tmp_path, {"training.precision": "bf16", "training.gradientCheckpointing": True}))
+    on_slice = preflight.check(MIG_JOB, nvml=FakeNVML([mig_gpu(FakeMig())]))
+    assert launch.gpu_memory(on_slice, {}) == [(f"{A100} MIG 1g.10gb", 9.5)]
+    [problem] = launch.check_memory(cfg, LLAMA_7B, on_slice, MIG_ENV)
+    assert problem.path == "memoryCheck"
+    assert problem.message.startswith("needs ~")
+    assert f"but GPU0 {A100} MIG 1g.10gb has 9.5 GiB" in problem.message
+    assert "set quantization.loadIn4bit: true" in problem.message
+    assert problem.message.endswith("or set memoryCheck: warn")
+    whole = preflight.check(Expectation(gpus=1, products=(A100_LABEL,)), nvml=FakeNVML([FakeGpu(name=A100)]))
+    assert launch.check_memory(cfg, LLAMA_7B, whole, {"KUBEDGX_GPUS_PER_NODE": "1"}) == []
