@@ -29,6 +29,9 @@ class Row(NamedTuple):
 
 
 LONG_NAME = "a" * 51
+#: A MIG slice's instance type, and the CEL rule's message for one that asks more than one worker of one process.
+MIG = "dgxa100.80g.mig-1g.10gb.debug"
+MIG_ONE_WORKER = "a MIG instance runs one worker with one process on its slice"
 
 # fmt: off
 ROWS: tuple[Row, ...] = (
@@ -138,6 +141,14 @@ ROWS: tuple[Row, ...] = (
     Row("nproc-above-instance", "job", {"spec.instance": "dgxa100.80g.4.norm", "spec.elastic.nprocPerNode": 5},
         "spec.elastic.nprocPerNode",
         "must be <= 4, the GPUs per node of dgxa100.80g.4.norm: torchrun starts one process per GPU", "crd", "cel"),
+    Row("mig-two-workers", "job", {"spec.instance": MIG, "spec.elastic.maxNodes": 2}, "spec.instance",
+        MIG_ONE_WORKER, "crd", "cel"),
+    Row("mig-min-nodes-two", "job", {"spec.instance": MIG, "spec.elastic": {"minNodes": 2, "maxNodes": 2}},
+        "spec.instance", MIG_ONE_WORKER, "crd", "cel"),
+    Row("mig-two-processes", "job", {"spec.instance": MIG, "spec.elastic.nprocPerNode": 2}, "spec.instance",
+        MIG_ONE_WORKER, "crd", "cel"),
+    Row("mig-resources-gpu", "job", {"spec.instance": MIG, "spec.resources.gpu": 1}, "spec.instance",
+        MIG_ONE_WORKER, "crd", "cel"),
     Row("quantization-4-and-8-bit", "job",
         {"spec.trainer.quantization": {"loadIn4bit": True, "loadIn8bit": True}},
         "spec.trainer.quantization.loadIn8bit", "mutually exclusive", "crd", "cel"),

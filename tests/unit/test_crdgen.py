@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 import subprocess
 import sys
@@ -12,10 +13,14 @@ from typing import Any
 import celpy
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dgx_api.schema import KUBERNETES_CEL_FUNCTIONS, cel, to_cel, validate
 from dgx_api.trainer_config import trainer_schema
 from dgx_operator.api.crdgen import KINDS, Kind, crd, default_outdir, file_name, kind_by_name, outputs
+from dgx_operator.api.trainingjob import INSTANCE_PATTERN
+from dgx_operator.catalog import Catalog
 from tests.conftest import BASE_BUDGET, BASE_JOB, BASE_MOUNT, CRDS, ROOT, example_files, load_yaml_docs
 
 Node = Mapping[str, Any]
@@ -339,6 +344,136 @@ def test_messages_from_expressions_use_the_values() -> None:
     value = to_cel({"instance": "dgxa100.80g.4.norm", "resources": {"gpu": 9}}, spec)
     message = program.evaluate({"self": value})
     assert message == "must be <= 4, the GPUs per node of dgxa100.80g.4.norm"
+
+
+# -- the instance rules: MIG slices, and no evaluation error on any name ---------------------------
+
+JOB_KIND = kind_by_name("DGXTrainingJob")
+#: Every MIG profile of the shipped catalog once, in its debug pool (dgxa100.80g.mig-1g.10gb.debug, ...).
+MIG_INSTANCES = sorted(
+    n for n, inst in Catalog.load().instances.items() if inst.mig is not None and inst.capacity == "debug"
+)
+#: What a spec may say beside its instance that the instance rules read (resources.gpu, the elastic counts).
+BESIDE_THE_INSTANCE: list[dict[str, Any]] = [
+    {},
+    {"resources": {"gpu": 1}},
+    {"resources": {"gpu": 64}},
+    {"elastic": {"nprocPerNode": 2}},
+    {"elastic": {"minNodes": 2, "maxNodes": 3, "nprocPerNode": 64}},
+    {"resources": {"gpu": 2}, "elastic": {"maxNodes": 2, "nprocPerNode": 3}},
+]
+#: Names the pattern refuses; the apiserver still runs the CEL rules on them (tests/cluster/test_crds.py).
+MALFORMED_INSTANCES = [
+    "a100-8",
+    "",
+    "dgx",
+    "dgxa100.80g",
+    "dgxa100.80g.8",
+    "dgxa100.80g.0.norm",
+    "dgxa100.80g.100.norm",
+    "dgxa.1g.99999999999999999999.norm",
+    "dgxa100.80g.mig-1g.norm",
+    "dgxa100.80g.mig-.norm",
+    "x.y.mig-1g.10gb.norm",
+    "dgxa100.80g.8.weird",
+]
+
+
+@functools.cache
+def spec_rules() -> tuple[dict[str, Any], list[dict[str, str]]]:
+    spec = openapi(JOB_KIND)["properties"]["spec"]
+    return spec, list(spec["x-kubernetes-validations"])
+
+
+def job_spec(instance: str, beside: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    return {**BASE_JOB["spec"], "instance": instance, **(beside or {})}
+
+
+@functools.cache
+def compiled(expression: str) -> celpy.Runner:
+    env = celpy.Environment()
+    return env.program(env.compile(expression), functions=KUBERNETES_CEL_FUNCTIONS)
+
+
+def evaluation_errors(spec_value: Mapping[str, Any], rules: list[dict[str, str]] | None = None) -> list[str]:
+    """The spec-level rules that read spec.instance (and the message expressions of those that fail)
+    that raise an error on ``spec_value`` instead of answering: what the apiserver would report as a
+    second, confusing cause."""
+    schema, found = spec_rules()
+    value = to_cel(dict(spec_value), schema)
+    errors = []
+    for rule in [r for r in found if "self.instance" in r["rule"]] if rules is None else rules:
+        for expression in (rule["rule"], rule.get("messageExpression")):
+            if expression is None:
+                continue
+            try:
+                result = compiled(expression).evaluate({"self": value})
+            except celpy.CELEvalError as exc:
+                result = exc
+            if isinstance(result, celpy.CELEvalError):
+                errors.append(f"{expression}: {result}")
+            elif expression == rule["rule"] and bool(result):
+                break  # the rule holds: its message expression is never evaluated
+    return errors
+
+
+def test_every_mig_instance_of_the_catalog_is_accepted() -> None:
+    assert MIG_INSTANCES, "the shipped catalog lists MIG profiles"
+    assert "dgxa100.80g.mig-1g.10gb.debug" in MIG_INSTANCES
+    for name in MIG_INSTANCES:
+        for beside in ({}, {"elastic": {"minNodes": 1, "maxNodes": 1, "nprocPerNode": 1}}):
+            job = {**BASE_JOB, "spec": job_spec(name, beside)}
+            assert validate(openapi(JOB_KIND), job) == [], (name, beside)
+
+
+@pytest.mark.parametrize(
+    "beside",
+    [
+        {"resources": {"gpu": 1}},
+        {"elastic": {"maxNodes": 2}},
+        {"elastic": {"minNodes": 2, "maxNodes": 2}},
+        {"elastic": {"nprocPerNode": 2}},
+        {"resources": {"gpu": 1}, "elastic": {"minNodes": 2, "maxNodes": 4, "nprocPerNode": 2}},
+    ],
+    ids=["resources.gpu", "maxNodes", "minNodes", "nprocPerNode", "all"],
+)
+def test_a_mig_instance_refuses_more_than_one_worker_of_one_process(beside: dict[str, Any]) -> None:
+    """One problem, the MIG rule's, at spec.instance: the whole-GPU rules (resources.gpu and
+    nprocPerNode against the name's GPUs) leave a MIG name to it, so one mistake gets one message."""
+    (rule,) = [r for r in spec_rules()[1] if r.get("fieldPath") == ".instance"]
+    assert rule["message"].startswith("a MIG instance runs one worker with one process on its slice")
+    for name in MIG_INSTANCES:
+        job = {**BASE_JOB, "spec": job_spec(name, beside)}
+        assert [(p.path, p.message) for p in validate(openapi(JOB_KIND), job)] == [("spec.instance", rule["message"])]
+    # On a whole-GPU instance the MIG rule says nothing (the GPU rules judge the same spec there).
+    whole = validate(openapi(JOB_KIND), {**BASE_JOB, "spec": job_spec("dgxa100.80g.1.norm", beside)})
+    assert rule["message"] not in [p.message for p in whole]
+
+
+@given(
+    name=st.from_regex(INSTANCE_PATTERN, fullmatch=True).filter(lambda n: len(n) <= 64),
+    beside=st.sampled_from(BESIDE_THE_INSTANCE),
+)
+@settings(max_examples=60, deadline=None)
+def test_no_instance_rule_fails_to_evaluate_on_a_name_the_pattern_takes(name: str, beside: dict[str, Any]) -> None:
+    assert evaluation_errors(job_spec(name, beside)) == []
+
+
+@pytest.mark.parametrize("name", [*MIG_INSTANCES, *sorted(Catalog.load().instances)[:12], *MALFORMED_INSTANCES])
+def test_no_instance_rule_fails_to_evaluate_on_catalog_or_malformed_names(name: str) -> None:
+    """The apiserver runs the CEL rules even on a name its pattern refused: a rule must then hold
+    (the pattern's error says what is wrong), not fail with an index or conversion error."""
+    for beside in BESIDE_THE_INSTANCE:
+        assert evaluation_errors(job_spec(name, beside)) == [], beside
+
+
+def test_the_evaluation_error_check_can_fail() -> None:
+    """The control: an unguarded rule (the shape of the GPU rule before the pattern guard) errors on
+    a malformed name, and on a pattern-valid name that overflows an int."""
+    unguarded = {"rule": "!has(self.resources) || self.resources.gpu <= int(self.instance.split('.')[2])"}
+    assert evaluation_errors(job_spec("a100-8", {"resources": {"gpu": 1}}), [unguarded])
+    assert evaluation_errors(job_spec("dgxa.1g.99999999999999999999.norm", {"resources": {"gpu": 1}}), [unguarded])
+    assert not evaluation_errors(job_spec("dgxa100.80g.8.norm", {"resources": {"gpu": 1}}), [unguarded])
 
 
 def _message_expressions(node: Any) -> list[str]:

@@ -34,7 +34,7 @@ from dgx_operator.api.vocabulary import PhaseName
 KIND: Final = JOB_KIND
 
 INSTANCE_PATTERN = pattern(
-    r"^dgx[a-z0-9]+\.[0-9]+g\.([0-9]+|mig-[1-7]g\.[0-9]+gb(\.me)?)\.(norm|spot|debug)$",
+    r"^dgx[a-z0-9]+\.[0-9]+g\.([1-9][0-9]?|mig-[1-7]g\.[0-9]+gb(\.me)?)\.(norm|spot|debug)$",
     "must look like dgx<gpu>.<memory>g.<gpus>.<capacity>, e.g. dgxa100.80g.8.norm, or "
     "dgx<gpu>.<memory>g.mig-<profile>.<capacity> for a MIG slice, e.g. dgxa100.80g.mig-1g.10gb.debug "
     "(capacity: norm, spot or debug)",
@@ -185,27 +185,36 @@ class Debug(KubeModel):
     )
 
 
+#: The rules below read spec.instance's parts, so they judge only a name of INSTANCE_PATTERN's form:
+#: the apiserver runs CEL rules even after a pattern failure, and split('.')[2] of "a100-8" is an
+#: index error that it would add, as a second and confusing cause, to the pattern's (seen on the
+#: real apiserver, tests/cluster/test_crds.py). The pattern keeps the GPUs to two digits, so that
+#: int() never overflows on a name it accepts.
+_WELL_FORMED = f"self.instance.matches(r'{INSTANCE_PATTERN}')"
 #: A MIG slice's instance name (its third part: mig-1g in dgxa100.80g.mig-1g.10gb.debug).
 _IS_MIG = "self.instance.split('.')[2].startsWith('mig-')"
-#: The GPUs per worker that the instance name states (its third part: 8 in dgxa100.80g.8.norm; a MIG
-#: slice is one device). CEL evaluates only the branch taken, so int() never sees "mig-1g".
-_INSTANCE_GPUS = f"({_IS_MIG} ? 1 : int(self.instance.split('.')[2]))"
-
+#: The GPUs per worker that a whole-GPU instance name states (its third part: 8 in dgxa100.80g.8.norm).
+_INSTANCE_GPUS = "int(self.instance.split('.')[2])"
+#: Whole-GPU instances only: a MIG instance's resources.gpu is _MIG_ONE_WORKER's to refuse.
 _GPUS_FIT_INSTANCE = (
-    f"{_IS_MIG} || !has(self.resources) || !has(self.resources.gpu) || "
-    "self.resources.gpu <= int(self.instance.split('.')[2])"
+    f"!has(self.resources) || !has(self.resources.gpu) || !{_WELL_FORMED} || {_IS_MIG} || "
+    f"self.resources.gpu <= {_INSTANCE_GPUS}"
 )
 #: A MIG slice runs one worker of one process (a slice has no NVLink or P2P to another) and its
 #: resource is the slice, so no resources.gpu.
 _MIG_ONE_WORKER = (
-    f"!{_IS_MIG} || ((!has(self.resources) || !has(self.resources.gpu)) && (!has(self.elastic) || "
+    f"!{_WELL_FORMED} || !{_IS_MIG} || ((!has(self.resources) || !has(self.resources.gpu)) && "
+    "(!has(self.elastic) || "
     "((!has(self.elastic.minNodes) || self.elastic.minNodes == 1) && "
     "(!has(self.elastic.maxNodes) || self.elastic.maxNodes == 1) && "
     "(!has(self.elastic.nprocPerNode) || self.elastic.nprocPerNode == 1))))"
 )
 _GPUS_PER_NODE = f"((has(self.resources) && has(self.resources.gpu)) ? self.resources.gpu : {_INSTANCE_GPUS})"
+#: Whole-GPU instances only: on a MIG instance _MIG_ONE_WORKER alone says that nprocPerNode must be 1
+#: (one mistake, one message).
 _NPROC_FITS_GPUS = (
-    f"!has(self.elastic) || !has(self.elastic.nprocPerNode) || self.elastic.nprocPerNode <= {_GPUS_PER_NODE}"
+    f"!has(self.elastic) || !has(self.elastic.nprocPerNode) || !{_WELL_FORMED} || {_IS_MIG} || "
+    f"self.elastic.nprocPerNode <= {_GPUS_PER_NODE}"
 )
 
 
@@ -274,7 +283,7 @@ class DGXTrainingJobSpec(KubeModel):
             "process per GPU",
             message_expression=(
                 "'must be <= ' + ((has(self.resources) && has(self.resources.gpu)) ? 'spec.resources.gpu' : "
-                f"({_IS_MIG} ? '1' : self.instance.split('.')[2]) + ', the GPUs per node of ' + self.instance) + "
+                "self.instance.split('.')[2] + ', the GPUs per node of ' + self.instance) + "
                 "': torchrun starts one process per GPU'"
             ),
             field_path=".elastic.nprocPerNode",
