@@ -81,6 +81,53 @@ def test_the_mixtral_example_s_lora_targets_exist_in_mixtral_8x7b() -> None:
     assert "model.layers.0.mlp.gate.weight" in problem.message
 
 
+#: Qwen2.5-7B's config.json (the fields the estimate reads): examples/one-gpu-qlora.yaml's model, never
+#: downloaded by a test.
+QWEN25_7B = {
+    "model_type": "qwen2",
+    "hidden_size": 3584,
+    "intermediate_size": 18944,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 28,
+    "num_key_value_heads": 4,
+    "vocab_size": 152064,
+    "tie_word_embeddings": False,
+}
+#: dgxh100.80g.1.norm: one H100 SXM5 80GB; NVML reports 81559 MiB.
+H100_80GB = [("NVIDIA H100 80GB HBM3", 81559 / 1024)]
+
+
+def one_gpu_example() -> tuple[str, TrainerConfig]:
+    text = (EXAMPLES / "one-gpu-qlora.yaml").read_text(encoding="utf-8")
+    (job,) = [d for d in yaml.safe_load_all(text) if d["kind"] == "DGXTrainingJob"]
+    assert job["spec"]["instance"] == "dgxh100.80g.1.norm"
+    assert job["spec"]["trainer"]["model"]["name"] == "Qwen/Qwen2.5-7B"
+    header = " ".join(line.lstrip("#").strip() for line in text.splitlines() if line.startswith("#"))
+    return header, parse_config(job["spec"]["trainer"])
+
+
+def test_the_one_gpu_qlora_example_fits_one_h100_as_its_header_says() -> None:
+    header, cfg = one_gpu_example()
+    e = memory.estimate(QWEN25_7B, memory.Settings.of(cfg, processes=1))
+    assert e is not None
+    assert e.params == pytest.approx(7.62e9, rel=0.005)  # Qwen2.5-7B's published 7.61B
+    verdict = memory.check(QWEN25_7B, memory.Settings.of(cfg, processes=1), H100_80GB)
+    assert verdict is not None
+    assert verdict.fits, verdict.message
+    gib = memory.GIB
+    said = (
+        f"puts it at ~{e.total / gib:.1f} GiB of the GPU's 80: weights {e.weights / gib:.1f}, adapters and "
+        f"optimizer {e.adapters / gib:.1f}, activations {e.activations / gib:.1f}, overhead {e.overhead / gib:.1f}"
+    )
+    assert said in header, said
+    # "on a 40 GB GPU it would refuse to start and name the batch size and sequence length that fit"
+    small = memory.check(QWEN25_7B, memory.Settings.of(cfg, processes=1), [("NVIDIA A100-SXM4-40GB", 40.0)])
+    assert small is not None
+    assert not small.fits
+    assert "lower training.perDeviceBatchSize (8) to " in small.message
+    assert "lower training.maxSeqLength (2048) to " in small.message
+
+
 def test_the_mixtral_example_without_quantization_does_not_fit_and_names_load_in_4bit() -> None:
     cfg = mixtral_example()
     verdict = memory.check(MIXTRAL_CONFIG, settings(cfg, bits=None), A100_80GB)
