@@ -22,7 +22,17 @@ from pydantic.alias_generators import to_camel
 
 from dgx_api import manifests
 
-NAME_RE = re.compile(r"^dgx(?P<family>[a-z0-9]+)\.(?P<memory>[0-9]+)g\.(?P<gpus>[0-9]+)\.(?P<capacity>[a-z]+)$")
+NAME_RE = re.compile(
+    r"^dgx(?P<family>[a-z0-9]+)\.(?P<memory>[0-9]+)g\."
+    r"(?:(?P<gpus>[0-9]+)|mig-(?P<mig>[1-7]g\.[0-9]+gb(?:\.me)?))\.(?P<capacity>[a-z]+)$"
+)
+#: A MIG profile as the NVIDIA device plugin names its resource (mixed strategy): ``1g.10gb``,
+#: ``1g.10gb.me`` for the ``+me`` variant (``nvidia.com/mig-1g.10gb.me``).
+MIG_PROFILE_PATTERN = r"^[1-7]g\.[0-9]+gb(\.me)?$"
+#: A GPU's compute slices: a ``<g>g`` profile has ``g`` of them.
+MIG_SLICES = 7
+#: The extended resource a whole GPU is (the device plugin's).
+WHOLE_GPU_RESOURCE = "nvidia.com/gpu"
 
 
 class _Model(BaseModel):
@@ -53,10 +63,26 @@ class PerGpu(_Model):
 
 class NodeSize(_Model):
     """What the node model named in ``description`` has allocatable for pods (after the kubelet's and
-    the system's reservations): the largest shape's requests must fit it."""
+    the system's reservations): a whole node's requests must fit it. ``gpus``: the GPUs of one node
+    (default: the family's largest shape), what a whole-node worker asks and the share a smaller
+    shape's requests are computed from."""
 
     cpu: int = Field(ge=1)
     memory_gi: int = Field(ge=1)
+    gpus: int | None = Field(default=None, ge=1, le=64)
+
+
+class MigProfile(_Model):
+    """A MIG slice this cluster's nodes of the family offer (the NVIDIA GPU operator's mixed
+    strategy, geometry from the node's ``nvidia.com/mig.config``): a shape of its own."""
+
+    profile: str = Field(pattern=MIG_PROFILE_PATTERN)
+    memory_gi_b: int = Field(ge=1, alias="memoryGiB")
+
+    @property
+    def slices(self) -> int:
+        """Its compute slices, of :data:`MIG_SLICES` (the ``g`` of ``1g.10gb``)."""
+        return int(self.profile.split("g.", 1)[0])
 
 
 class GpuFamily(_Model):
@@ -69,6 +95,8 @@ class GpuFamily(_Model):
     multi_node_nvlink: bool = False
     nvlink_domain_nodes: int | None = Field(default=None, ge=1)
     node: NodeSize | None = None
+    #: MIG slices the family's nodes offer (mixed strategy only); none: no MIG shapes.
+    mig: tuple[MigProfile, ...] = ()
 
     @model_validator(mode="after")
     def _fits_the_node(self) -> GpuFamily:
@@ -80,9 +108,24 @@ class GpuFamily(_Model):
                 f"perGpu.shmGi {per.shm_gi} exceeds perGpu.memoryGi {per.memory_gi}: /dev/shm is memory of the "
                 "worker (it counts against its limit)"
             )
+        profiles = [m.profile for m in self.mig]
+        twice = sorted({p for p in profiles if profiles.count(p) > 1})
+        if twice:
+            raise ValueError(f"{self.key}: MIG profiles listed twice: {', '.join(twice)}")
+        too_big = [m.profile for m in self.mig if m.memory_gi_b > self.memory_gi_b]
+        if too_big:
+            raise ValueError(
+                f"{self.key}: MIG profiles {', '.join(too_big)} have more memory than the GPU's {self.memory_gi_b} GiB"
+            )
         if self.node is None:
             return self
-        gpus = max(self.shapes)
+        gpus = self.node_gpus
+        wider = [s for s in self.shapes if s > gpus]
+        if wider:
+            raise ValueError(
+                f"{self.key}: shapes {', '.join(map(str, wider))} have more GPUs than node.gpus {gpus}: a worker "
+                "never spans nodes; drop those shapes or correct node.gpus"
+            )
         for what, asked, has, key in (
             ("cpu", per.cpu * gpus, self.node.cpu, "cpu"),
             ("memory", per.memory_gi * gpus, self.node.memory_gi, "memoryGi"),
@@ -99,11 +142,35 @@ class GpuFamily(_Model):
     def key(self) -> str:
         return f"{self.family}.{self.memory_gi_b}g"
 
+    @property
+    def node_gpus(self) -> int:
+        """The GPUs of one node of the family: ``node.gpus``, else its largest shape."""
+        if self.node is not None and self.node.gpus is not None:
+            return self.node.gpus
+        return max(self.shapes)
+
+    def requests(self, gpus: int, slices: int | None = None) -> tuple[int, int, int]:
+        """CPU, memory GiB and /dev/shm GiB of a worker of ``gpus`` GPUs: that many GPUs' share of the
+        node (``perGpu`` each), so workers of any sizes fit a node together as their GPUs do. A MIG
+        slice of ``slices`` compute slices asks that many sevenths of one GPU's share (rounded
+        down, at least 1): seven 1g slices of a GPU never ask more than the GPU's share."""
+        per = self.per_gpu
+        if slices is None:
+            return per.cpu * gpus, per.memory_gi * gpus, per.shm_gi * gpus
+        return (
+            max(1, per.cpu * slices // MIG_SLICES),
+            max(1, per.memory_gi * slices // MIG_SLICES),
+            max(1, per.shm_gi * slices // MIG_SLICES),
+        )
+
 
 class Labels(_Model):
     product: str = "nvidia.com/gpu.product"
     count: str = "nvidia.com/gpu.count"
     clique: str = "nvidia.com/gpu.clique"
+    #: GPU Feature Discovery's MIG strategy label: MIG shapes need ``mixed``, the only strategy that
+    #: advertises slices as resources of their own (``nvidia.com/mig-<profile>``).
+    mig_strategy: str = "nvidia.com/mig.strategy"
 
 
 #: A price per GPU-hour: a decimal (a string in the YAML, "3.90", so that no float rounds it), at
@@ -178,11 +245,41 @@ class Instance:
     #: What one of its GPUs costs an hour, in the catalog's ``currency``; None: the catalog has no prices.
     price_per_gpu_hour: Decimal | None = None
     currency: str | None = None
+    #: A MIG shape's slice (then ``gpus`` is 1: one device, one process); None: whole GPUs.
+    mig: MigProfile | None = None
+
+    @property
+    def mig_profile(self) -> str | None:
+        return None if self.mig is None else self.mig.profile
+
+    @property
+    def slices(self) -> int | None:
+        """A MIG slice's compute slices (of :data:`MIG_SLICES`); None for whole GPUs."""
+        return None if self.mig is None else self.mig.slices
+
+    @property
+    def node_gpus(self) -> int:
+        return self.family.node_gpus
+
+    @property
+    def whole_node(self) -> bool:
+        """Its worker takes every GPU of its node."""
+        return self.mig is None and self.gpus >= self.node_gpus
+
+    @property
+    def gpu_resource(self) -> str:
+        """The extended resource its worker asks: ``nvidia.com/gpu``, or the slice's own."""
+        return WHOLE_GPU_RESOURCE if self.mig is None else f"nvidia.com/mig-{self.mig.profile}"
+
+    @property
+    def gpu_share(self) -> Decimal:
+        """What one of its devices is of a GPU, for GPU-hours and money: 1, a slice g/7."""
+        return Decimal(1) if self.mig is None else Decimal(self.mig.slices) / MIG_SLICES
 
     @property
     def price_per_node_hour(self) -> Decimal | None:
-        """What one worker (``gpus`` GPUs of a node) costs an hour."""
-        return None if self.price_per_gpu_hour is None else self.price_per_gpu_hour * self.gpus
+        """What one worker (``gpus`` GPUs of a node, or its slice) costs an hour."""
+        return None if self.price_per_gpu_hour is None else self.price_per_gpu_hour * self.gpus * self.gpu_share
 
     @property
     def products(self) -> tuple[str, ...]:
@@ -190,23 +287,30 @@ class Instance:
 
     @property
     def gpu_memory_gib(self) -> int:
-        return self.family.memory_gi_b
+        """One device's memory: the GPU's, or the slice's."""
+        return self.family.memory_gi_b if self.mig is None else self.mig.memory_gi_b
 
     @property
     def multi_node_nvlink(self) -> bool:
         return self.family.multi_node_nvlink
 
+    def requests(self, gpus: int | None = None) -> tuple[str, str, str]:
+        """CPU, memory and /dev/shm of a worker with ``gpus`` of its GPUs (default: the shape's), as
+        quantities: the GPUs' share of the node (:meth:`GpuFamily.requests`)."""
+        cpu, memory, shm = self.family.requests(self.gpus if gpus is None else gpus, self.slices)
+        return str(cpu), f"{memory}Gi", f"{shm}Gi"
+
     @property
     def cpu(self) -> str:
-        return str(self.family.per_gpu.cpu * self.gpus)
+        return self.requests()[0]
 
     @property
     def memory(self) -> str:
-        return f"{self.family.per_gpu.memory_gi * self.gpus}Gi"
+        return self.requests()[1]
 
     @property
     def shm(self) -> str:
-        return f"{self.family.per_gpu.shm_gi * self.gpus}Gi"
+        return self.requests()[2]
 
     @property
     def node_selector(self) -> dict[str, str]:
@@ -269,9 +373,11 @@ class Catalog:
         out: dict[str, Instance] = {}
         pricing = self.spec.pricing
         for fam in self.spec.gpus:
-            for gpus in fam.shapes:
+            shapes: list[tuple[str, int, MigProfile | None]] = [(str(g), g, None) for g in fam.shapes]
+            shapes += [(f"mig-{m.profile}", 1, m) for m in fam.mig]
+            for shape, gpus, mig in shapes:
                 for capacity, cap in self.spec.capacities.items():
-                    name = f"dgx{fam.key}.{gpus}.{capacity}"
+                    name = f"dgx{fam.key}.{shape}.{capacity}"
                     price = pricing.per_gpu_hour.get(fam.key, {}).get(capacity) if pricing is not None else None
                     out[name] = Instance(
                         name=name,
@@ -284,6 +390,7 @@ class Catalog:
                         gpu_tolerations=self.spec.gpu_tolerations,
                         price_per_gpu_hour=price,
                         currency=pricing.currency if pricing is not None else None,
+                        mig=mig,
                     )
         return out
 
@@ -345,7 +452,9 @@ class Catalog:
         """Every known name in a compact brace form: dgxa100.80g.{1,2,4,8}.{norm,spot,debug}, ..."""
         caps = ",".join(self.spec.capacities)
         return ", ".join(
-            f"dgx{fam.key}.{{{','.join(str(s) for s in fam.shapes)}}}.{{{caps}}}" for fam in self.spec.gpus
+            f"dgx{fam.key}.{{{','.join([*(str(s) for s in fam.shapes), *(f'mig-{m.profile}' for m in fam.mig)])}}}"
+            f".{{{caps}}}"
+            for fam in self.spec.gpus
         )
 
     def get(self, name: str) -> Instance:
@@ -360,7 +469,10 @@ class Catalog:
         families = {fam.key: fam for fam in self.spec.gpus}
         suggest = True
         if match is None:
-            reason = "expected dgx<gpu>.<memory>g.<gpus>.<capacity>, e.g. dgxa100.80g.8.norm"
+            reason = (
+                "expected dgx<gpu>.<memory>g.<gpus>.<capacity>, e.g. dgxa100.80g.8.norm, or "
+                "dgx<gpu>.<memory>g.mig-<profile>.<capacity>, e.g. dgxa100.80g.mig-1g.10gb.debug"
+            )
         else:
             key = f"{match['family']}.{match['memory']}g"
             fam = families.get(key)
@@ -368,6 +480,14 @@ class Catalog:
                 reason = f"no capacity pool {match['capacity']!r} (pools: {', '.join(self.spec.capacities)})"
             elif fam is None:
                 reason = f"no GPU family {key!r} in the catalog"
+            elif match["mig"] is not None:
+                offered = ", ".join(m.profile for m in fam.mig)
+                reason = (
+                    f"dgx{key} nodes offer MIG slices {offered}, not {match['mig']}"
+                    if offered
+                    else f"dgx{key} nodes offer no MIG slices in this catalog (its gpus[].mig lists none)"
+                )
+                suggest = False
             else:
                 shapes = ", ".join(str(s) for s in fam.shapes)
                 reason = f"dgx{key} nodes have {shapes} GPUs, not {match['gpus']}"

@@ -228,6 +228,7 @@ def test_two_replicas_roll_and_one_leads_with_the_documented_interface() -> None
         "KUBEDGX_TRAINER_IMAGE": "ghcr.io/kubedgx/trainer:0.1.0",
         "KUBEDGX_DATASYNC_IMAGE": "ghcr.io/kubedgx/trainer:0.1.0",
         "KUBEDGX_IMAGE_PULL_POLICY": "IfNotPresent",
+        "KUBEDGX_SCHEDULER_NAME": "",
         "KUBEDGX_CACHE_ROOT": "/raid/kubedgx",
         "KUBEDGX_CHECKPOINT_SYNC_INTERVAL": "30s",
         "KUBEDGX_PRIORITY_CLASSES": "low=kubedgx-low,normal=kubedgx-normal,high=kubedgx-high",

@@ -415,6 +415,9 @@ def mig_gpus(mig: Mapping[str, int]) -> int:
 def mig_memory_mb(inst: Instance, profile: str) -> int:
     """GFD's ``nvidia.com/mig-<profile>.memory`` (MB): the catalog's memoryGiB of the profile, else the
     profile's name (``1g.10gb`` -> 10 GB)."""
+    for listed in inst.family.mig:
+        if listed.profile == profile:
+            return listed.memory_gi_b * 1024
     match = MIG_PROFILE.match(profile)
     if match is None:
         raise ValueError(f"MIG profile {profile!r} is not <g>g.<memory>gb (the device plugin's spelling)")
@@ -448,6 +451,8 @@ def dgx_node(name: str, inst: Instance, *, clique: str | None = None, lossy: boo
     }
     if mig:
         in_mig_mode = mig_gpus(mig)
+        if inst.gpus != inst.node_gpus or inst.mig is not None:
+            raise ValueError(f"{name}: a MIG-sliced node passes for a whole-node instance, not {inst.name}")
         if in_mig_mode > inst.gpus:
             raise ValueError(f"{name}: MIG slices {dict(mig)} need {in_mig_mode} GPUs, the node has {inst.gpus}")
         labels |= {

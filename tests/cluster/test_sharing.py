@@ -23,6 +23,8 @@ from urllib.parse import quote
 import pytest
 import yaml
 
+from dgx_operator.catalog import Catalog
+from dgx_operator.render.quantity import value as quantity
 from tests.chart.conftest import Rendered, one
 from tests.cluster.controlplane import CONTEXT, ControlPlane, NodePool
 from tests.cluster.fixtures import started_control_plane
@@ -47,6 +49,8 @@ POOLS = (
     NodePool(WHOLE, 1, mig=BALANCED, mig_config="all-balanced"),
 )
 GPU = "nvidia.com/gpu"
+#: The catalog's memoryGiB per MIG profile of the family.
+CATALOG_MIG_GIB = {m.profile: m.memory_gi_b for m in Catalog.load().get(WHOLE).family.mig}
 
 
 def packing_profile(doc: str | None = None) -> dict[str, Any]:
@@ -157,26 +161,6 @@ def bound_pods(plane: ControlPlane, node: str | None = None) -> list[dict[str, A
 
 
 # -- resources, as the scheduler adds them -------------------------------------------------------
-
-_SUFFIXES = {
-    "": Decimal(1),
-    "m": Decimal("0.001"),
-    "k": Decimal(10**3),
-    "M": Decimal(10**6),
-    "G": Decimal(10**9),
-    "T": Decimal(10**12),
-    "Ki": Decimal(2**10),
-    "Mi": Decimal(2**20),
-    "Gi": Decimal(2**30),
-    "Ti": Decimal(2**40),
-}
-
-
-def quantity(text: str | int) -> Decimal:
-    match = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)([a-zA-Z]*)", str(text))
-    assert match is not None, f"not a quantity: {text!r}"
-    assert match[2] in _SUFFIXES, f"a quantity suffix this test does not read: {text!r}"
-    return Decimal(match[1]) * _SUFFIXES[match[2]]
 
 
 def _add(a: Mapping[str, Decimal], b: Mapping[str, Decimal]) -> dict[str, Decimal]:
@@ -290,7 +274,7 @@ def test_the_scheduler_runs_the_profile_of_the_doc(control_plane: ControlPlane) 
         for profile, count in mig.items():
             assert allocatable[f"nvidia.com/mig-{profile}"] == str(count)
             assert labels[f"nvidia.com/mig-{profile}.count"] == str(count)
-            assert labels[f"nvidia.com/mig-{profile}.memory"] == str(int(profile.split(".")[1][:-2]) * 1024)
+            assert labels[f"nvidia.com/mig-{profile}.memory"] == str(CATALOG_MIG_GIB[profile] * 1024)
     for name in whole_gpu_nodes(control_plane):
         assert nodes(control_plane)[name]["status"]["allocatable"][GPU] == "8"
 

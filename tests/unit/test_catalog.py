@@ -67,6 +67,15 @@ def family_entry(data: dict[str, Any], key: str) -> dict[str, Any]:
 
 # --- the default catalog -------------------------------------------------------------------------
 
+#: The MIG slices the shipped catalog offers per family (docs/research/sharing-nodes.md, section 2).
+MIG_PROFILES = {
+    "a100.40g": ("1g.5gb", "2g.10gb", "3g.20gb"),
+    "a100.80g": ("1g.10gb", "2g.20gb", "3g.40gb"),
+    "h100.80g": ("1g.10gb", "2g.20gb", "3g.40gb"),
+    "h200.141g": ("1g.18gb", "2g.35gb", "3g.71gb"),
+    "b200.180g": ("1g.23gb", "2g.45gb", "3g.90gb"),
+}
+
 
 def test_default_catalog_defines_exactly_the_expected_names(catalog: Catalog) -> None:
     expected = {
@@ -76,7 +85,14 @@ def test_default_catalog_defines_exactly_the_expected_names(catalog: Catalog) ->
         for capacity in CAPACITIES
     }
     assert len(expected) == 5 * 4 * 3 + 3 * 3
-    assert set(catalog.instances) == expected
+    mig = {
+        f"dgx{key}.mig-{profile}.{capacity}"
+        for key, profiles in MIG_PROFILES.items()
+        for profile in profiles
+        for capacity in CAPACITIES
+    }
+    assert len(mig) == 5 * 3 * 3  # every family but GB200 (MIG Manager's all-balanced geometry: 1g, 2g, 3g)
+    assert set(catalog.instances) == expected | mig
 
 
 @pytest.mark.parametrize(("key", "gpus", "capacity"), CLASSIC_COMBOS)
@@ -169,17 +185,20 @@ def test_node_selector_is_a_copy(catalog: Catalog) -> None:
 
 def test_known_lists_every_family_in_brace_form(catalog: Catalog) -> None:
     assert catalog.known() == (
-        "dgxa100.40g.{1,2,4,8}.{norm,spot,debug}, dgxa100.80g.{1,2,4,8}.{norm,spot,debug}, "
-        "dgxh100.80g.{1,2,4,8}.{norm,spot,debug}, dgxh200.141g.{1,2,4,8}.{norm,spot,debug}, "
-        "dgxb200.180g.{1,2,4,8}.{norm,spot,debug}, dgxgb200.186g.{1,2,4}.{norm,spot,debug}"
+        "dgxa100.40g.{1,2,4,8,mig-1g.5gb,mig-2g.10gb,mig-3g.20gb}.{norm,spot,debug}, "
+        "dgxa100.80g.{1,2,4,8,mig-1g.10gb,mig-2g.20gb,mig-3g.40gb}.{norm,spot,debug}, "
+        "dgxh100.80g.{1,2,4,8,mig-1g.10gb,mig-2g.20gb,mig-3g.40gb}.{norm,spot,debug}, "
+        "dgxh200.141g.{1,2,4,8,mig-1g.18gb,mig-2g.35gb,mig-3g.71gb}.{norm,spot,debug}, "
+        "dgxb200.180g.{1,2,4,8,mig-1g.23gb,mig-2g.45gb,mig-3g.90gb}.{norm,spot,debug}, "
+        "dgxgb200.186g.{1,2,4}.{norm,spot,debug}"
     )
 
 
 # --- unknown instances ---------------------------------------------------------------------------
 
 KNOWN_FRAGMENTS = (
-    "dgxa100.40g.{1,2,4,8}.{norm,spot,debug}",
-    "dgxh200.141g.{1,2,4,8}.{norm,spot,debug}",
+    "dgxa100.40g.{1,2,4,8,mig-1g.5gb,mig-2g.10gb,mig-3g.20gb}.{norm,spot,debug}",
+    "dgxh200.141g.{1,2,4,8,mig-1g.18gb,mig-2g.35gb,mig-3g.71gb}.{norm,spot,debug}",
     "dgxgb200.186g.{1,2,4}.{norm,spot,debug}",
 )
 
@@ -275,7 +294,7 @@ def test_custom_catalog_adds_a_family(tmp_path: Path) -> None:
     assert inst.node_selector == {"kubedgx.io/capacity": "spot"}
     assert inst.topology_key == "network.example.com/rail-block"
     assert inst.multi_node_nvlink is False
-    assert len(cat.instances) == 69 + 2 * 3
+    assert len(cat.instances) == 69 + 5 * 3 * 3 + 2 * 3  # the shipped shapes and MIG slices, and l40s's
     # The shipped families are still there.
     assert cat.get("dgxa100.80g.8.norm").gpus == 8
     assert "dgxl40s.48g.{2,4}.{norm,spot,debug}" in cat.known()
@@ -452,12 +471,16 @@ def test_every_shipped_instance_has_a_price_and_the_prices_say_they_are_examples
         assert inst.currency == "USD"
         assert inst.price_per_gpu_hour is not None
         assert inst.price_per_gpu_hour > 0
-        assert inst.price_per_node_hour == inst.price_per_gpu_hour * inst.gpus
+        if inst.mig is None:
+            assert inst.price_per_node_hour == inst.price_per_gpu_hour * inst.gpus
+        else:  # a slice of g compute slices is g/7 of a GPU
+            assert round(inst.price_per_node_hour or 0, 10) == round(inst.price_per_gpu_hour * inst.mig.slices / 7, 10)
         norm = catalog.get(inst.name.rsplit(".", 1)[0] + ".norm").price_per_gpu_hour
         assert norm is not None
         if inst.capacity == "spot":
             assert inst.price_per_gpu_hour < norm  # what spot saves
     assert catalog.get("dgxh100.80g.8.norm").price_per_node_hour == Decimal("24.00")
+    assert round(catalog.get("dgxh100.80g.mig-2g.20gb.norm").price_per_node_hour or 0, 4) == Decimal("0.8571")
 
 
 def test_prices_are_decimals_whatever_the_yaml_wrote(tmp_path: Path) -> None:

@@ -246,7 +246,8 @@ def test_list_items_are_validated_each(tmp_path: Path) -> None:
     assert code == 1
     assert out == [
         f'{tmp_path / "in.yaml"}: DGXTrainingJob/bad (List items[1]): spec.instance: invalid value "x": must look like '
-        "dgx<gpu>.<memory>g.<gpus>.<capacity>, e.g. dgxa100.80g.8.norm (capacity: norm, spot or debug)"
+        "dgx<gpu>.<memory>g.<gpus>.<capacity>, e.g. dgxa100.80g.8.norm, or dgx<gpu>.<memory>g.mig-<profile>.<capacity> "
+        "for a MIG slice, e.g. dgxa100.80g.mig-1g.10gb.debug (capacity: norm, spot or debug)"
     ]
     assert err[-1] == "2 object(s) checked, 1 invalid"
 

@@ -32,8 +32,14 @@ def header() -> dict[str, str]:
 
 
 def pairs(text: str) -> dict[str, str]:
-    """``a=b c=d (remarks)`` -> {a: b, c: d}: the key=value words before any parenthesis."""
-    return dict(word.split("=", 1) for word in text.split("(")[0].split() if "=" in word)
+    """``a=b c>0 (remarks)`` -> {a: "=b", c: ">0"}: the key=value and key>value words before any
+    parenthesis (a value kept with its operator: "at least one GPU" is not "exactly one")."""
+    out = {}
+    for word in text.split("(")[0].split():
+        match = re.fullmatch(r"([^=>]+)([=>])(.*)", word)
+        if match:
+            out[match[1]] = match[2] + match[3]
+    return out
 
 
 def rendered(path: str = str(QUICKSTART), *extra: str) -> list[dict[str, Any]]:
@@ -53,9 +59,9 @@ def required_node_labels(pod: dict[str, Any]) -> dict[str, str]:
     ]
     out = {}
     for expr in term["matchExpressions"]:
-        assert expr["operator"] == "In"
-        (value,) = expr["values"]  # one value each: a label the comment can name as key=value
-        out[expr["key"]] = value
+        (value,) = expr["values"]  # one value each: a label the comment can name as key=value or key>value
+        assert expr["operator"] in ("In", "Gt")
+        out[expr["key"]] = ("=" if expr["operator"] == "In" else ">") + value
     return out
 
 
@@ -68,7 +74,7 @@ def test_the_header_names_the_resources_the_worker_asks_for() -> None:
     (container,) = pod["spec"]["containers"]
     requests = container["resources"]["requests"]
     assert container["resources"]["limits"] == requests, "the header says requests = limits"
-    assert pairs(header()["free"]) == {k: str(v) for k, v in requests.items()}
+    assert pairs(header()["free"]) == {k: f"={v}" for k, v in requests.items()}
     (shm,) = [v["emptyDir"]["sizeLimit"] for v in pod["spec"]["volumes"] if v["name"] == "dshm"]
     assert f"/dev/shm, {shm}," in header()["free"]
 
@@ -87,27 +93,26 @@ def test_the_header_names_the_tolerations_the_capacity_and_the_priority_class() 
     assert re.findall(r"PriorityClass (\S+)", rows["priority"]) == [pod["spec"]["priorityClassName"]]
 
 
-def test_the_header_names_the_instance_type_and_its_dgx_sibling() -> None:
+def test_the_header_names_the_instance_type_and_its_share_of_a_dgx() -> None:
     text = QUICKSTART.read_text(encoding="utf-8")
     job = yaml.safe_load(text)
     named = re.search(r"the instance type below, (\S+),", text)
     assert named is not None
     assert named[1] == job["spec"]["instance"]
-    sibling = re.search(r"nvidia\.com/gpu\.count=(\d+): set spec\.instance to (\S+) there", text)
-    assert sibling is not None
-    alt = Catalog.load().get(sibling[2])
+    share = re.search(r"On a DGX A100 \((\d+) such GPUs\) it takes an (\w+) of the node", text.replace("\n# ", " "))
+    assert share is not None
     ours = Catalog.load().get(job["spec"]["instance"])
-    assert alt.gpus == int(sibling[1])
-    assert (alt.products, alt.capacity) == (ours.products, ours.capacity), "the same GPU, only more of them"
+    assert ours.node_gpus == int(share[1])
+    assert {1: "whole", 2: "half", 4: "quarter", 8: "eighth"}[ours.node_gpus // ours.gpus] == share[2]
 
 
 def test_the_readme_names_the_same_node() -> None:
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     section = readme.split("## Install on a cluster", 1)[1].split("\n## ", 1)[0]
     rows = header()
-    for word in pairs(rows["node labels"]).items():
-        assert f"`{'='.join(word)}`" in section, word
-    free = pairs(rows["free"])
+    for key, value in pairs(rows["node labels"]).items():
+        assert f"`{key}{value}`" in section, (key, value)
+    free = {k: v.lstrip("=") for k, v in pairs(rows["free"]).items()}
     sentence = re.search(r"The quickstart's worker needs .*?\.(?=\s)", section.replace("\n", " "))
     assert sentence is not None, "README.md: the sentence saying what node the quickstart needs"
     assert f"`nvidia.com/gpu` {free['nvidia.com/gpu']}" in sentence[0]

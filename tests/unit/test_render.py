@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dgx_api.trainer_config import parse_config
 from dgx_operator.api import DGXDataMountSpec, DGXTrainingJob
@@ -43,6 +45,9 @@ from tests.unit.render_helpers import (
 )
 
 INSTANCE_NAMES = sorted(CATALOG.instances)
+#: Whole-GPU shapes (any number of workers); MIG slices run one worker each.
+WHOLE_GPU_NAMES = sorted(n for n, i in CATALOG.instances.items() if i.mig is None)
+MIG_NAMES = sorted(n for n, i in CATALOG.instances.items() if i.mig is not None)
 
 JOB_LABEL = "kubedgx.io/job-name"
 GPU = "nvidia.com/gpu"
@@ -186,15 +191,16 @@ def built_for_instance(name: str) -> tuple[dict[str, Any], ...]:
     return tuple(build({"spec.instance": name, "spec.elastic": {"minNodes": 2}}))
 
 
-@pytest.mark.parametrize("name", INSTANCE_NAMES)
+@pytest.mark.parametrize("name", WHOLE_GPU_NAMES)
 def test_every_instance_builds_valid_children(name: str) -> None:
     children = list(built_for_instance(name))
     assert [c["kind"] for c in children] == ["ConfigMap", "Service", "Pod", "Pod"]
     assert_valid(children)
 
 
-@pytest.mark.parametrize("name", INSTANCE_NAMES)
+@pytest.mark.parametrize("name", WHOLE_GPU_NAMES)
 def test_every_instance_sizes_its_workers(name: str) -> None:
+    """g GPUs of a node take g x perGpu of its CPU, memory and shm (catalog.yaml's header)."""
     inst = CATALOG.instances[name]
     cpu, memory_gi, shm_gi = per_gpu(inst)
     expected = {"cpu": str(cpu * inst.gpus), "memory": f"{memory_gi * inst.gpus}Gi", GPU: str(inst.gpus)}
@@ -213,9 +219,17 @@ def resolve_gpus(pod: dict[str, Any]) -> int:
     return int(pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"])
 
 
-@pytest.mark.parametrize("name", INSTANCE_NAMES)
+@pytest.mark.parametrize("name", WHOLE_GPU_NAMES)
 def test_every_instance_places_its_workers(name: str) -> None:
+    """A whole-node shape on nodes of exactly its GPUs; a smaller one on any node of the product with at
+    least its GPUs (shared with other jobs), never two of its job's workers on one node."""
     inst = CATALOG.instances[name]
+    node_gpus = inst.family.node_gpus
+    count = (
+        {"key": "nvidia.com/gpu.count", "operator": "In", "values": [str(node_gpus)]}
+        if inst.gpus == node_gpus
+        else {"key": "nvidia.com/gpu.count", "operator": "Gt", "values": [str(inst.gpus - 1)]}
+    )
     for pod in pods_of(list(built_for_instance(name))):
         spec = pod["spec"]
         terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
@@ -223,15 +237,15 @@ def test_every_instance_places_its_workers(name: str) -> None:
             {
                 "matchExpressions": [
                     {"key": "nvidia.com/gpu.product", "operator": "In", "values": list(inst.family.products)},
-                    {"key": "nvidia.com/gpu.count", "operator": "In", "values": [str(inst.gpus)]},
+                    count,
                 ]
             }
         ]
-        if inst.family.multi_node_nvlink:
+        if inst.family.multi_node_nvlink:  # two workers: one NVLink clique
             assert set(spec["affinity"]["podAffinity"]) == {"requiredDuringSchedulingIgnoredDuringExecution"}
         else:  # the catalog names no topologyKey: no preference the scheduler pays for on every pod
             assert "podAffinity" not in spec["affinity"]
-        if resolve_gpus(pod) < inst.gpus:  # part of a node: hard, one worker per node (test_one_worker_per_node)
+        if resolve_gpus(pod) < node_gpus:  # part of a node: hard, one worker per node (test_one_worker_per_node)
             assert spec["topologySpreadConstraints"][0]["whenUnsatisfiable"] == "DoNotSchedule"
         elif pod["metadata"]["labels"]["kubedgx.io/replica-index"] != "0":
             # The GPU request keeps a second worker off; no spreading for the scheduler to score.
@@ -341,16 +355,25 @@ def test_gpu_limits_default_to_the_instance() -> None:
     assert resources["requests"][GPU] == "4"
 
 
-def test_gpu_override_requests_fewer_gpus_on_the_whole_node() -> None:
+def test_gpu_override_asks_the_share_of_its_gpus_like_the_smaller_shape() -> None:
+    """resources.gpu: 2 on an 8-GPU shape renders the requests and placement of the 2-GPU shape (the
+    instance annotation aside): the rest of the node stays free for other jobs (issue 32)."""
     pod = one_pod({"spec.resources": {"gpu": 2}})
     resources = the_container(pod)["resources"]
-    assert resources["limits"][GPU] == resources["requests"][GPU] == "2"
+    assert resources["limits"] == resources["requests"] == {"cpu": "56", "memory": "440Gi", GPU: "2"}
+    _, shm = volume_at(pod, "/dev/shm")
+    assert shm["emptyDir"]["sizeLimit"] == "32Gi"
     assert env_of(pod)["PET_NPROC_PER_NODE"] == "2"
-    # The node is still an 8-GPU node.
+    shape = one_pod({"spec.instance": "dgxa100.80g.2.norm"})
+    assert the_container(shape)["resources"] == resources
+    assert shape["spec"]["affinity"] == pod["spec"]["affinity"]
     exprs = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
         "nodeSelectorTerms"
     ][0]["matchExpressions"]
-    assert {"key": "nvidia.com/gpu.count", "operator": "In", "values": ["8"]} in exprs
+    assert {"key": "nvidia.com/gpu.count", "operator": "Gt", "values": ["1"]} in exprs
+    # An explicit CPU still wins over the share.
+    explicit = the_container(one_pod({"spec.resources": {"gpu": 2, "cpu": 100}}))["resources"]["requests"]
+    assert explicit == {"cpu": "100", "memory": "440Gi", GPU: "2"}
 
 
 def test_guaranteed_qos_with_instance_defaults() -> None:
@@ -378,6 +401,7 @@ def test_shm_mount_is_writable() -> None:
 
 
 def test_node_affinity_on_product_and_count() -> None:
+    """A 4-GPU shape: an H100 node with more than 3 GPUs (an 8-GPU DGX, shared with others)."""
     pod = one_pod({"spec.instance": "dgxh100.80g.4.norm"})
     node_affinity = pod["spec"]["affinity"]["nodeAffinity"]
     assert node_affinity == {
@@ -390,7 +414,7 @@ def test_node_affinity_on_product_and_count() -> None:
                             "operator": "In",
                             "values": ["NVIDIA-H100-80GB-HBM3", "NVIDIA-H100-SXM5-80GB"],
                         },
-                        {"key": "nvidia.com/gpu.count", "operator": "In", "values": ["4"]},
+                        {"key": "nvidia.com/gpu.count", "operator": "Gt", "values": ["3"]},
                     ]
                 }
             ]
@@ -1185,3 +1209,82 @@ def test_hostpath_caches_are_given_to_the_trainer_before_anything_writes_them() 
     assert prepare["securityContext"]["allowPrivilegeEscalation"] is False
     assert "restartPolicy" not in prepare  # a plain init container: it ends before the pulls start
     assert [c["name"] for c in inits[1:]][:1] == ["data-in-0"]
+
+
+# --- sharing nodes (issue 32): MIG slices, requests that fit the node ----------------------------
+
+
+@pytest.mark.parametrize("name", MIG_NAMES)
+def test_every_mig_instance_asks_its_slice_on_a_mixed_strategy_node(name: str) -> None:
+    inst = CATALOG.instances[name]
+    assert inst.mig is not None
+    children = build({"spec.instance": name})
+    assert_valid(children)
+    (pod,) = pods_of(children)
+    resources = the_container(pod)["resources"]
+    cpu, memory_gi, shm_gi = per_gpu(inst)
+    g = inst.mig.slices
+    expected = {
+        "cpu": str(max(1, cpu * g // 7)),
+        "memory": f"{max(1, memory_gi * g // 7)}Gi",
+        f"nvidia.com/mig-{inst.mig.profile}": "1",
+    }
+    assert resources == {"requests": expected, "limits": expected}  # no nvidia.com/gpu: the slice is the GPU
+    terms = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert terms["nodeSelectorTerms"] == [
+        {
+            "matchExpressions": [
+                {"key": "nvidia.com/gpu.product", "operator": "In", "values": list(inst.family.products)},
+                {"key": "nvidia.com/mig.strategy", "operator": "In", "values": ["mixed"]},
+            ]
+        }
+    ]
+    env = env_of(pod)
+    assert env["KUBEDGX_MIG_PROFILE"] == inst.mig.profile
+    assert env["KUBEDGX_NVLINK"] == "false"
+    assert env["PET_NPROC_PER_NODE"] == env["KUBEDGX_GPUS_PER_NODE"] == "1"
+    _, shm = volume_at(pod, "/dev/shm")
+    assert shm["emptyDir"]["sizeLimit"] == f"{max(1, shm_gi * g // 7)}Gi"
+
+
+def test_a_one_gpu_worker_on_a_dgx_takes_an_eighth_of_the_node() -> None:
+    """The quickstart's case: dgxa100.80g.1.norm on an 8-GPU DGX A100, one worker, no spread of its own
+    beyond worker 0's soft one (nothing else of its job to keep apart)."""
+    pod = one_pod({"spec.instance": "dgxa100.80g.1.norm"})
+    assert the_container(pod)["resources"]["requests"] == {"cpu": "28", "memory": "220Gi", GPU: "1"}
+    exprs = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ][0]["matchExpressions"]
+    assert {"key": "nvidia.com/gpu.count", "operator": "Gt", "values": ["0"]} in exprs
+    assert [c["whenUnsatisfiable"] for c in pod["spec"]["topologySpreadConstraints"]] == ["ScheduleAnyway"]
+    assert env_of(pod)["KUBEDGX_NVLINK"] == "false"
+
+
+@given(data=st.data())
+@settings(max_examples=200, deadline=None)
+def test_a_nodes_workers_of_any_shapes_fit_its_allocatable(data: st.DataObject) -> None:
+    """Workers of a family whose GPUs add up to at most the node's (any mix of shapes, resources.gpu
+    overrides and MIG slices of at most a GPU's seven per GPU) never ask more CPU or memory than the
+    node has: the scheduler can fill a node by its GPUs alone."""
+    fam = data.draw(st.sampled_from([f for f in CATALOG.spec.gpus if f.node is not None]))
+    assert fam.node is not None
+    left, sevenths = fam.node_gpus, 0
+    cpu = memory = 0
+    while True:
+        options = list(range(1, left + 1)) + (list(fam.mig) if fam.mig and (left or sevenths) else [])
+        if not options or not data.draw(st.booleans(), label="another worker"):
+            break
+        pick = data.draw(st.sampled_from(options))
+        if isinstance(pick, int):
+            c, m, _ = fam.requests(pick)
+            left -= pick
+        else:
+            if sevenths < pick.slices:
+                if left == 0:
+                    continue
+                left, sevenths = left - 1, sevenths + 7
+            sevenths -= pick.slices
+            c, m, _ = fam.requests(1, pick.slices)
+        cpu, memory = cpu + c, memory + m
+    assert cpu <= fam.node.cpu
+    assert memory <= fam.node.memory_gi

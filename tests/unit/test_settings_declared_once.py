@@ -119,6 +119,7 @@ OTHER_VALUE: dict[str, Any] = {
     "webhook.failurePolicy": "Ignore",
     "caBundle": {"configMap": {"name": "trust-bundle"}},
     "usageInterval": "6m",
+    "scheduling.schedulerName": "kubedgx-packing",
     "limits": {"maxNodes": 4},
 }
 #: Values the change needs besides (more than one replica needs leader election).

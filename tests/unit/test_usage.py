@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from fractions import Fraction
 from typing import Any
 
 from hypothesis import given, settings
@@ -211,3 +212,42 @@ def test_a_worker_ending_in_the_watermarks_second_is_let_go_in_that_second() -> 
     done = accrue(running, [Span("p", 8, "norm", start, end)], PRICES, "norm", end + timedelta(microseconds=400))
     assert done.holding == ()
     assert done.gpu_seconds == running.gpu_seconds == 8 * 24
+
+
+# -- MIG slices (issue 32): a slice of g compute slices is g/7 of a GPU --------------------------------
+
+
+def test_a_mig_slice_is_charged_its_sevenths_of_a_gpu() -> None:
+    slice_ = Span("m", 1, "norm", at(0), share=Fraction(1, 7))
+    usage = passes([(70, [slice_])])
+    assert usage.gpu_seconds == 70 * 60 // 7  # 600: a 1g slice for 70 minutes is 10 GPU-minutes
+    two = passes([(70, [Span("m", 1, "norm", at(0), share=Fraction(2, 7))])])
+    assert two.gpu_seconds == 1200
+
+
+@given(cuts=st.lists(st.integers(min_value=1, max_value=3599), max_size=30, unique=True))
+@settings(max_examples=200, deadline=None)
+def test_a_slices_gpu_seconds_do_not_depend_on_how_the_passes_split_it(cuts: list[int]) -> None:
+    """Floored on the whole span, not per pass: passes every few seconds must not lose a seventh each."""
+    span = Span("m", 1, "norm", T0, T0 + timedelta(seconds=3600), share=Fraction(3, 7))
+    usage = Usage()
+    for second in sorted(cuts):
+        usage = accrue(usage, [span], {"norm": Decimal("3.00")}, "norm", T0 + timedelta(seconds=second))
+    usage = accrue(usage, [span], {"norm": Decimal("3.00")}, "norm", T0 + timedelta(seconds=3600))
+    assert usage.gpu_seconds == 3600 * 3 // 7
+
+
+def test_a_mig_workers_pod_says_its_slice() -> None:
+    pod = {
+        "metadata": {"name": "w", "uid": "u"},
+        "spec": {
+            "containers": [
+                {"name": "trainer", "resources": {"limits": {"nvidia.com/mig-2g.20gb": "1", "cpu": "8"}}},
+            ]
+        },
+        "status": {},
+    }
+    view = PodView.of(pod)
+    assert (view.gpus, view.mig_slices) == (1, 2)
+    whole = {**pod, "spec": {"containers": [{"name": "trainer", "resources": {"limits": {"nvidia.com/gpu": "8"}}}]}}
+    assert (PodView.of(whole).gpus, PodView.of(whole).mig_slices) == (8, None)

@@ -17,7 +17,8 @@ What is checked (nothing loads weights):
 4. the LoRA targets against the model's layers (a skeleton on the meta device), and the data:
    every row once (:func:`dgx_trainer.data.check`, before a builtin model is built from them),
    then the chat template on the job's tokenizer;
-5. memory: :mod:`dgx_trainer.memory`'s estimate against the GPUs' memory (``memoryCheck``).
+5. memory: :mod:`dgx_trainer.memory`'s estimate against the GPUs' memory (``memoryCheck``; a MIG
+   slice's own memory on a MIG instance).
 
 Then ``os.execvp`` replaces this process with torchrun (``python -m torch.distributed.run``, the
 same interpreter), so torchrun is the container's process and gets its signals; its workers run
@@ -223,7 +224,9 @@ def check_quantization(cfg: TrainerConfig, report: preflight.Report) -> list[Pro
 
 
 def gpu_memory(report: preflight.Report, env: Mapping[str, str]) -> list[tuple[str, float]]:
-    """(name, GiB) of each GPU the run will use: NVML's, or ``$KUBEDGX_GPU_MEMORY_GIB``."""
+    """(name, GiB) of each GPU the run will use: NVML's, or ``$KUBEDGX_GPU_MEMORY_GIB``. On a MIG
+    instance the probed device is the slice, so this is the slice's memory (~10 GiB for a 1g.10gb),
+    never its parent's 80: a run that needs a whole GPU is refused here, not by an OOM in training."""
     override = env.get(GPU_MEMORY_ENV)
     if override:
         count = max(1, len(report.gpus))

@@ -34,8 +34,10 @@ from dgx_operator.api.vocabulary import PhaseName
 KIND: Final = JOB_KIND
 
 INSTANCE_PATTERN = pattern(
-    r"^dgx[a-z0-9]+\.[0-9]+g\.[0-9]+\.(norm|spot|debug)$",
-    "must look like dgx<gpu>.<memory>g.<gpus>.<capacity>, e.g. dgxa100.80g.8.norm (capacity: norm, spot or debug)",
+    r"^dgx[a-z0-9]+\.[0-9]+g\.([0-9]+|mig-[1-7]g\.[0-9]+gb(\.me)?)\.(norm|spot|debug)$",
+    "must look like dgx<gpu>.<memory>g.<gpus>.<capacity>, e.g. dgxa100.80g.8.norm, or "
+    "dgx<gpu>.<memory>g.mig-<profile>.<capacity> for a MIG slice, e.g. dgxa100.80g.mig-1g.10gb.debug "
+    "(capacity: norm, spot or debug)",
 )
 
 #: Variables the operator sets for torchrun (Kubeflow PyTorchJob's names) or for itself.
@@ -94,13 +96,24 @@ class Resources(KubeModel):
         default=None,
         ge=1,
         le=MAX_GPUS_PER_NODE,
-        description="GPUs per node. Defaults to all GPUs of the instance type.",
+        description=(
+            "GPUs per worker, at most the instance type's. Defaults to the instance type's. CPU, memory and /dev/shm "
+            "not set here scale with it (the catalog's perGpu share each), so the rest of the node stays free for "
+            "other jobs. Not with a MIG instance (its worker takes its one slice)."
+        ),
     )
-    cpu: Quantity | None = Field(default=None, description="CPU per node. Defaults to the instance type's.")
-    memory: Quantity | None = Field(default=None, description="Memory per node. Defaults to the instance type's.")
+    cpu: Quantity | None = Field(
+        default=None, description="CPU per worker. Defaults to the catalog's perGpu CPU x the worker's GPUs."
+    )
+    memory: Quantity | None = Field(
+        default=None, description="Memory per worker. Defaults to the catalog's perGpu memory x the worker's GPUs."
+    )
     shm: Quantity | None = Field(
         default=None,
-        description="Size of /dev/shm (NCCL and data loaders need it). Defaults to the instance type's.",
+        description=(
+            "Size of /dev/shm (NCCL and data loaders need it). Defaults to the catalog's perGpu shm x the worker's "
+            "GPUs."
+        ),
     )
 
 
@@ -172,10 +185,24 @@ class Debug(KubeModel):
     )
 
 
-#: The GPUs per node that the instance name states (its third part: 8 in dgxa100.80g.8.norm).
-_INSTANCE_GPUS = "int(self.instance.split('.')[2])"
+#: A MIG slice's instance name (its third part: mig-1g in dgxa100.80g.mig-1g.10gb.debug).
+_IS_MIG = "self.instance.split('.')[2].startsWith('mig-')"
+#: The GPUs per worker that the instance name states (its third part: 8 in dgxa100.80g.8.norm; a MIG
+#: slice is one device). CEL evaluates only the branch taken, so int() never sees "mig-1g".
+_INSTANCE_GPUS = f"({_IS_MIG} ? 1 : int(self.instance.split('.')[2]))"
 
-_GPUS_FIT_INSTANCE = f"!has(self.resources) || !has(self.resources.gpu) || self.resources.gpu <= {_INSTANCE_GPUS}"
+_GPUS_FIT_INSTANCE = (
+    f"{_IS_MIG} || !has(self.resources) || !has(self.resources.gpu) || "
+    "self.resources.gpu <= int(self.instance.split('.')[2])"
+)
+#: A MIG slice runs one worker of one process (a slice has no NVLink or P2P to another) and its
+#: resource is the slice, so no resources.gpu.
+_MIG_ONE_WORKER = (
+    f"!{_IS_MIG} || ((!has(self.resources) || !has(self.resources.gpu)) && (!has(self.elastic) || "
+    "((!has(self.elastic.minNodes) || self.elastic.minNodes == 1) && "
+    "(!has(self.elastic.maxNodes) || self.elastic.maxNodes == 1) && "
+    "(!has(self.elastic.nprocPerNode) || self.elastic.nprocPerNode == 1))))"
+)
 _GPUS_PER_NODE = f"((has(self.resources) && has(self.resources.gpu)) ? self.resources.gpu : {_INSTANCE_GPUS})"
 _NPROC_FITS_GPUS = (
     f"!has(self.elastic) || !has(self.elastic.nprocPerNode) || self.elastic.nprocPerNode <= {_GPUS_PER_NODE}"
@@ -235,12 +262,19 @@ class DGXTrainingJobSpec(KubeModel):
             field_path=".resources.gpu",
         ),
         cel(
+            _MIG_ONE_WORKER,
+            "a MIG instance runs one worker with one process on its slice: leave out spec.resources.gpu and set "
+            "spec.elastic.minNodes, maxNodes and nprocPerNode to 1 (or leave them out); for more, use a whole-GPU "
+            "shape such as dgxa100.80g.1.norm",
+            field_path=".instance",
+        ),
+        cel(
             _NPROC_FITS_GPUS,
             "must not exceed the GPUs per node (spec.resources.gpu, else the instance's): torchrun starts one "
             "process per GPU",
             message_expression=(
                 "'must be <= ' + ((has(self.resources) && has(self.resources.gpu)) ? 'spec.resources.gpu' : "
-                "self.instance.split('.')[2] + ', the GPUs per node of ' + self.instance) + "
+                f"({_IS_MIG} ? '1' : self.instance.split('.')[2]) + ', the GPUs per node of ' + self.instance) + "
                 "': torchrun starts one process per GPU'"
             ),
             field_path=".elastic.nprocPerNode",
@@ -265,9 +299,12 @@ class DGXTrainingJobSpec(KubeModel):
         pattern=INSTANCE_PATTERN,
         max_length=64,
         description=(
-            "Instance type: dgx<gpu>.<memory>g.<gpus>.<capacity>, e.g. dgxa100.80g.8.norm or dgxh100.80g.8.spot. "
-            "It selects the GPU product, GPUs per node and capacity pool (norm, spot, debug); "
-            "`kubedgx validate` lists the known ones."
+            "Instance type: dgx<gpu>.<memory>g.<gpus>.<capacity>, e.g. dgxa100.80g.8.norm or dgxh100.80g.1.spot, or "
+            "dgx<gpu>.<memory>g.mig-<profile>.<capacity> for one MIG slice, e.g. dgxa100.80g.mig-1g.10gb.debug. It "
+            "selects the GPU product, GPUs per worker and capacity pool (norm, spot, debug). A worker of g GPUs "
+            "takes g GPUs of a node of that product and g x the catalog's perGpu CPU, memory and /dev/shm; other "
+            "jobs share the rest of the node, and a job never puts two of its workers on one node. "
+            "`kubedgx instances` lists the known ones."
         ),
     )
     priority: Literal["low", "normal", "high"] = Field(
@@ -475,6 +512,9 @@ class UsageHolding(KubeModel):
 
     pod: str = Field(max_length=253, description="The worker pod's uid.")
     gpus: int = Field(ge=0, description="GPUs it holds.")
+    slices: int | None = Field(
+        default=None, ge=1, le=7, description="A MIG worker: its slice's compute slices (of 7); it counts as slices/7."
+    )
     capacity: str = Field(max_length=63, description="The capacity pool it runs in.")
     price_per_gpu_hour: DecimalText | None = Field(default=None, description="Its price per GPU-hour.")
     reference_price_per_gpu_hour: DecimalText | None = Field(default=None, description="The reference price.")

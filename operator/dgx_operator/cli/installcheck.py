@@ -122,10 +122,12 @@ async def run_checks(namespace: str, catalog_path: str | None, *, webhook: bool,
 
 
 def probe_instance(catalog: Catalog) -> str:
-    """The smallest on-demand instance type of the catalog (any other when it has no norm pool)."""
+    """The smallest on-demand whole-GPU instance type of the catalog (any other when it has no norm pool;
+    a MIG slice only when it has nothing else: a slice needs nodes sliced for it)."""
     if not catalog.instances:
         raise ValueError("it has no instance types")
-    norm = [i for i in catalog.instances.values() if i.capacity == "norm"] or list(catalog.instances.values())
+    whole = [i for i in catalog.instances.values() if i.mig is None] or list(catalog.instances.values())
+    norm = [i for i in whole if i.capacity == "norm"] or whole
     return min(norm, key=lambda i: (i.gpus, i.name)).name
 
 

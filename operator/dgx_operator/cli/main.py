@@ -326,7 +326,7 @@ def cmd_instances(args: argparse.Namespace, out: TextIO, err: TextIO, stdin: Tex
         row: tuple[str, ...] = (
             inst.name,
             inst.products[0],
-            str(inst.gpus),
+            str(inst.gpus) if inst.mig is None else f"MIG {inst.mig.profile}",
             f"{inst.gpu_memory_gib}GiB",
             inst.cpu,
             inst.memory,
@@ -413,6 +413,7 @@ OPERATOR_FLAGS = {
     "trainer_image": "KUBEDGX_TRAINER_IMAGE",
     "datasync_image": "KUBEDGX_DATASYNC_IMAGE",
     "cache_root": "KUBEDGX_CACHE_ROOT",
+    "scheduler_name": "KUBEDGX_SCHEDULER_NAME",
     "priority_classes": "KUBEDGX_PRIORITY_CLASSES",
     "image_pull_policy": "KUBEDGX_IMAGE_PULL_POLICY",
     "metrics_port": "KUBEDGX_METRICS_PORT",
@@ -687,6 +688,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--limits", metavar="FILE", help="cluster-wide guard rails, YAML of a DGXLimits spec ($KUBEDGX_LIMITS)"
     )
     o.add_argument("--trainer-image", help="default trainer image ($KUBEDGX_TRAINER_IMAGE)")
+    o.add_argument(
+        "--scheduler-name", help="workers' spec.schedulerName, a kube-scheduler profile ($KUBEDGX_SCHEDULER_NAME)"
+    )
     o.add_argument("--datasync-image", help="data sync containers' image ($KUBEDGX_DATASYNC_IMAGE; default: trainer's)")
     o.add_argument("--cache-root", metavar="PATH", help="node-local data cache ($KUBEDGX_CACHE_ROOT; /raid/kubedgx)")
     o.add_argument(

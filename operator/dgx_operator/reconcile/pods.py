@@ -6,6 +6,7 @@ against backoffLimit.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -55,6 +56,9 @@ STUCK_AFTER = timedelta(seconds=60)
 PERMANENT_WAITING = JobReason.PERMANENT_WAITING
 #: Waiting reasons worth reporting while a worker is not running yet (api.vocabulary).
 REPORTED_WAITING = JobReason.REPORTED_WAITING
+
+#: A MIG slice's resource as the NVIDIA device plugin names it (mixed strategy).
+MIG_RESOURCE = re.compile(r"^nvidia\.com/mig-(?P<slices>[1-7])g\.")
 
 
 def parse_time(value: Any) -> datetime | None:
@@ -127,6 +131,9 @@ class PodView:
     #: The GPUs its trainer container holds (its nvidia.com/gpu limit); None: not read (a pod the
     #: operator created and has not seen yet).
     gpus: int | None = None
+    #: A MIG worker's slice, in compute slices of 7 (its nvidia.com/mig-<g>g.* limit): it holds g/7 of
+    #: a GPU, which is what it is charged. None: whole GPUs.
+    mig_slices: int | None = None
     #: The capacity pool it was placed in (its kubedgx.io/capacity annotation); None on a worker made
     #: before the operator wrote it: the job's instance's capacity then.
     capacity: str | None = None
@@ -282,17 +289,37 @@ class PodView:
             ),
             ended_at=_ended_at(status) if phase in ("Succeeded", "Failed") else None,
             gpus=_gpus(pod.get("spec") or {}),
+            mig_slices=_mig(pod.get("spec") or {})[1],
             capacity=annotations.get(CAPACITY_ANNOTATION),
         )
 
 
-def _gpus(spec: Mapping[str, Any]) -> int | None:
-    """The trainer container's GPU limit (extended resources are requested as limits)."""
+def _limits(spec: Mapping[str, Any]) -> Mapping[str, Any] | None:
     for c in spec.get("containers") or []:
         if c.get("name") == CONTAINER_NAME:
-            limits = (c.get("resources") or {}).get("limits") or {}
-            return _int(limits.get(GPU_RESOURCE), 0)
+            limits: Mapping[str, Any] = (c.get("resources") or {}).get("limits") or {}
+            return limits
     return None
+
+
+def _mig(spec: Mapping[str, Any]) -> tuple[str | None, int | None]:
+    """The trainer container's MIG resource (``nvidia.com/mig-1g.10gb``) and its slice's compute
+    slices (1), if it asks one."""
+    for key in _limits(spec) or {}:
+        match = MIG_RESOURCE.match(str(key))
+        if match:
+            return str(key), int(match["slices"])
+    return None, None
+
+
+def _gpus(spec: Mapping[str, Any]) -> int | None:
+    """The trainer container's GPU limit (extended resources are requested as limits): its
+    ``nvidia.com/gpu``, or its MIG slices (each one device)."""
+    limits = _limits(spec)
+    if limits is None:
+        return None
+    mig, _ = _mig(spec)
+    return _int(limits.get(mig if mig is not None else GPU_RESOURCE), 0)
 
 
 def _ended_at(status: Mapping[str, Any]) -> datetime | None:
@@ -384,6 +411,7 @@ def slim(pod: Mapping[str, Any]) -> dict[str, Any]:
     annotations = meta.get("annotations") or {}
     labels = meta.get("labels") or {}
     gpus = _gpus(pod.get("spec") or {})
+    resource = _mig(pod.get("spec") or {})[0] or GPU_RESOURCE
     return {
         "metadata": {
             "name": meta.get("name"),
@@ -394,7 +422,7 @@ def slim(pod: Mapping[str, Any]) -> dict[str, Any]:
             **({"deletionTimestamp": meta["deletionTimestamp"]} if meta.get("deletionTimestamp") else {}),
         },
         **(
-            {"spec": {"containers": [{"name": CONTAINER_NAME, "resources": {"limits": {GPU_RESOURCE: str(gpus)}}}]}}
+            {"spec": {"containers": [{"name": CONTAINER_NAME, "resources": {"limits": {resource: str(gpus)}}}]}}
             if gpus is not None
             else {}
         ),

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from decimal import Decimal
+from decimal import ROUND_CEILING, Decimal
 from typing import Any, cast
 
 from pydantic import ValidationError
@@ -96,9 +96,14 @@ def run(
     price: Decimal | None,
     start: datetime,
     max_duration_s: int | None,
+    share: Decimal = Decimal(1),
 ) -> budgets.Reservation:
     """The worst case of a run starting at ``start``: ``nodes`` workers of ``gpus_per_node`` GPUs for
-    ``maxDuration`` (None: unbounded) at ``price`` per GPU-hour."""
+    ``maxDuration`` (None: unbounded) at ``price`` per GPU-hour. ``share``: what one device is of a
+    GPU (a MIG slice's g/7), folded into the price per device, rounded up to the catalog's four
+    decimals so the worst case stays a bound."""
+    if price is not None and share != 1:
+        price = (price * share).quantize(Decimal("0.0001"), rounding=ROUND_CEILING)
     return budgets.Reservation(
         job=job.metadata.name,
         uid=str(job.metadata.uid or ""),

@@ -18,10 +18,12 @@ rounded parts.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
+from fractions import Fraction
 
 from dgx_operator.api import trainingjob as api
 from dgx_operator.catalog import Pricing
@@ -40,6 +42,8 @@ class Span:
     start: datetime | None
     #: When it let go of the node (finished, or deleted); None: it still holds it.
     end: datetime | None = None
+    #: What one of its devices is of a GPU: 1, or a MIG slice's g/7.
+    share: Fraction = Fraction(1)
 
 
 @dataclass(frozen=True, order=True)
@@ -69,6 +73,7 @@ class Holding:
     #: The latest it can let go (a deleted pod's grace period end): a pod that vanishes before the
     #: next pass is charged until then, not until that pass noticed.
     ends: datetime | None = None
+    share: Fraction = Fraction(1)
 
 
 @dataclass(frozen=True)
@@ -109,14 +114,25 @@ class Usage:
         )
 
 
-def span_of(pod: PodView, gpus: int, capacity: str) -> Span:
+#: A GPU's MIG compute slices (catalog.MIG_SLICES; not imported: the arithmetic stays free of the catalog).
+SLICES = 7
+
+
+def share_of(slices: int | None) -> Fraction:
+    """What one device is of a GPU: a whole GPU 1, a MIG slice of ``slices`` compute slices g/7."""
+    return Fraction(1) if slices is None else Fraction(slices, SLICES)
+
+
+def span_of(pod: PodView, gpus: int, capacity: str, slices: int | None = None) -> Span:
     """A worker pod's hold on its node: from its binding; until its last container ended once it
     has finished, else until its grace period ends once it is being deleted (a reclaimed or lost
-    node, a worker the operator deleted), else still holding."""
+    node, a worker the operator deleted), else still holding. ``slices``: a MIG worker's slice (the
+    pod's own, else the instance's)."""
     end = pod.ended_at if pod.finished else None
     if end is None and pod.terminating:
         end = pod.deletion_time
-    return Span(pod.uid or pod.name, gpus, capacity, pod.bound_at, end)
+    mig = pod.mig_slices if pod.mig_slices is not None else slices
+    return Span(pod.uid or pod.name, gpus, capacity, pod.bound_at, end, share_of(mig))
 
 
 #: The prices a job's instances pay now: capacity -> price per GPU-hour (None: unpriced).
@@ -145,13 +161,30 @@ def accrue(usage: Usage, spans: Iterable[Span], prices: Prices, reference: str, 
     reference_price = prices.get(reference)
 
     def charge(
-        gpus: int, capacity: str, price: Decimal | None, ref: Decimal | None, start: datetime, end: datetime
+        gpus: int,
+        capacity: str,
+        price: Decimal | None,
+        ref: Decimal | None,
+        start: datetime,
+        end: datetime,
+        share: Fraction = Fraction(1),
     ) -> None:
+        """GPU-seconds of ``[max(start, since), min(end, now))``. A MIG slice's fraction of a GPU is
+        floored on its whole span from ``start``, not per pass, so the passes add up to exactly the
+        floor of the span's total however it is split (whole GPUs: integers, nothing floored)."""
         begin = start if since is None else max(start, since)
-        seconds = int((min(end, now) - begin) / timedelta(seconds=1)) if end > begin else 0
+        stop = min(end, now)
+        if stop <= begin:
+            return
+        weight = gpus * share
+
+        def upto(t: datetime) -> int:
+            return math.floor(weight * int((t - start) / timedelta(seconds=1)))
+
+        seconds = upto(stop) - upto(begin)
         if seconds > 0:
             key = (capacity, price, ref)
-            added[key] = added.get(key, 0) + gpus * seconds
+            added[key] = added.get(key, 0) + seconds
 
     for span in spans:
         if span.pod in seen or span.start is None:
@@ -162,14 +195,22 @@ def accrue(usage: Usage, spans: Iterable[Span], prices: Prices, reference: str, 
         before = held.get(span.pod)
         price = before.price if before is not None else prices.get(span.capacity)
         ref = before.reference_price if before is not None else reference_price
-        charge(span.gpus, span.capacity, price, ref, start, end)
+        charge(span.gpus, span.capacity, price, ref, start, end, span.share)
         if span.end is None or span.end > now:
             holding.append(
-                Holding(span.pod, span.gpus, span.capacity, prices.get(span.capacity), reference_price, span.end)
+                Holding(
+                    span.pod,
+                    span.gpus,
+                    span.capacity,
+                    prices.get(span.capacity),
+                    reference_price,
+                    span.end,
+                    span.share,
+                )
             )
     for pod, gone in held.items():
         if pod not in seen and since is not None:  # vanished between two passes: charged until noticed
-            charge(gone.gpus, gone.capacity, gone.price, gone.reference_price, since, gone.ends or now)
+            charge(gone.gpus, gone.capacity, gone.price, gone.reference_price, since, gone.ends or now, gone.share)
     if not added and not holding and not usage.holding:
         return usage  # nothing on a node, before or now: the watermark waits for the next worker
     buckets = {b.key: b for b in usage.buckets}
@@ -223,6 +264,7 @@ def from_status(stored: api.Usage | None) -> Usage:
                 _decimal(h.price_per_gpu_hour),
                 _decimal(h.reference_price_per_gpu_hour),
                 h.ends,
+                share_of(h.slices),
             )
             for h in stored.running
         ),
@@ -259,6 +301,7 @@ def to_status(usage: Usage, pricing: Pricing | None) -> api.Usage:
                 price_per_gpu_hour=_price(h.price),
                 reference_price_per_gpu_hour=_price(h.reference_price),
                 ends=h.ends,
+                slices=None if h.share == 1 else int(h.share * SLICES),
             )
             for h in usage.holding
         ],

@@ -16,7 +16,6 @@ from dgx_operator.render.names import (
     CONFIG_FILE,
     CONFIG_LABEL,
     CONTAINER_NAME,
-    GPU_RESOURCE,
     INSTANCE_ANNOTATION,
     config_digest,
     config_map_name,
@@ -100,9 +99,12 @@ def kubedgx_env(
         "KUBEDGX_INSTANCE": r.instance.name,
         "KUBEDGX_GPUS_PER_NODE": str(r.gpus),
         "KUBEDGX_GPU_PRODUCTS": ",".join(r.instance.products),
-        "KUBEDGX_NVLINK": "true" if r.gpus > 1 else "false",
-        "KUBEDGX_MULTI_NODE_NVLINK": "true" if r.instance.multi_node_nvlink else "false",
+        # A MIG slice has no NVLink (nor P2P) to anything: one device, one process.
+        "KUBEDGX_NVLINK": "true" if r.gpus > 1 and r.instance.mig is None else "false",
+        "KUBEDGX_MULTI_NODE_NVLINK": "true" if r.instance.multi_node_nvlink and r.instance.mig is None else "false",
     }
+    if r.instance.mig_profile is not None:
+        env["KUBEDGX_MIG_PROFILE"] = r.instance.mig_profile
     if spec.trainer is not None:
         env["KUBEDGX_TRAINER_CONFIG"] = posixpath.join(config_dir, CONFIG_FILE)
     if r.debug:
@@ -156,24 +158,43 @@ def container_env(
     return env
 
 
+def node_terms(r: Resolved) -> list[dict[str, Any]]:
+    """The nodes a worker may run on: its GPU product, and
+
+    - a whole-node worker: nodes with exactly the family's GPUs per node (GPU Feature Discovery's
+      count; under MIG's mixed strategy it stays the physical count, and the resource fit keeps the
+      worker off a node whose GPUs are partly sliced);
+    - a worker of fewer GPUs: nodes with at least that many (``Gt g-1``), so it shares a node of its
+      family with others (the resource fit counts what is free);
+    - a MIG slice: nodes whose GPU operator runs the mixed strategy (the only one that advertises a
+      slice as ``nvidia.com/mig-<profile>``); its resource says which slice."""
+    inst = r.instance
+    terms: list[dict[str, Any]] = [{"key": inst.labels.product, "operator": "In", "values": list(inst.products)}]
+    if inst.mig is not None:
+        terms.append({"key": inst.labels.mig_strategy, "operator": "In", "values": ["mixed"]})
+    elif r.whole_node:
+        terms.append({"key": inst.labels.count, "operator": "In", "values": [str(inst.node_gpus)]})
+    else:
+        terms.append({"key": inst.labels.count, "operator": "Gt", "values": [str(r.gpus - 1)]})
+    return terms
+
+
 def affinity(job: JobIdentity, r: Resolved) -> dict[str, Any]:
-    """Nodes of the right GPU, one worker of a job per node, a GB200 job's workers in one NVLink
-    clique, and the catalog's topology preference when it names one."""
+    """Nodes of the right GPU (:func:`node_terms`), a GB200 job's workers in one NVLink clique, and
+    the catalog's topology preference when it names one."""
     inst = r.instance
 
     def same_job() -> dict[str, Any]:
         return {"matchLabels": job_selector(job.name)}
 
-    node_terms = [
-        {"key": inst.labels.product, "operator": "In", "values": list(inst.products)},
-        {"key": inst.labels.count, "operator": "In", "values": [str(inst.gpus)]},
-    ]
     out: dict[str, Any] = {
         "nodeAffinity": {
-            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": node_terms}]}
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": node_terms(r)}]
+            }
         },
     }
-    if inst.multi_node_nvlink:
+    if inst.multi_node_nvlink and inst.mig is None and (r.whole_node or r.max_nodes > 1):
         # GB200 NVL: GPUs talk over NVLink only inside one clique, so every worker must share it.
         # The first worker matches itself, which the scheduler accepts for self-affinity.
         out["podAffinity"] = {
@@ -201,7 +222,8 @@ def topology_spread(job: JobIdentity, r: Resolved, index: int) -> list[dict[str,
 
     A whole-node worker asks every GPU the node has (the GPU-count term of its node affinity), so the
     scheduler's resource fit keeps a second one off: no term. A worker asking part of a node's GPUs
-    could share a node with another of its job's: a hard spread over hostnames (maxSkew 1, with
+    could share a node with another of its job's (other jobs' workers may share it: that is what a
+    smaller shape is for); when the job has more than one, a hard spread over hostnames (maxSkew 1, with
     minDomains the job's largest worker count, so that the minimum it measures skew against stays 0
     and never a second worker fits on a node) forbids it. Its cost falls on the job's own pods only,
     where a required pod anti-affinity term would make the scheduler check every later pod of the
@@ -217,7 +239,7 @@ def topology_spread(job: JobIdentity, r: Resolved, index: int) -> list[dict[str,
     candidate nodes only, and with both inclusion policies Ignore every other node costs a label
     lookup. The other whole-node workers carry no spread at all."""
     selector = {"matchLabels": job_selector(job.name)}
-    if r.gpus < r.instance.gpus:
+    if not r.whole_node and r.max_nodes > 1:
         return [
             {
                 "maxSkew": 1,
@@ -394,7 +416,7 @@ def worker_pod(
     (the operator passes the remainder for a worker created late); by default the whole of it.
     ``pod_name`` replaces <job>-worker-<i> when a stuck pod holds that name; the hostname stays."""
     name = worker_name(job.name, index)
-    resources = {"cpu": r.cpu, "memory": r.memory, GPU_RESOURCE: str(r.gpus)}
+    resources = {"cpu": r.cpu, "memory": r.memory, r.instance.gpu_resource: str(r.gpus)}
     plans: list[MountPlan] = []
     volumes, mounts = volumes_and_mounts(job, spec, ctx, r, plans)
     init_containers, sync_volumes = sync_containers(job, spec, plans, ctx, within={"cpu": r.cpu, "memory": r.memory})
@@ -440,6 +462,8 @@ def worker_pod(
     spread = topology_spread(job, r, index)
     if spread:
         pod_spec["topologySpreadConstraints"] = spread
+    if ctx.defaults.scheduler_name:
+        pod_spec["schedulerName"] = ctx.defaults.scheduler_name
     priority_class = ctx.defaults.priority_classes.get(spec.priority)
     if priority_class:
         pod_spec["priorityClassName"] = priority_class

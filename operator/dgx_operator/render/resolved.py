@@ -60,6 +60,9 @@ class Defaults:
     #: PEM of the private CAs object stores' certificates are signed by (the chart's caBundle): every
     #: data sync container gets it in KUBEDGX_CA_BUNDLE_PEM and adds it to its default trust.
     ca_bundle_pem: str | None = None
+    #: Workers' spec.schedulerName: a kube-scheduler profile (one that packs GPU nodes, docs/sharing.md);
+    #: None: the cluster's default scheduler.
+    scheduler_name: str | None = None
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,11 @@ class Resolved:
     def elastic(self) -> bool:
         return self.min_nodes < self.max_nodes
 
+    @property
+    def whole_node(self) -> bool:
+        """Its workers ask every GPU of their node (the resources keep a second worker off)."""
+        return self.instance.mig is None and self.gpus >= self.instance.node_gpus
+
 
 def _seconds(text: str | None) -> int | None:
     return None if text is None else max(1, math.ceil(parse_duration(text).total_seconds()))
@@ -100,6 +108,9 @@ def resolve(spec: DGXTrainingJobSpec, catalog: Catalog) -> Resolved:
     res = spec.resources or Resources()
     el = spec.elastic or Elastic()
     gpus = res.gpu if res.gpu is not None else instance.gpus
+    # The GPUs' share of the node, for the shape and a resources.gpu override alike (catalog.yaml's
+    # header): a 1-GPU worker on an 8-GPU shape asks what a 1-GPU shape does, so others share the node.
+    cpu, memory, shm = instance.requests(gpus)
     interactive = bool(spec.debug and spec.debug.interactive)
     if spec.restart_policy == "ExitCode":
         codes = tuple(sorted(set(spec.retryable_exit_codes or SIGNAL_EXIT_CODES)))
@@ -108,9 +119,9 @@ def resolve(spec: DGXTrainingJobSpec, catalog: Catalog) -> Resolved:
     return Resolved(
         instance=instance,
         gpus=gpus,
-        cpu=str(res.cpu) if res.cpu is not None else instance.cpu,
-        memory=str(res.memory) if res.memory is not None else instance.memory,
-        shm=str(res.shm) if res.shm is not None else instance.shm,
+        cpu=str(res.cpu) if res.cpu is not None else cpu,
+        memory=str(res.memory) if res.memory is not None else memory,
+        shm=str(res.shm) if res.shm is not None else shm,
         min_nodes=el.min_nodes,
         max_nodes=el.max_nodes if el.max_nodes is not None else el.min_nodes,
         nproc_per_node=el.nproc_per_node if el.nproc_per_node is not None else gpus,

@@ -220,6 +220,17 @@ SETTINGS: tuple[Setting, ...] = (
         unset="the trainer image",
     ),
     Setting(
+        "KUBEDGX_SCHEDULER_NAME",
+        _name(_DNS_SUBDOMAIN, 253, "scheduler profile name"),
+        None,
+        "scheduler_name",
+        "`spec.schedulerName` of every worker: a profile of the cluster's kube-scheduler, such as one that packs"
+        " GPU nodes so jobs of fewer GPUs fill partly used nodes first (docs/sharing.md)",
+        chart="scheduling.schedulerName",
+        flag="--scheduler-name",
+        unset="the cluster's default scheduler",
+    ),
+    Setting(
         "KUBEDGX_CACHE_ROOT",
         ABSOLUTE_PATH,
         Defaults.cache_root,
@@ -559,6 +570,8 @@ class OperatorConfig:
     #: (validation.limits); None: none but the namespaces' own.
     limits: LimitsSpec | None = None
     trainer_image: str = DEFAULT_TRAINER_IMAGE
+    #: Workers' spec.schedulerName (KUBEDGX_SCHEDULER_NAME); None: the default scheduler.
+    scheduler_name: str | None = None
     datasync_image: str | None = None
     cache_root: str = Defaults.cache_root
     priority_classes: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_PRIORITY_CLASSES))
@@ -641,6 +654,7 @@ class OperatorConfig:
             image_pull_policy=self.image_pull_policy,
             ca_bundle_pem=self.ca_bundle,
             checkpoint_sync_interval=self.checkpoint_sync_interval,
+            scheduler_name=self.scheduler_name,
         )
 
 

@@ -84,6 +84,7 @@ def warnings(
         capacity=r.instance.capacity,
         nodes=1 if r.interactive else r.max_nodes,
         gpus_per_node=r.gpus,
+        share=r.instance.gpu_share,
         price=catalog.prices_for(r.instance.family.key).get(r.instance.capacity),
         start=now,
         max_duration_s=max_duration_seconds(job, default_max_duration),

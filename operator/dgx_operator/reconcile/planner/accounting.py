@@ -33,6 +33,7 @@ def account(d: Draft) -> None:
             p,
             p.gpus if p.gpus is not None else default_gpus,
             p.capacity if p.capacity is not None else default_capacity,
+            instance.slices if instance is not None else None,
         )
         for p in d.observed.pods
         if p.owner_uid == d.ident.uid and p.uid is not None

@@ -43,6 +43,7 @@ def judge(d: Draft, r: Resolved) -> str | None:
         capacity=capacity,
         nodes=nodes,
         gpus_per_node=r.gpus,
+        share=r.instance.gpu_share,
         price=d.ctx.catalog.prices_for(r.instance.family.key).get(capacity),
         start=d.now,
         max_duration_s=r.max_duration_s,
