@@ -121,7 +121,9 @@ def placed(k: Kubectl, name: str, *, workers: int = 1) -> list[str]:
     assert len(pods) == workers, [pod_name(p) for p in pods]
     for pod in pods:
         assert dig(pod, "spec", "schedulerName") == SCHEDULER, f"{pod_name(pod)}: {dig(pod, 'spec', 'schedulerName')}"
-    return [str(dig(p, "spec", "nodeName")) for p in pods]
+    where = [str(dig(p, "spec", "nodeName")) for p in pods]
+    print(f"{name}: {', '.join(where)}")  # the placements, in the report of a failed test (or with -s)
+    return where
 
 
 def delete_job(k: Kubectl, name: str) -> None:
