@@ -32,6 +32,7 @@ import datetime as dt
 import ipaddress
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -367,6 +368,12 @@ class NodePool:
     clique: str | None = None
     #: Managed by the second kwok, which :meth:`ControlPlane.lose_lossy_nodes` stops.
     lossy: bool = False
+    #: MIG slices per node under the ``mixed`` strategy, profile (the device plugin's spelling) -> how
+    #: many: ``{"1g.10gb": 56}`` is every GPU of a DGX A100 cut in seven. None: whole GPUs only.
+    mig: Mapping[str, int] | None = None
+    #: The node's ``nvidia.com/mig.config`` (MIG Manager's geometry); None: ``all-<profile>`` for a
+    #: single profile, ``custom`` otherwise.
+    mig_config: str | None = None
 
 
 #: The nodes of the default cluster: enough for one worker per node, spot and debug pools, two
@@ -382,9 +389,51 @@ DEFAULT_POOLS = (
 )
 
 
-def dgx_node(name: str, inst: Instance, *, clique: str | None = None, lossy: bool = False) -> dict[str, Any]:
+#: A MIG profile's name, ``<g>g.<memory>gb`` (``.me`` and the like after it): g of a GPU's 7 compute slices.
+MIG_PROFILE = re.compile(r"^(?P<slices>[1-7])g\.(?P<memory>[0-9]+)gb(\.[a-z]+)?$")
+#: Compute slices of a GPU in MIG mode (A100, H100, H200, B200).
+GPU_SLICES = 7
+
+
+def mig_config_name(mig: Mapping[str, int]) -> str:
+    """What MIG Manager's ``nvidia.com/mig.config`` would say for this geometry, when nobody named it."""
+    return f"all-{next(iter(mig))}" if len(mig) == 1 else "custom"
+
+
+def mig_gpus(mig: Mapping[str, int]) -> int:
+    """How many GPUs these slices take (each GPU gives 7 compute slices; a partly cut GPU is in MIG mode
+    too, so it is not advertised whole)."""
+    slices = 0
+    for profile, count in mig.items():
+        match = MIG_PROFILE.match(profile)
+        if match is None:
+            raise ValueError(f"MIG profile {profile!r} is not <g>g.<memory>gb (the device plugin's spelling)")
+        slices += int(match["slices"]) * count
+    return -(-slices // GPU_SLICES)
+
+
+def mig_memory_mb(inst: Instance, profile: str) -> int:
+    """GFD's ``nvidia.com/mig-<profile>.memory`` (MB): the catalog's memoryGiB of the profile, else the
+    profile's name (``1g.10gb`` -> 10 GB)."""
+    for listed in inst.family.mig:
+        if listed.profile == profile:
+            return listed.memory_gi_b * 1024
+    match = MIG_PROFILE.match(profile)
+    if match is None:
+        raise ValueError(f"MIG profile {profile!r} is not <g>g.<memory>gb (the device plugin's spelling)")
+    return int(match["memory"]) * 1024
+
+
+def dgx_node(name: str, inst: Instance, *, clique: str | None = None, lossy: bool = False,
+             mig: Mapping[str, int] | None = None, mig_config: str | None = None) -> dict[str, Any]:  # fmt: skip
     """A Node that kwok manages and that passes for one node of ``inst``: GPU Feature Discovery's
-    labels, the pool's taints, ``nvidia.com/gpu`` capacity; CPU and memory as the catalog says."""
+    labels, the pool's taints, ``nvidia.com/gpu`` capacity; CPU and memory as the catalog says.
+
+    With ``mig`` (profile -> slices), the node is one whose GPUs MIG Manager cut so, as GFD and the
+    device plugin show it under the ``mixed`` strategy: ``nvidia.com/mig.strategy=mixed``,
+    ``gpu.count`` and ``gpu.product`` still the physical GPUs', ``nvidia.com/mig-<profile>.count`` and
+    ``.memory`` (MB) per profile, capacity ``nvidia.com/mig-<profile>`` per profile and
+    ``nvidia.com/gpu`` only for the GPUs left whole."""
     labels = {**node_labels(inst), "kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "type": "kwok"}
     taints = node_taints(inst)
     if clique is not None:
@@ -400,6 +449,20 @@ def dgx_node(name: str, inst: Instance, *, clique: str | None = None, lossy: boo
         "ephemeral-storage": "30Ti",
         GPU_RESOURCE: str(inst.gpus),
     }
+    if mig:
+        in_mig_mode = mig_gpus(mig)
+        if inst.gpus != inst.node_gpus or inst.mig is not None:
+            raise ValueError(f"{name}: a MIG-sliced node passes for a whole-node instance, not {inst.name}")
+        if in_mig_mode > inst.gpus:
+            raise ValueError(f"{name}: MIG slices {dict(mig)} need {in_mig_mode} GPUs, the node has {inst.gpus}")
+        labels |= {
+            "nvidia.com/mig.strategy": "mixed",
+            "nvidia.com/mig.config": mig_config or mig_config_name(mig),
+            **{f"nvidia.com/mig-{p}.count": str(n) for p, n in mig.items()},
+            **{f"nvidia.com/mig-{p}.memory": str(mig_memory_mb(inst, p)) for p in mig},
+        }
+        capacity |= {f"nvidia.com/mig-{p}": str(n) for p, n in mig.items()}
+        capacity[GPU_RESOURCE] = str(inst.gpus - in_mig_mode)  # gpu.count stays the physical count
     return {
         "apiVersion": "v1",
         "kind": "Node",
@@ -423,7 +486,11 @@ def dgx_nodes(pools: Iterable[NodePool] = DEFAULT_POOLS, catalog: Catalog | None
             stem += f"-{pool.clique.replace('.', '-')}"
         if pool.lossy:
             stem += "-lossy"
-        nodes += [dgx_node(f"{stem}-{i}", inst, clique=pool.clique, lossy=pool.lossy) for i in range(pool.count)]
+        if pool.mig:
+            stem += "-mig-" + (pool.mig_config or mig_config_name(pool.mig)).replace(".", "-")
+        for i in range(pool.count):
+            nodes.append(dgx_node(f"{stem}-{i}", inst, clique=pool.clique, lossy=pool.lossy, mig=pool.mig,
+                                  mig_config=pool.mig_config))  # fmt: skip
     return nodes
 
 
@@ -483,9 +550,12 @@ class ControlPlane:
         pools: Sequence[NodePool] = DEFAULT_POOLS,
         apiserver_args: Sequence[str] = (),
         sans: Sequence[str] = (),
+        scheduler_config: Mapping[str, Any] | None = None,
     ) -> None:
         """``sans``: more names of the apiserver's serving certificate (an address on which a
-        forwarder makes it reachable, tests/nodes: the pods' bridge)."""
+        forwarder makes it reachable, tests/nodes: the pods' bridge). ``scheduler_config``: a
+        KubeSchedulerConfiguration (profiles, plugin arguments) kube-scheduler runs with (``--config``);
+        None: its defaults, as in most clusters."""
         self.root = root
         self.bin = binaries
         self.pools = tuple(pools)
@@ -495,6 +565,10 @@ class ControlPlane:
         self.pki = Pki.create(root / "pki", sans)
         self.kubeconfig = root / "admin.kubeconfig"
         self._write_kubeconfig()
+        self.scheduler_config: Path | None = None
+        if scheduler_config is not None:
+            self.scheduler_config = root / "kube-scheduler.yaml"
+            self._write_scheduler_config(scheduler_config)
         self.components: dict[str, Component] = {}
         #: The one kubedgx operator running against this cluster at a time (tests/cluster/operator.py).
         self.slot = OperatorSlot()
@@ -527,6 +601,16 @@ class ControlPlane:
         }
         self.kubeconfig.write_text(yaml.safe_dump(config, sort_keys=False))
 
+    def _write_scheduler_config(self, config: Mapping[str, Any]) -> None:
+        """The configuration file: with ``--config``, kube-scheduler ignores its deprecated flags
+        (``--kubeconfig`` among them: the client connection comes from the file) and honours only the
+        leader election ones, so both are written here."""
+        assert self.scheduler_config is not None
+        written = dict(config)
+        written["clientConnection"] = {**(config.get("clientConnection") or {}), "kubeconfig": str(self.kubeconfig)}
+        written["leaderElection"] = {**(config.get("leaderElection") or {}), "leaderElect": False}
+        self.scheduler_config.write_text(yaml.safe_dump(written, sort_keys=False))
+
     def env(self) -> dict[str, str]:
         """The environment for a process that should talk to this cluster (kubectl first on PATH)."""
         return {
@@ -538,6 +622,10 @@ class ControlPlane:
     def _argv(self) -> dict[str, list[str]]:
         p, pki, kc = self.ports, self.pki, str(self.kubeconfig)
         kube_flags = [f"--kubeconfig={kc}", f"--authentication-kubeconfig={kc}", f"--authorization-kubeconfig={kc}"]
+        # With --config, kube-scheduler takes its client connection from the file (_write_scheduler_config).
+        scheduler_flags = (
+            [f"--config={self.scheduler_config}", *kube_flags[1:]] if self.scheduler_config else kube_flags
+        )
         return {
             "etcd": [
                 str(self.bin["etcd"]),
@@ -595,7 +683,7 @@ class ControlPlane:
             ],
             "kube-scheduler": [
                 str(self.bin["kube-scheduler"]),
-                *kube_flags,
+                *scheduler_flags,
                 "--bind-address=127.0.0.1",
                 f"--secure-port={p.scheduler}",
                 "--leader-elect=false",

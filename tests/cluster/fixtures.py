@@ -11,11 +11,21 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import pytest
 
-from tests.cluster.controlplane import CONTEXT, Binaries, ControlPlane, StartError, UnavailableError, build
+from tests.cluster.controlplane import (
+    CONTEXT,
+    DEFAULT_POOLS,
+    Binaries,
+    ControlPlane,
+    NodePool,
+    StartError,
+    UnavailableError,
+    build,
+)
 from tests.e2e.kubectl import Kubectl
 
 #: Keep the control plane's directory (certificates, logs, etcd) after the session.
@@ -54,11 +64,16 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
 
 
 def started_control_plane(
-    tmp_path_factory: pytest.TempPathFactory, name: str = "control-plane"
+    tmp_path_factory: pytest.TempPathFactory,
+    name: str = "control-plane",
+    *,
+    pools: Sequence[NodePool] = DEFAULT_POOLS,
+    scheduler_config: Mapping[str, Any] | None = None,
 ) -> Iterator[ControlPlane]:
     """A control plane of the built binaries under a fresh directory, stopped after: the session's
-    (``control_plane``), or a module's own (tests/cluster/test_resilience.py). Skips without Go; fails
-    with the reason and the logs when the build or the start failed."""
+    (``control_plane``), or a module's own (tests/cluster/test_resilience.py; test_sharing.py with its
+    own nodes and scheduler configuration). Skips without Go; fails with the reason and the logs when
+    the build or the start failed."""
     outcome: Binaries | UnavailableError | StartError
     if _built is not None:
         outcome = _built
@@ -73,7 +88,7 @@ def started_control_plane(
         pytest.fail(f"the control plane could not be built: {outcome}", pytrace=False)
     binaries = outcome
     root = tmp_path_factory.mktemp(name)
-    plane = ControlPlane(root, binaries)
+    plane = ControlPlane(root, binaries, pools=pools, scheduler_config=scheduler_config)
     try:
         plane.start()
     except StartError as exc:

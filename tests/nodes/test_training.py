@@ -120,6 +120,38 @@ def test_two_node_quickstart_meets_through_per_pod_dns_and_succeeds(ns: Kubectl,
     assert f'"step": {QUICKSTART_STEPS}' in log or f"step={QUICKSTART_STEPS}" in log, log[-3000:]
 
 
+def test_a_one_gpu_quickstart_trains_beside_another_job_on_one_node(ns: Kubectl, trainer: TrainerCluster) -> None:
+    """Issue 32 on real kubelets: the quickstart as a 1-GPU job (dgxh100.80g.1.norm) and a 4-GPU job
+    share one of the fake 8-GPU DGX nodes: the kubelet admits both against the node's nvidia.com/gpu
+    and CPU, and the quickstart trains to the end while its neighbour runs. Both are pinned to one node
+    (the other node would do for either); each asks one of the node's two cores."""
+    node = trainer.nodes.nodes[0].name
+    pin = {"kubernetes.io/hostname": node}
+    neighbour = command_job("neighbour")
+    neighbour["spec"]["instance"] = "dgxh100.80g.4.norm"
+    neighbour["spec"]["resources"] = {"cpu": "500m", "memory": "256Mi", "shm": "64Mi"}
+    neighbour["spec"]["nodeSelector"] = pin
+    ns.apply(neighbour)
+    wait_job(ns, "neighbour", "the 4-GPU neighbour running", running_with(1), timeout=300)
+    job = quickstart_job("qs1")
+    job["spec"]["instance"] = "dgxh100.80g.1.norm"
+    job["spec"]["resources"] = {"cpu": "1", "memory": job["spec"]["resources"]["memory"], "shm": "1Gi"}
+    job["spec"]["nodeSelector"] = pin
+    ns.apply(job)
+    wait_job(ns, "qs1", "phase Succeeded", phase_is("Succeeded"), timeout=QUICKSTART_TIMEOUT, fail_on=("Failed",))
+    (trained,) = worker_pods(ns, "qs1")
+    (beside,) = worker_pods(ns, "neighbour")
+    assert dig(trained, "spec", "nodeName") == dig(beside, "spec", "nodeName") == node
+    limits = {p["metadata"]["name"]: dig(p, "spec", "containers", 0, "resources", "limits") for p in (trained, beside)}
+    assert limits["qs1-worker-0"]["nvidia.com/gpu"] == "1", limits
+    assert limits["neighbour-worker-0"]["nvidia.com/gpu"] == "4", limits
+    # The neighbour ran the whole time: still the first attempt, still running.
+    assert dig(beside, "status", "phase") == "Running", beside["status"]
+    assert dig(get_job(ns, "neighbour"), "status", "restarts", default=0) == 0
+    summary = termination_message(trained)["summary"]
+    assert summary["step"] == QUICKSTART_STEPS, summary
+
+
 def test_over_its_memory_limit_a_worker_is_oomkilled_and_the_job_says_out_of_memory(
     ns: Kubectl, trainer: TrainerCluster
 ) -> None:
