@@ -14,9 +14,16 @@ queue, priority class, instance and elastic counts. It gets exactly one Workload
 integration leaves them alone (no Workload of a Pod, no scheduling gate) because the job is a
 registered, managed owner that Kueue may read. Deleting the job returns team-a's quota.
 
+Quota per shape (docs/kueue.md): a 4-GPU H100 job reserves 4 nvidia.com/gpu and 4 x the catalog's
+perGpu CPU and memory of dgx-h100-norm, and runs on a norm node. examples/mig-debug.yaml, queued in
+team-a, reserves its one nvidia.com/mig-1g.10gb (and its slice's CPU and memory, no nvidia.com/gpu)
+on dgx-a100-mig, and its worker runs on a DGX A100 sliced all-balanced under the mixed strategy in the
+debug pool (one such node is added for the module and removed at its end). A MIG profile the
+ClusterQueues do not cover holds its job with Kueue's "resource ... unavailable in ClusterQueue".
+
 Every fixed, cluster-scoped name of the examples (ClusterQueues team-a/team-b, ResourceFlavors
-dgx-h100-norm/-spot, WorkloadPriorityClasses research/production, the ClusterRole/Binding, the
-namespaces) is deleted when the module ends, and the nodes lose the capacity label.
+dgx-h100-norm/-spot, dgx-a100-mig, WorkloadPriorityClasses research/production, the ClusterRole/Binding,
+the namespaces) is deleted when the module ends, and the nodes lose the capacity label.
 """
 
 from __future__ import annotations
@@ -28,7 +35,8 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.cluster.controlplane import ControlPlane
+from dgx_operator.catalog import Catalog
+from tests.cluster.controlplane import ControlPlane, dgx_node
 from tests.cluster.kueue import DGX_FRAMEWORK, MUTATING, NAMESPACE, SERVICE_ACCOUNT, VALIDATING, Kueue, serving
 from tests.cluster.kueue_helpers import (
     CAPACITY,
@@ -43,7 +51,7 @@ from tests.cluster.kueue_helpers import (
 )
 from tests.cluster.operator import Operator
 from tests.e2e.jobs import EXAMPLES, command_job, live_workers, running_with, wait_job
-from tests.e2e.kubectl import JOBS, Kubectl, dig, wait_for
+from tests.e2e.kubectl import JOBS, Kubectl, condition, dig, wait_for
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -51,7 +59,11 @@ TIMEOUT = 90
 KUEUE_EXAMPLES = EXAMPLES / "kueue"
 #: The examples' namespaces (examples/kueue/local-queues.yaml): the only ones Kueue's pod webhooks reach.
 TEAMS = ("team-a", "team-b")
-NORM, SPOT = "dgx-h100-norm", "dgx-h100-spot"
+NORM, SPOT, MIG = "dgx-h100-norm", "dgx-h100-spot", "dgx-a100-mig"
+#: The MIG-sliced DGX A100 the example's dgx-a100-mig quota is sized from: MIG Manager's all-balanced.
+ALL_BALANCED = {"1g.10gb": 16, "2g.20gb": 8, "3g.40gb": 8}
+MIG_NODE = "dgxa100-80g-8-debug-mig-all-balanced-kueue-examples"
+MIG_JOB = "mig-debug"
 PRIORITY_CLASSES = ("research", "production")
 JOB = "llama-finetune-queued"
 PRODUCT = "nvidia.com/gpu.product"
@@ -131,6 +143,20 @@ def norm_nodes(kubectl: Kubectl, kueue: Kueue) -> Iterator[list[dict[str, Any]]]
             kubectl.run("label", "node", node["metadata"]["name"], f"{CAPACITY}-", check=False)
 
 
+@pytest.fixture(scope="module")
+def mig_node(control_plane: ControlPlane, kubectl: Kubectl) -> Iterator[dict[str, Any]]:
+    """One DGX A100 80GB of the debug pool, its GPUs cut all-balanced under the mixed strategy, as GPU
+    Feature Discovery and the device plugin show it (tests/cluster/controlplane.py); deleted at the end."""
+    inst = Catalog.load().get("dgxa100.80g.8.debug")
+    control_plane.add_nodes([dgx_node(MIG_NODE, inst, mig=ALL_BALANCED, mig_config="all-balanced")])
+    try:
+        node = kubectl.get("node", MIG_NODE)
+        assert node is not None
+        yield node
+    finally:
+        kubectl.run("delete", "node", MIG_NODE, "--ignore-not-found", "--wait=false", check=False)
+
+
 def apply_file(kubectl: Kubectl, name: str) -> None:
     """``kubectl apply -f examples/kueue/<name>``, as the docs say (raises if anything is refused)."""
     kubectl.run("apply", "-f", str(KUEUE_EXAMPLES / name))
@@ -166,7 +192,7 @@ def examples(kubectl: Kubectl, kueue: Kueue, operator: Operator, norm_nodes: lis
         delete("clusterqueue", TEAMS, timeout=60)
         delete("workloadpriorityclass", PRIORITY_CLASSES, timeout=60)
         # A ResourceFlavor's finalizer holds it while a ClusterQueue names it: deleted after them.
-        delete("resourceflavor", (NORM, SPOT), timeout=60)
+        delete("resourceflavor", (NORM, SPOT, MIG), timeout=60)
         for obj in example_rbac():
             delete(obj["kind"].lower(), (obj["metadata"]["name"],), timeout=30)
         assert left == [], left
@@ -217,7 +243,7 @@ def test_kueue_runs_with_the_examples_configuration_as_its_own_service_account(k
 
 
 def test_the_examples_setup_is_accepted_and_active(
-    examples: None, kubectl: Kubectl, kueue: Kueue, norm_nodes: list[dict[str, Any]]
+    mig_node: dict[str, Any], examples: None, kubectl: Kubectl, kueue: Kueue, norm_nodes: list[dict[str, Any]]
 ) -> None:
     # The example's RBAC is what lets Kueue read DGXTrainingJobs: Kueue's own grants nothing on them.
     for verb in ("get", "list", "watch"):
@@ -230,13 +256,19 @@ def test_the_examples_setup_is_accepted_and_active(
         kubectl.apply(*[o for o in example_rbac() if o["kind"] == "ClusterRoleBinding"])
     assert kueue_can(kubectl, "list")
 
-    # The flavors name the GPU product the (fake) H100 nodes report.
+    # The H100 flavors name the GPU product the (fake) H100 nodes report; the MIG flavor every label
+    # of the sliced A100 node.
     products = {dig(n, "metadata", "labels", PRODUCT) for n in norm_nodes}
-    for flavor in documents("flavors.yaml"):
-        assert {flavor["spec"]["nodeLabels"][PRODUCT]} == products, (
-            f"examples/kueue/flavors.yaml's {flavor['metadata']['name']} names "
-            f"{flavor['spec']['nodeLabels'][PRODUCT]}, the H100 nodes report {products}"
+    flavors = {f["metadata"]["name"]: f for f in documents("flavors.yaml")}
+    assert set(flavors) == {NORM, SPOT, MIG}
+    for name in (NORM, SPOT):
+        assert {flavors[name]["spec"]["nodeLabels"][PRODUCT]} == products, (
+            f"examples/kueue/flavors.yaml's {name} names {flavors[name]['spec']['nodeLabels'][PRODUCT]}, "
+            f"the H100 nodes report {products}"
         )
+    mig_labels = flavors[MIG]["spec"]["nodeLabels"]
+    assert mig_labels.items() <= mig_node["metadata"]["labels"].items(), (mig_labels, mig_node["metadata"]["labels"])
+    assert mig_labels["nvidia.com/mig.strategy"] == "mixed"
     assert {dig(n, "metadata", "labels", CAPACITY) for n in norm_nodes} == {"norm"}
 
     for cq in TEAMS:
@@ -341,6 +373,124 @@ def test_the_example_job_is_queued_once_admitted_on_norm_and_its_workers_are_lef
     wait_for("team-a's quota free", lambda: free(kubectl, "team-a"), timeout=gone_in, interval=0.5,
              diagnose=lambda: json.dumps(reservation(kubectl, "team-a")))  # fmt: skip
     assert team_a.select(WORKLOADS) == []
+
+
+def queued_in_team_a(job: dict[str, Any]) -> dict[str, Any]:
+    """``job`` in namespace team-a, handed to its LocalQueue."""
+    job["metadata"]["namespace"] = "team-a"
+    job["metadata"].setdefault("labels", {})[QUEUE] = "team-a"
+    return job
+
+
+def trainer_requests(workload: Mapping[str, Any]) -> dict[str, str]:
+    """What the Workload's pod set says the trainer container requests (what Kueue charges)."""
+    (trainer,) = [
+        c for c in dig(workload, "spec", "podSets", 0, "template", "spec", "containers") if c["name"] == "trainer"
+    ]
+    return dict(trainer["resources"]["requests"])
+
+
+def reserved(kubectl: Kubectl, cluster_queue: str) -> dict[tuple[str, str], str]:
+    """The ClusterQueue's reservation without the resources it reserves none of."""
+    return {k: v for k, v in reservation(kubectl, cluster_queue).items() if v not in ("0", "None")}
+
+
+def release(kubectl: Kubectl, team: Kubectl, job: str, workload: str) -> None:
+    """Delete the job; its Workload goes and team-a's quota is free again."""
+    team.delete(JOBS, job)
+    gone_in = 2 * TIMEOUT
+    wait_for(f"{job}'s Workload gone", lambda: team.get(WORKLOADS, workload) is None, timeout=gone_in)
+    wait_for("team-a's quota free", lambda: free(kubectl, "team-a"), timeout=gone_in, interval=0.5,
+             diagnose=lambda: json.dumps(reservation(kubectl, "team-a")))  # fmt: skip
+
+
+def test_a_4_gpu_job_reserves_4_gpus_and_their_share_of_cpu_and_memory(
+    examples: None, kubectl: Kubectl, operator: Operator, kueue: Kueue
+) -> None:
+    """docs/kueue.md, "Quota per shape": a sub-node worker is charged what it requests, 4 GPUs and 4 x
+    the catalog's perGpu, not a node."""
+    team_a = kubectl.in_namespace("team-a")
+    name, instance = "four-gpus", "dgxh100.80g.4.norm"
+    job = queued_in_team_a(command_job(name))
+    job["spec"]["instance"] = instance
+    job["spec"].pop("resources")  # the catalog's share of the node, as a user's job gets it
+    kubectl.apply(job)
+    wait_job(team_a, name, "1/1 Running", running_with(1), timeout=TIMEOUT)
+
+    (wl,) = workloads_of(team_a, name)
+    cpu, memory, _ = Catalog.load().get(instance).requests()
+    assert (cpu, memory) == ("96", "880Gi")
+    assert trainer_requests(wl) == {"cpu": cpu, "memory": memory, "nvidia.com/gpu": "4"}
+    assert set(assignment(wl)["flavors"].values()) == {NORM}, assignment(wl)
+    expected = {(NORM, "cpu"): cpu, (NORM, "memory"): memory, (NORM, "nvidia.com/gpu"): "4"}
+    wait_for("team-a's ClusterQueue to reserve 4 norm GPUs and their share",
+             lambda: reserved(kubectl, "team-a") == expected,
+             timeout=TIMEOUT, interval=0.3, diagnose=lambda: str(reserved(kubectl, "team-a")))  # fmt: skip
+    (pod,) = live_workers(team_a, name)
+    node = node_of(kubectl, pod)
+    assert dig(node, "metadata", "labels", PRODUCT) == "NVIDIA-H100-80GB-HBM3"
+    assert dig(node, "metadata", "labels", CAPACITY) == "norm"
+
+    release(kubectl, team_a, name, wl["metadata"]["name"])
+
+
+def test_the_mig_example_reserves_its_slice_on_the_mig_flavor_and_runs_on_the_sliced_node(
+    mig_node: dict[str, Any], examples: None, kubectl: Kubectl, operator: Operator, kueue: Kueue
+) -> None:
+    """examples/mig-debug.yaml as it is, queued in team-a: one nvidia.com/mig-1g.10gb of quota on
+    dgx-a100-mig (and the slice's CPU and memory, no nvidia.com/gpu anywhere), and its worker on the
+    all-balanced node with the flavor's labels."""
+    team_a = kubectl.in_namespace("team-a")
+    (job,) = [d for d in yaml.safe_load_all((EXAMPLES / "mig-debug.yaml").read_text()) if d]
+    assert (job["metadata"]["name"], job["spec"]["instance"]) == (MIG_JOB, "dgxa100.80g.mig-1g.10gb.debug")
+    kubectl.apply(queued_in_team_a(job))
+    wait_job(team_a, MIG_JOB, "1/1 Running", running_with(1), timeout=TIMEOUT)
+
+    (wl,) = workloads_of(team_a, MIG_JOB)
+    slice_resource = "nvidia.com/mig-1g.10gb"
+    assert trainer_requests(wl) == {"cpu": "4", "memory": "31Gi", slice_resource: "1"}
+    assert assignment(wl)["flavors"] == {"cpu": MIG, "memory": MIG, slice_resource: MIG}, assignment(wl)
+    expected = {(MIG, "cpu"): "4", (MIG, "memory"): "31Gi", (MIG, slice_resource): "1"}
+    wait_for("team-a's ClusterQueue to reserve one 1g.10gb slice on dgx-a100-mig",
+             lambda: reserved(kubectl, "team-a") == expected,
+             timeout=TIMEOUT, interval=0.3, diagnose=lambda: str(reserved(kubectl, "team-a")))  # fmt: skip
+    (pod,) = live_workers(team_a, MIG_JOB)
+    assert dig(pod, "spec", "nodeName") == MIG_NODE
+    selector = dig(pod, "spec", "nodeSelector")
+    assert selector.items() >= {"nvidia.com/mig.strategy": "mixed", PRODUCT: "NVIDIA-A100-SXM4-80GB",
+                                CAPACITY: "debug"}.items(), selector  # fmt: skip
+    (trainer,) = [c for c in pod["spec"]["containers"] if c["name"] == "trainer"]
+    assert trainer["resources"]["limits"][slice_resource] == "1"
+    assert "nvidia.com/gpu" not in trainer["resources"]["limits"]
+
+    release(kubectl, team_a, MIG_JOB, wl["metadata"]["name"])
+
+
+def test_a_mig_profile_the_queues_do_not_cover_is_held_with_kueues_words(
+    examples: None, kubectl: Kubectl, operator: Operator, kueue: Kueue
+) -> None:
+    """An A100 40GB slice (nvidia.com/mig-1g.5gb): no resource group of team-a covers it, so Kueue
+    reserves nothing and says so; the job waits Suspended with that message and starts no worker."""
+    team_a = kubectl.in_namespace("team-a")
+    name = "uncovered-slice"
+    job = queued_in_team_a(command_job(name))
+    job["spec"]["instance"] = "dgxa100.40g.mig-1g.5gb.norm"
+    kubectl.apply(job)
+    words = "resource nvidia.com/mig-1g.5gb unavailable in ClusterQueue"
+
+    def held() -> dict[str, Any] | None:
+        cond = condition(team_a.get(JOBS, name) or {}, "Suspended")
+        return cond if cond is not None and words in str(cond.get("message")) else None
+
+    cond = wait_for(f"{name} Suspended with {words!r}", held, timeout=TIMEOUT, interval=0.5,
+                    diagnose=lambda: json.dumps(dig(team_a.get(JOBS, name), "status", default=None)))  # fmt: skip
+    assert cond["status"] == "True", cond
+    (wl,) = workloads_of(team_a, name)
+    assert not condition_true_of(wl, "QuotaReserved"), wl.get("status")
+    assert live_workers(team_a, name) == []
+    assert reserved(kubectl, "team-a") == {}
+
+    release(kubectl, team_a, name, wl["metadata"]["name"])
 
 
 def test_neither_the_operator_nor_kueue_was_refused_anything(operator: Operator, kueue: Kueue) -> None:
