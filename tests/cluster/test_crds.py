@@ -36,8 +36,9 @@ from typing import Any, NamedTuple
 
 import pytest
 
+from dgx_operator.catalog import Catalog
 from tests.cluster.controlplane import ControlPlane
-from tests.conftest import BASE_JOB, BASE_MOUNT, CRDS, load_yaml_docs
+from tests.conftest import BASE_JOB, BASE_MOUNT, CRDS, EXAMPLES, load_yaml_docs, with_changes
 from tests.e2e.kubectl import Kubectl, KubectlError, condition, dig, wait_for
 from tests.unit.bad_input_rows import APISERVER_ROWS, CATALOG_ROWS, CRD_ROWS, ROWS, WEBHOOK_ROWS, Row, manifest
 
@@ -253,6 +254,88 @@ def test_base_manifest_is_accepted(base: dict[str, Any], crds: dict[str, Install
     doc = in_namespace(base, test_namespace)
     out = kubectl.in_namespace(test_namespace).run("apply", "--dry-run=server", "-f", "-", input=json.dumps(doc))
     assert f"{doc['metadata']['name']} created (server dry run)" in out.stdout
+
+
+# -- MIG instances and the instance rules ------------------------------------------------------------
+
+#: Every MIG instance type of the shipped catalog (dgxa100.80g.mig-1g.10gb.debug, ...).
+MIG_INSTANCES = sorted(name for name, inst in Catalog.load().instances.items() if inst.mig is not None)
+#: Names the apiserver's CEL rules must answer without an evaluation error: malformed ones (the pattern
+#: refuses them, and the apiserver still runs the rules), and the extremes of the pattern.
+ODD_INSTANCES = [
+    "a100-8",
+    "dgx",
+    "dgxa100.80g",
+    "dgxa100.80g.0.norm",
+    "dgxa100.80g.100.norm",
+    "dgxa.1g.99999999999999999999.norm",
+    "dgxa100.80g.mig-1g.norm",
+    "x.y.mig-1g.10gb.norm",
+    "dgxa.0g.99.spot",
+    "dgxz9.999999g.mig-7g.999999gb.me.debug",
+]
+#: What the rules read beside the instance.
+BESIDE_THE_INSTANCE: list[dict[str, Any]] = [
+    {},
+    {"spec.resources.gpu": 1},
+    {"spec.elastic.nprocPerNode": 2},
+    {"spec.resources.gpu": 2, "spec.elastic": {"minNodes": 2, "maxNodes": 3, "nprocPerNode": 3}},
+]
+#: How the apiserver reports a rule that failed to evaluate (an index, a conversion): "... evaluating rule: <message>".
+EVALUATION_ERROR = " evaluating rule: "
+
+
+def test_mig_jobs_are_accepted(control_plane: ControlPlane, crds: dict[str, Installed], kubectl: Kubectl,
+                               test_namespace: str) -> None:  # fmt: skip
+    """examples/mig-debug.yaml by ``kubectl apply --dry-run=server``, and every MIG instance type of
+    the catalog, alone and with the one worker of one process spelled out."""
+    ready(crds, "DGXTrainingJob")
+    out = kubectl.in_namespace(test_namespace).run("apply", "--dry-run=server", "-f", str(EXAMPLES / "mig-debug.yaml"))
+    assert "mig-debug created (server dry run)" in out.stdout
+    assert MIG_INSTANCES
+    refused = []
+    for name in MIG_INSTANCES:
+        for beside in ({}, {"spec.elastic": {"minNodes": 1, "maxNodes": 1, "nprocPerNode": 1}}):
+            status, answer = dry_run(
+                control_plane, test_namespace, with_changes(BASE_JOB, {"spec.instance": name, **beside})
+            )
+            if status != 201:
+                refused.append(f"{name} {beside}: {status} {shown(causes(answer))}")
+    assert refused == []
+
+
+def test_a_mig_job_of_two_workers_is_refused_by_kubectl_with_the_rules_message(
+    crds: dict[str, Installed], kubectl: Kubectl, test_namespace: str
+) -> None:
+    ready(crds, "DGXTrainingJob")
+    doc = in_namespace(with_changes(BASE_JOB, {"spec.instance": "dgxa100.80g.mig-1g.10gb.debug",
+                                               "spec.elastic.maxNodes": 2}), test_namespace)  # fmt: skip
+    proc = kubectl.in_namespace(test_namespace).run("apply", "--dry-run=server", "-f", "-", input=json.dumps(doc),
+                                                    check=False)  # fmt: skip
+    assert proc.returncode != 0, proc.stdout
+    assert (
+        'spec.instance: Invalid value: "object": a MIG instance runs one worker with one process on its slice: '
+        "leave out spec.resources.gpu"
+    ) in proc.stderr, proc.stderr
+
+
+def test_no_instance_rule_fails_to_evaluate_on_any_name(
+    control_plane: ControlPlane, crds: dict[str, Installed], test_namespace: str
+) -> None:
+    """The apiserver runs the CEL rules even after the instance's pattern failed: on a malformed name
+    each rule must hold (the pattern's cause says what is wrong), never add an index or conversion
+    error; on a name the pattern takes, the rules answer (a refusal is a rule's message)."""
+    ready(crds, "DGXTrainingJob")
+    errors = []
+    for name in [*ODD_INSTANCES, *MIG_INSTANCES[:3], "dgxa100.80g.8.norm", "dgxh100.80g.1.spot"]:
+        for beside in BESIDE_THE_INSTANCE:
+            _, answer = dry_run(
+                control_plane, test_namespace, with_changes(BASE_JOB, {"spec.instance": name, **beside})
+            )
+            errors += [
+                f"{name} {beside}: {c.field}: {c.message}" for c in causes(answer) if EVALUATION_ERROR in c.message
+            ]
+    assert errors == [], "\n".join(errors)
 
 
 # -- the bad manifests ------------------------------------------------------------------------------
