@@ -18,8 +18,9 @@ Quota per shape (docs/kueue.md): a 4-GPU H100 job reserves 4 nvidia.com/gpu and 
 perGpu CPU and memory of dgx-h100-norm, and runs on a norm node. examples/mig-debug.yaml, queued in
 team-a, reserves its one nvidia.com/mig-1g.10gb (and its slice's CPU and memory, no nvidia.com/gpu)
 on dgx-a100-mig, and its worker runs on a DGX A100 sliced all-balanced under the mixed strategy in the
-debug pool (one such node is added for the module and removed at its end). A MIG profile the
-ClusterQueues do not cover holds its job with Kueue's "resource ... unavailable in ClusterQueue".
+debug pool (one such node is added for the module and removed at its end). A MIG profile that
+team-a's ClusterQueue does not cover holds its job with Kueue's "resource ... unavailable in
+ClusterQueue".
 
 Every fixed, cluster-scoped name of the examples (ClusterQueues team-a/team-b, ResourceFlavors
 dgx-h100-norm/-spot, dgx-a100-mig, WorkloadPriorityClasses research/production, the ClusterRole/Binding,
@@ -466,31 +467,48 @@ def test_the_mig_example_reserves_its_slice_on_the_mig_flavor_and_runs_on_the_sl
     release(kubectl, team_a, MIG_JOB, wl["metadata"]["name"])
 
 
-def test_a_mig_profile_the_queues_do_not_cover_is_held_with_kueues_words(
-    examples: None, kubectl: Kubectl, operator: Operator, kueue: Kueue
+def test_a_mig_profile_the_queue_does_not_cover_is_held_with_kueues_words(
+    mig_node: dict[str, Any], examples: None, kubectl: Kubectl, operator: Operator, kueue: Kueue
 ) -> None:
-    """An A100 40GB slice (nvidia.com/mig-1g.5gb): no resource group of team-a covers it, so Kueue
-    reserves nothing and says so; the job waits Suspended with that message and starts no worker."""
+    """team-a's ClusterQueue of the example without nvidia.com/mig-3g.40gb (in coveredResources and in
+    every flavor; the file is applied again at the end): a 3g.40gb job is held, reserving nothing, with
+    Kueue's "resource ... unavailable in ClusterQueue". Its CPU and memory find dgx-a100-mig, so that
+    is the one reason Kueue can give, in whatever order it checks the job's resources."""
     team_a = kubectl.in_namespace("team-a")
-    name = "uncovered-slice"
-    job = queued_in_team_a(command_job(name))
-    job["spec"]["instance"] = "dgxa100.40g.mig-1g.5gb.norm"
-    kubectl.apply(job)
-    words = "resource nvidia.com/mig-1g.5gb unavailable in ClusterQueue"
+    profile, name = "nvidia.com/mig-3g.40gb", "uncovered-slice"
+    (cq,) = [d for d in documents("cluster-queues.yaml") if d["metadata"]["name"] == "team-a"]
+    (group,) = cq["spec"]["resourceGroups"]
+    group["coveredResources"].remove(profile)
+    for flavor in group["flavors"]:
+        flavor["resources"] = [r for r in flavor["resources"] if r["name"] != profile]
 
-    def held() -> dict[str, Any] | None:
-        cond = condition(team_a.get(JOBS, name) or {}, "Suspended")
-        return cond if cond is not None and words in str(cond.get("message")) else None
+    def covered() -> bool:  # as Kueue's cache has it: the ClusterQueue's status lists what it covers
+        return (MIG, profile) in reservation(kubectl, "team-a")
 
-    cond = wait_for(f"{name} Suspended with {words!r}", held, timeout=TIMEOUT, interval=0.5,
-                    diagnose=lambda: json.dumps(dig(team_a.get(JOBS, name), "status", default=None)))  # fmt: skip
-    assert cond["status"] == "True", cond
-    (wl,) = workloads_of(team_a, name)
-    assert not condition_true_of(wl, "QuotaReserved"), wl.get("status")
-    assert live_workers(team_a, name) == []
-    assert reserved(kubectl, "team-a") == {}
+    try:
+        kubectl.apply(cq)
+        wait_for(f"Kueue to drop {profile} from team-a", lambda: not covered(), timeout=TIMEOUT, interval=0.3)
+        job = queued_in_team_a(command_job(name))
+        job["spec"]["instance"] = "dgxa100.80g.mig-3g.40gb.norm"
+        kubectl.apply(job)
+        words = f"couldn't assign flavors to pod set workers: resource {profile} unavailable in ClusterQueue"
 
-    release(kubectl, team_a, name, wl["metadata"]["name"])
+        def held() -> dict[str, Any] | None:
+            cond = condition(team_a.get(JOBS, name) or {}, "Suspended")
+            return cond if cond is not None and words in str(cond.get("message")) else None
+
+        cond = wait_for(f"{name} Suspended with {words!r}", held, timeout=TIMEOUT, interval=0.5,
+                        diagnose=lambda: json.dumps(dig(team_a.get(JOBS, name), "status", default=None)))  # fmt: skip
+        assert (cond["status"], cond["reason"]) == ("True", "Pending"), cond
+        (wl,) = workloads_of(team_a, name)
+        assert not condition_true_of(wl, "QuotaReserved"), wl.get("status")
+        assert live_workers(team_a, name) == []
+        assert reserved(kubectl, "team-a") == {}
+        release(kubectl, team_a, name, wl["metadata"]["name"])
+    finally:
+        team_a.run("delete", JOBS, name, "--ignore-not-found", "--wait=false", check=False)
+        apply_file(kubectl, "cluster-queues.yaml")
+    wait_for(f"Kueue to cover {profile} in team-a again", covered, timeout=TIMEOUT, interval=0.3)
 
 
 def test_neither_the_operator_nor_kueue_was_refused_anything(operator: Operator, kueue: Kueue) -> None:
