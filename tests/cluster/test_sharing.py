@@ -325,6 +325,15 @@ def test_the_profile_packs_where_the_default_spreads(control_plane: ControlPlane
     assert_fits(control_plane, namespace)
 
 
+def two_four_gpu_jobs(k: Kubectl) -> str:
+    """Jobs four-a and four-b, 4 GPUs each, packed onto one node: that node."""
+    k.apply(job("four-a", f"{A100}.4.norm"))
+    (shared,) = placed(k, "four-a")
+    k.apply(job("four-b", f"{A100}.4.norm"))
+    assert placed(k, "four-b") == [shared]
+    return shared
+
+
 def test_two_four_gpu_jobs_share_one_node(control_plane: ControlPlane, operator: Operator, namespace: Kubectl) -> None:
     namespace.apply(job("four-a", f"{A100}.4.norm"))
     (first,) = placed(namespace, "four-a")
@@ -338,10 +347,7 @@ def test_two_four_gpu_jobs_share_one_node(control_plane: ControlPlane, operator:
 def test_an_eight_gpu_job_never_lands_beside_them(
     control_plane: ControlPlane, operator: Operator, namespace: Kubectl
 ) -> None:
-    namespace.apply(job("four-a", f"{A100}.4.norm"))
-    (shared,) = placed(namespace, "four-a")
-    namespace.apply(job("four-b", f"{A100}.4.norm"))
-    assert placed(namespace, "four-b") == [shared]
+    shared = two_four_gpu_jobs(namespace)
     namespace.apply(job("eight-a", WHOLE))
     (whole,) = placed(namespace, "eight-a")
     assert whole != shared
@@ -372,10 +378,7 @@ def test_an_eight_gpu_job_never_lands_beside_them(
 def test_a_one_gpu_job_packs_onto_a_partly_used_node(
     control_plane: ControlPlane, operator: Operator, namespace: Kubectl
 ) -> None:
-    namespace.apply(job("four-a", f"{A100}.4.norm"))
-    (shared,) = placed(namespace, "four-a")
-    namespace.apply(job("four-b", f"{A100}.4.norm"))
-    assert placed(namespace, "four-b") == [shared]
+    shared = two_four_gpu_jobs(namespace)
     delete_job(namespace, "four-a")
     empty = [n for n in whole_gpu_nodes(control_plane) if n != shared and not bound_pods(control_plane, n)]
     assert len(empty) == 2, "two empty whole-GPU nodes the default (spreading) scoring would prefer"

@@ -214,6 +214,7 @@ class PodView:
 
     @classmethod
     def of(cls, pod: Mapping[str, Any]) -> PodView:
+        gpus, slices = _devices(pod.get("spec") or {})
         meta = pod.get("metadata") or {}
         status = pod.get("status") or {}
         labels = meta.get("labels") or {}
@@ -288,8 +289,8 @@ class PodView:
                 else None
             ),
             ended_at=_ended_at(status) if phase in ("Succeeded", "Failed") else None,
-            gpus=_gpus(pod.get("spec") or {}),
-            mig_slices=_mig(pod.get("spec") or {})[1],
+            gpus=gpus,
+            mig_slices=slices,
             capacity=annotations.get(CAPACITY_ANNOTATION),
         )
 
@@ -312,14 +313,14 @@ def _mig(spec: Mapping[str, Any]) -> tuple[str | None, int | None]:
     return None, None
 
 
-def _gpus(spec: Mapping[str, Any]) -> int | None:
+def _devices(spec: Mapping[str, Any]) -> tuple[int | None, int | None]:
     """The trainer container's GPU limit (extended resources are requested as limits): its
-    ``nvidia.com/gpu``, or its MIG slices (each one device)."""
+    ``nvidia.com/gpu``, or its MIG slices (each one device); and a MIG slice's compute slices."""
     limits = _limits(spec)
     if limits is None:
-        return None
-    mig, _ = _mig(spec)
-    return _int(limits.get(mig if mig is not None else GPU_RESOURCE), 0)
+        return None, None
+    mig, slices = _mig(spec)
+    return _int(limits.get(mig if mig is not None else GPU_RESOURCE), 0), slices
 
 
 def _ended_at(status: Mapping[str, Any]) -> datetime | None:
@@ -410,7 +411,7 @@ def slim(pod: Mapping[str, Any]) -> dict[str, Any]:
     status = pod.get("status") or {}
     annotations = meta.get("annotations") or {}
     labels = meta.get("labels") or {}
-    gpus = _gpus(pod.get("spec") or {})
+    gpus = _devices(pod.get("spec") or {})[0]
     resource = _mig(pod.get("spec") or {})[0] or GPU_RESOURCE
     return {
         "metadata": {
