@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 import yaml
 
-from dgx_operator.cli import kubeclient, report
+from dgx_operator.cli import report
+from dgx_operator.client import kubeclient
 from dgx_operator.cli.main import main
 from tests.unit import usage_report_data as data
 

@@ -350,11 +350,12 @@ def cmd_instances(args: argparse.Namespace, out: TextIO, err: TextIO, stdin: Tex
 
 def cmd_usage(args: argparse.Namespace, out: TextIO, err: TextIO, stdin: TextIO) -> int:
     """GPU-hours, cost and spot savings per namespace and per job over a period (cli/report.py):
-    read with the user's kubeconfig (cli/kubeclient.py, the standard library only, so the verb runs
+    read with the user's kubeconfig (client/kubeclient.py, the standard library only, so the verb runs
     without the daemon's dependencies), built and formatted by pure code. The notes (where a total
     comes from, what it leaves out, example prices) go to stderr, so the table, JSON or CSV stays
     clean for whoever pipes it."""
-    from dgx_operator.cli import kubeclient, report
+    from dgx_operator.cli import report
+    from dgx_operator.client import kubeclient
 
     try:
         client = kubeclient.load(args.kubeconfig, args.context)
@@ -590,11 +591,11 @@ def _checked(parse: Callable[[str], Any]) -> Callable[[str], Any]:
     return check
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "kubedgx") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="kubedgx",
-        description="kubedgx: GPU training on DGX-class Kubernetes nodes. Validate and render DGXTrainingJob "
-        "and DGXDataMount manifests.",
+        prog=prog,
+        description="kubedgx: GPU training on DGX-class Kubernetes nodes. Submit, follow and fetch "
+        "DGXTrainingJobs; validate and render their manifests; run the fine-tune on this machine.",
     )
     parser.add_argument("--version", action="version", version=f"kubedgx {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -831,6 +832,10 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("--context", metavar="NAME", help="kubeconfig context (default: the current one)")
     u.set_defaults(func=cmd_usage)
 
+    from dgx_operator.cli import jobs
+
+    jobs.add_parsers(sub, _namespace)
+
     i = sub.add_parser("instances", help="list the instance types of the catalog")
     i.add_argument("--catalog", metavar="FILE", help="instance catalog YAML (default: the built-in one)")
     i.set_defaults(func=cmd_instances)
@@ -843,11 +848,18 @@ def main(
     out: TextIO | None = None,
     err: TextIO | None = None,
     stdin: TextIO | None = None,
+    prog: str = "kubedgx",
 ) -> int:
-    parser = build_parser()
+    parser = build_parser(prog)
     args = parser.parse_args(argv)
     code: int = args.func(args, out or sys.stdout, err or sys.stderr, stdin or sys.stdin)
     return code
+
+
+def kubectl_main() -> int:
+    """``kubectl dgx ...``: kubectl finds the ``kubectl-dgx`` executable on PATH (krew's convention)
+    and runs it with the rest of the command line; the verbs are kubedgx's."""
+    return main(prog="kubectl dgx")
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ Two sources, because neither is enough alone:
   pass would write), so the report never lags behind the jobs.
 
 Pure: :func:`build` takes the objects as the API server returns them and ``now``; the cluster
-reading is :func:`read`, a thin function over :mod:`dgx_operator.cli.kubeclient`. Money is exact
+reading is :func:`read`, a thin function over :mod:`dgx_operator.client.kubeclient`. Money is exact
 (Decimal from the buckets and the ledger) and shown with two decimals, rounded half up.
 """
 
@@ -689,8 +689,8 @@ def read(
 ) -> Inputs:
     """List the jobs and budgets in scope with the user's credentials (RBAC decides what a user
     sees): one namespace, every namespace (``-A``), or the namespaces labelled ``team``.
-    ``client``: a :class:`~dgx_operator.cli.kubeclient.Client`."""
-    from dgx_operator.cli.kubeclient import ClusterError, NotFoundError
+    ``client``: a :class:`~dgx_operator.client.kubeclient.Client`."""
+    from dgx_operator.client.kubeclient import ClusterError, NotFoundError
 
     selector = f"{QUEUE_LABEL}={queue}" if queue else None
 

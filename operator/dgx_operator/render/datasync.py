@@ -59,6 +59,11 @@ def checkpoint_uri(job: JobIdentity, spec: DGXDataMountSpec) -> str:
     return posixpath.join(spec.source.rstrip("/"), run_dir(job), "checkpoints")
 
 
+def logs_uri(job: JobIdentity, spec: DGXDataMountSpec) -> str:
+    """Where the checkpoint sidecar keeps the run's progress history and TensorBoard event files."""
+    return posixpath.join(spec.source.rstrip("/"), run_dir(job), "logs")
+
+
 def archive_uri(job: JobIdentity, spec: DGXDataMountSpec) -> str:
     prefix = spec.archive.prefix if spec.archive is not None else "final"
     return posixpath.join(spec.source.rstrip("/"), prefix.strip("/"), run_dir(job))

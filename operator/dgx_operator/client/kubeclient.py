@@ -1,9 +1,10 @@
-"""A read-only client of the API server for the user's verbs (`kubedgx usage`), with the user's
-kubeconfig, in the standard library only.
+"""The client of the API server for the user's verbs (`kubedgx usage`, `submit`, `logs`, ...) and
+the Python client, with the user's kubeconfig, in the standard library (and PyYAML) only.
 
 Why not the operator's client (``kube.py``): it runs on aiohttp and logs in through kopf, the
 daemon's dependencies, and `pip install kubedgx` must give a working user CLI without them
-(tests/unit/test_cli_without_daemon.py). A report reads a few lists, so plain ``urllib`` does.
+(tests/unit/test_cli_without_daemon.py). The verbs make a few calls and
+follow two kinds of stream (a watch, a pod's log), so plain ``urllib`` does.
 
 What it understands of a kubeconfig, as kubectl does: ``--kubeconfig``, else ``KUBECONFIG`` (files
 separated by the path separator, merged: the first file to name a cluster, user or context, or the
@@ -27,19 +28,21 @@ import tempfile
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from dgx_operator.client.errors import ClientError
+
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 #: Seconds one call may take: a report waits for no hung server.
 TIMEOUT_S = 30.0
 
 
-class ClusterError(Exception):
+class ClusterError(ClientError):
     """The cluster cannot be read: no kubeconfig, an unknown context, a server that does not answer,
     credentials it refuses. The message is for the user, with the fix where there is one."""
 
@@ -48,48 +51,176 @@ class NotFoundError(ClusterError):
     """The API server answered 404: the resource is not served (its CRD is not installed)."""
 
 
+class ConflictError(ClusterError):
+    """The API server answered 409: the object exists already (create) or changed meanwhile."""
+
+
+class ForbiddenError(ClusterError):
+    """The API server answered 403: the user's role does not allow it."""
+
+
+class InvalidError(ClusterError):
+    """The API server (or the admission webhook) refused the object: 400 or 422, with its message."""
+
+
 @dataclass
 class Client:
-    """One context's server, credentials and default namespace."""
+    """One context's server, credentials and default namespace.
+
+    ``warnings`` collects the ``Warning`` headers the server answered with (the admission webhook's
+    warnings, deprecations), in order, for the caller to show as kubectl does."""
 
     server: str
     namespace: str
     context: str
     headers: dict[str, str] = field(default_factory=dict)
     ssl_context: ssl.SSLContext | None = None
+    warnings: list[str] = field(default_factory=list)
 
-    def get(self, path: str, query: Mapping[str, str] | None = None) -> dict[str, Any]:
-        """``GET path`` as JSON. 404 raises :class:`NotFound`; any other failure :class:`ClusterError`."""
-        url = self.server + path + ("?" + urllib.parse.urlencode(query) if query else "")
-        request = urllib.request.Request(url, headers={**self.headers, "Accept": "application/json"})
+    def _url(self, path: str, query: Mapping[str, str] | None) -> str:
+        return self.server + path + ("?" + urllib.parse.urlencode(query) if query else "")
+
+    def _open(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Mapping[str, str] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+        accept: str = "application/json",
+        timeout: float | None = TIMEOUT_S,
+    ) -> Any:
+        """The open response of one call; an HTTP or network failure as the :class:`ClusterError`
+        that says what happened and, where there is one, the fix."""
+        data = None if body is None else json.dumps(body).encode("utf-8")
+        headers = {**self.headers, "Accept": accept}
+        if data is not None:
+            headers["Content-Type"] = content_type
+        request = urllib.request.Request(self._url(path, query), data=data, headers=headers, method=method)
         try:
-            with urllib.request.urlopen(request, timeout=TIMEOUT_S, context=self.ssl_context) as answer:
-                found = json.loads(answer.read() or b"{}")
+            answer = urllib.request.urlopen(request, timeout=timeout, context=self.ssl_context)
         except urllib.error.HTTPError as exc:
-            message = _status_message(exc)
-            if exc.code == 404:
-                raise NotFoundError(f"{path}: not found ({message})") from None
-            if exc.code == 401:
-                raise ClusterError(
-                    f"the API server at {self.server} refused the credentials of context {self.context!r} "
-                    f"(401 Unauthorized: {message}): log in again, as for kubectl"
-                ) from None
-            if exc.code == 403:
-                raise ClusterError(f"forbidden (403): {message}") from None
-            raise ClusterError(f"the API server at {self.server} answered {exc.code}: {message}") from None
+            self._collect_warnings(exc.headers)
+            raise self._error(exc, path) from None
         except (urllib.error.URLError, OSError, ValueError) as exc:
             reason = getattr(exc, "reason", exc)
             raise ClusterError(
                 f"cannot reach the API server at {self.server} (context {self.context!r}): {reason}"
             ) from None
+        self._collect_warnings(answer.headers)
+        return answer
+
+    def _collect_warnings(self, headers: Any) -> None:
+        for value in headers.get_all("Warning") or [] if headers is not None else []:
+            # RFC 7234: `299 - "text"`; kubectl shows the text alone.
+            text = str(value)
+            if text.startswith("299 ") and '"' in text:
+                text = text[text.index('"') + 1 : text.rindex('"')] if text.count('"') >= 2 else text
+            self.warnings.append(text.replace('\\"', '"'))
+
+    def _error(self, exc: urllib.error.HTTPError, path: str) -> ClusterError:
+        message = _status_message(exc)
+        if exc.code == 404:
+            return NotFoundError(f"{path}: not found ({message})")
+        if exc.code == 401:
+            return ClusterError(
+                f"the API server at {self.server} refused the credentials of context {self.context!r} "
+                f"(401 Unauthorized: {message}): log in again, as for kubectl"
+            )
+        if exc.code == 403:
+            return ForbiddenError(f"forbidden (403): {message}")
+        if exc.code == 409:
+            return ConflictError(message)
+        if exc.code in (400, 422):
+            return InvalidError(message)
+        return ClusterError(f"the API server at {self.server} answered {exc.code}: {message}")
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        query: Mapping[str, str] | None = None,
+        content_type: str = "application/json",
+    ) -> dict[str, Any]:
+        """One call answered with JSON (an object, or ``{}``)."""
+        with self._open(method, path, query=query, body=body, content_type=content_type) as answer:
+            try:
+                found = json.loads(answer.read() or b"{}")
+            except (ValueError, OSError) as exc:
+                raise ClusterError(f"the API server at {self.server} answered {path} with no JSON: {exc}") from None
         return found if isinstance(found, dict) else {}
 
-    def list(self, path: str, label_selector: str | None = None) -> list[dict[str, Any]]:
+    def get(self, path: str, query: Mapping[str, str] | None = None) -> dict[str, Any]:
+        """``GET path`` as JSON. 404 raises :class:`NotFoundError`; any other failure :class:`ClusterError`."""
+        return self.request("GET", path, query=query)
+
+    def create(self, path: str, body: Mapping[str, Any], dry_run: bool = False) -> dict[str, Any]:
+        """``POST`` the object to its collection; the stored object comes back."""
+        return self.request("POST", path, dict(body), query={"dryRun": "All"} if dry_run else None)
+
+    def merge_patch(self, path: str, patch: Mapping[str, Any]) -> dict[str, Any]:
+        return self.request("PATCH", path, dict(patch), content_type="application/merge-patch+json")
+
+    def delete(self, path: str, propagation: str = "Background") -> dict[str, Any]:
+        return self.request(
+            "DELETE", path, {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": propagation}
+        )
+
+    def text(self, path: str, query: Mapping[str, str] | None = None) -> str:
+        """``GET path`` as text (a pod's log)."""
+        with self._open("GET", path, query=query, accept="*/*") as answer:
+            return bytes(answer.read()).decode("utf-8", errors="replace")
+
+    def lines(self, path: str, query: Mapping[str, str] | None = None, timeout: float | None = None) -> Iterator[str]:
+        """The lines of a streamed answer (``follow=true`` logs, a watch) as they come, without their
+        newline; ends when the server ends the stream. ``timeout``: the longest silence tolerated
+        (None: wait as long as the server keeps the stream open)."""
+        with self._open("GET", path, query=query, accept="*/*", timeout=timeout) as answer:
+            pending = b""
+            while True:
+                try:
+                    chunk = answer.read1(65536) if hasattr(answer, "read1") else answer.readline()
+                except (OSError, ValueError) as exc:
+                    raise ClusterError(f"the stream of {path} from {self.server} broke: {exc}") from None
+                if not chunk:
+                    break
+                pending += chunk
+                *whole, pending = pending.split(b"\n")
+                for line in whole:
+                    yield line.decode("utf-8", errors="replace").rstrip("\r")
+            if pending:
+                yield pending.decode("utf-8", errors="replace").rstrip("\r")
+
+    def watch(
+        self, path: str, query: Mapping[str, str] | None = None, timeout_s: int = 300
+    ) -> Iterator[dict[str, Any]]:
+        """The events of ``GET path?watch=1`` ({"type", "object"}) for at most ``timeout_s``: the
+        server ends the watch then, and the caller lists again (as client-go's reflector does)."""
+        params = {**(query or {}), "watch": "1", "timeoutSeconds": str(timeout_s), "allowWatchBookmarks": "false"}
+        for line in self.lines(path, params, timeout=timeout_s + 30):
+            if not line.strip():
+                continue
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(event, dict) and isinstance(event.get("object"), dict):
+                if event.get("type") == "ERROR":
+                    raise ClusterError(f"watch of {path}: {event['object'].get('message')}")
+                yield event
+
+    def list(
+        self, path: str, label_selector: str | None = None, field_selector: str | None = None
+    ) -> list[dict[str, Any]]:
         """Every item of a list, following ``continue`` tokens."""
         items: list[dict[str, Any]] = []
         query: dict[str, str] = {"limit": "500"}
         if label_selector:
             query["labelSelector"] = label_selector
+        if field_selector:
+            query["fieldSelector"] = field_selector
         while True:
             page = self.get(path, query)
             items += [i for i in page.get("items") or [] if isinstance(i, dict)]
