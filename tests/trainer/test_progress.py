@@ -104,7 +104,7 @@ def test_progress_lines_and_progress_json(tmp_path: Path, clock: Clock) -> None:
     saved = json.loads((tmp_path / "progress.json").read_text(encoding="utf-8"))
     assert saved == r.last
     assert saved["samplesPerSecond"] == 40.0
-    assert [p.name for p in tmp_path.iterdir()] == ["progress.json"]  # no temporary file left behind
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["history", "progress.json"]  # no temporary file left behind
 
 
 def test_throughput_is_measured_between_reports(tmp_path: Path, clock: Clock) -> None:
