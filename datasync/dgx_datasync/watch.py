@@ -426,8 +426,13 @@ class Watcher:
         costs each scan one attempt, not one per file."""
         if self.logs is None or self.logs_store is None:
             return 0
+        try:
+            files = self._log_files()
+        except Exception as exc:  # an unreadable directory: the same as a failed upload
+            event(logging.WARNING, f"looking for the logs failed, trying again at the next scan: {exc}")
+            return 0
         sent = 0
-        for key, parts in self._log_files():
+        for key, parts in files:
             target = self.logs.child(key)
             path = self.directory.joinpath(*parts)
             if len(target.prefix.encode("utf-8")) > MAX_KEY:

@@ -213,3 +213,28 @@ def test_a_stop_sends_the_last_lines_of_the_history(store: ObjectStore, tmp_path
     assert results == [{"checkpoints": []}]
     assert store.get(bucket, f"logs/{SEGMENT}") == (out / SEGMENT).read_bytes()
     assert store.get(bucket, f"logs/{SEGMENT}").endswith(progress_line(100))
+
+
+def test_logs_that_cannot_be_looked_at_do_not_fail_the_watcher(
+    store: ObjectStore, tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    caplog.set_level(logging.INFO, logger="dgx_datasync")
+    bucket = store.bucket("logs")
+    out = tmp_path / "out"
+    checkpoint(out, 2, trainer_files(2))
+    write_logs(out)
+
+    def unreadable(self: Watcher) -> list[tuple[str, tuple[str, ...]]]:
+        raise PermissionError(13, "Permission denied", str(out / "runs"))
+
+    monkeypatch.setattr(Watcher, "_log_files", unreadable)
+    watcher = Watcher(
+        out,
+        parse_uri(store.uri(bucket, "ckpt")),
+        store.options(),
+        once=True,
+        logs=parse_uri(store.uri(bucket, "logs")),
+    )
+    assert watcher.run() == {"checkpoints": [2]}
+    assert store.keys(bucket, "logs/") == []
+    assert any("looking for the logs failed" in r.getMessage() for r in caplog.records)
