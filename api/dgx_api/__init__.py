@@ -6,6 +6,8 @@
   config, embedded as ``spec.trainer`` of a DGXTrainingJob and read by the trainer from a ConfigMap.
 - :mod:`dgx_api.progress`: progress lines, ``progress.json`` and the termination message that the
   operator copies into ``status.progress``.
+- :mod:`dgx_api.history`: the progress history (``history/*.jsonl``, every progress line of a run)
+  read back as one point per step, for loss curves.
 - :mod:`dgx_api.checkpoints`: which checkpoint directories are complete, for the trainer's resume
   and the data plane's uploader alike.
 

@@ -4,7 +4,9 @@
   ``kubedgx run --local`` turns into a progress bar and log collectors can parse;
 - ``progress.json`` in the output directory, rewritten atomically at each report;
 - on exit, a compact summary in the container's termination message (``/dev/termination-log``,
-  at most 4 KiB), which the operator copies into the job's ``status.progress``.
+  at most 4 KiB), which the operator copies into the job's ``status.progress``;
+- every line again in ``history/<segment>.jsonl`` under the output directory, the run's history
+  that outlives the pod (the datasync sidecar uploads it; :mod:`dgx_api.history` reads it back).
 
 Only the global rank 0 reports: the other ranks train the same steps.
 
@@ -19,19 +21,29 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import math
 import os
+import re
+import socket
 import sys
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Protocol, TextIO
+from typing import Any, Final, Protocol, TextIO
 
 #: The kubelet truncates termination messages beyond this.
 TERMINATION_LIMIT = 4096
 #: Marker a checkpoint directory gets once every file of it is written (see checkpoints.py).
 COMPLETE_MARKER = "kubedgx-complete.json"
+#: The output directory's folder of progress history files (one ``<segment>.jsonl`` per Reporter:
+#: see :meth:`Reporter.emit`). Defined here, beside the writer; :mod:`dgx_api.history` re-exports it.
+HISTORY_DIR: Final = "history"
+#: A segment's start, in its file name: sortable as text, and free of ``:`` (not in every file system).
+SEGMENT_TIME: Final = "%Y%m%dT%H%M%SZ"
+
+_LOG = logging.getLogger(__name__)
 
 
 def now_iso() -> str:
@@ -80,6 +92,15 @@ def parse_event(line: str) -> dict[str, Any] | None:
     except ValueError:
         return None
     return value if isinstance(value, dict) and "event" in value else None
+
+
+def segment_name(started: datetime, hostname: str) -> str:
+    """``<UTC start>-<hostname>``: the history file of one Reporter. The start makes a restart's
+    file a new one that sorts after the old (names sort by start), and the host keeps two nodes'
+    files apart even if they started the same second. A host name has only letters, digits, ``-``
+    and ``.``; anything else (it is only ever a file name here) becomes ``-``."""
+    host = re.sub(r"[^A-Za-z0-9.-]", "-", hostname).strip(".") or "localhost"
+    return f"{started.astimezone(UTC).strftime(SEGMENT_TIME)}-{host}"
 
 
 def clip_utf8(text: str, limit: int = TERMINATION_LIMIT) -> str:
@@ -185,11 +206,46 @@ class Reporter:
         #: evalLoss and evalStep of the last evaluation, carried by every later report: evaluations
         #: are rarer than progress lines, and the job's status must not lose the number between them.
         self._eval: dict[str, Any] = {}
+        #: This Reporter's history file, named at its first write (:meth:`_append_history`).
+        self.history_file: Path | None = None
+        self._history_warned = False
 
     def emit(self, event: str, payload: dict[str, Any]) -> None:
+        """One event: a JSON line on the stream and the same line appended to the history file."""
         if self.enabled:
-            self.stream.write(json.dumps(finite({"event": event, **payload}), default=str, allow_nan=False) + "\n")
+            line = json.dumps(finite({"event": event, **payload}), default=str, allow_nan=False) + "\n"
+            self.stream.write(line)
             self.stream.flush()
+            self._append_history(line)
+
+    def _append_history(self, line: str) -> None:
+        """``line`` at the end of ``<output_dir>/history/<segment>.jsonl``.
+
+        The segment (:func:`segment_name`) is fixed at the first write, so a restarted or resumed
+        run, on this node or another, writes a file of its own and never appends to a file that an
+        earlier run's sidecar may be uploading. Each line is opened, appended (``O_APPEND``: whole
+        lines, one write each) and closed: a reader or the uploader always sees whole lines, and no
+        descriptor is held for the life of training. A failure to write (a full or read-only disk)
+        is logged once and otherwise ignored: the history is a record of training, never a reason
+        for it to stop; the stdout line and progress.json are written regardless."""
+        try:
+            if self.history_file is None:
+                directory = self.output_dir / HISTORY_DIR
+                directory.mkdir(parents=True, exist_ok=True)
+                self.history_file = directory / f"{segment_name(datetime.now(UTC), socket.gethostname())}.jsonl"
+            data = line.encode("utf-8")
+            fd = os.open(self.history_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            if not self._history_warned:
+                self._history_warned = True
+                where = self.history_file or self.output_dir / HISTORY_DIR
+                _LOG.warning("cannot write the progress history %s (%s); training goes on without it", where, exc)
 
     def start(self, step: int, total: int) -> None:
         self._mark = (time.monotonic(), step, 0.0)

@@ -79,6 +79,7 @@ def cmd_push(args: argparse.Namespace) -> dict[str, Any]:
 def cmd_watch(args: argparse.Namespace) -> dict[str, Any]:
     dest = parse_uri(args.dest)
     archive = parse_uri(args.archive) if args.archive else None
+    logs = parse_uri(args.logs) if args.logs else None
     return watch(
         Path(args.dir),
         dest,
@@ -89,6 +90,7 @@ def cmd_watch(args: argparse.Namespace) -> dict[str, Any]:
         once=args.once,
         workers=args.workers,
         checkpoints=not args.no_checkpoints,
+        logs=logs,
     )
 
 
@@ -163,7 +165,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--archive", metavar="DEST2", help="upload the final model here once training succeeded")
     p.add_argument("--archive-format", choices=("files", "tar.gz"), default="files")
     p.add_argument("--once", action="store_true", help="one scan (and the archive if due), then exit")
-    p.add_argument("--no-checkpoints", action="store_true", help="upload no checkpoints, only the archive")
+    p.add_argument("--no-checkpoints", action="store_true", help="upload no checkpoints, only the archive (and --logs)")
+    p.add_argument(
+        "--logs",
+        metavar="DEST3",
+        help="also upload DIR/history/*.jsonl (the progress history) and DIR/runs/ (TensorBoard) here, as they change",
+    )
     p.set_defaults(func=cmd_watch)
 
     p = sub.add_parser("restore", parents=[common], help="bring back the newest complete remote checkpoint")

@@ -38,6 +38,16 @@ resumed from before as well. The skipped steps are not remembered as uploaded, s
 them again in the same directory uploads them then, oldest first: they are whole and older than
 the newest remote one, which ``restore`` keeps preferring.
 
+With ``logs`` (``--logs``), each scan, and the final pass of a stop or of a done archive, also
+uploads the run's logs: the progress history ``DIR/history/*.jsonl`` (the trainer appends to it,
+see :mod:`dgx_api.history`) to ``<logs>/history/<name>`` and TensorBoard's event files
+``DIR/runs/**`` to ``<logs>/runs/<path>``, each file whose size or modification time changed since
+this watcher last sent it, whole (they are small, and an object cannot be appended to). They come
+after the checkpoints of the pass, get one attempt each pass, and a failure is logged and tried
+again at the next scan: logs are a record of the run, never a reason to fail it or to keep a
+checkpoint waiting. What was sent is remembered in memory only, so a restarted sidecar sends each
+log file once more.
+
 What was uploaded is remembered in ``DIR/.kubedgx/uploaded.json`` (and a checkpoint whose marker is
 already remote counts as uploaded), so a restarted sidecar does not upload anything twice.
 
@@ -56,6 +66,7 @@ import logging
 import os
 import random
 import signal
+import stat
 import tarfile
 import threading
 import time
@@ -67,12 +78,12 @@ from types import FrameType
 from typing import Any, Final, Literal, TypeVar
 
 from dgx_api import checkpoints
-from dgx_api.progress import COMPLETE_MARKER
+from dgx_api.progress import COMPLETE_MARKER, HISTORY_DIR
 from dgx_datasync import beneath, local, sync
 from dgx_datasync.beneath import UnsafePathError
 from dgx_datasync.errors import SyncError, shown
 from dgx_datasync.logs import event
-from dgx_datasync.store import Location, Store, StoreOptions
+from dgx_datasync.store import MAX_KEY, Location, Store, StoreOptions
 
 T = TypeVar("T")
 
@@ -80,6 +91,8 @@ SUMMARY: Final = "summary.json"
 #: The trainer's summary is a few kilobytes; a file far larger is not one.
 SUMMARY_LIMIT: Final = 16 * 2**20
 ARTIFACTS: Final = ("adapter", "merged")
+#: TensorBoard's event files under the trainer's output (dgx_trainer.tracking).
+RUNS_DIR: Final = "runs"
 ArchiveFormat = Literal["files", "tar.gz"]
 
 
@@ -105,6 +118,8 @@ class Watcher:
     stop_attempts: int = 4
     #: The wait before the first retry after a stop request, doubling: seconds, not the usual minute.
     stop_retry_base: float = 1.0
+    #: Where the history and TensorBoard logs go (``--logs``); None: they are not uploaded.
+    logs: Location | None = None
 
     def __post_init__(self) -> None:
         self.stop = threading.Event()
@@ -115,6 +130,9 @@ class Watcher:
         self.state = local.load_uploaded(self.directory, self.dest.uri)
         self.store = Store(self.dest, self.options)
         self.archive_store = Store(self.archive, self.options) if self.archive is not None else None
+        self.logs_store = Store(self.logs, self.options) if self.logs is not None else None
+        #: (size, mtime_ns) of each log file (by its key below ``logs``) when it was last sent.
+        self.logs_sent: dict[str, tuple[int, int]] = {}
         # --once gives up on a store that stays unreachable; the sidecar retries for as long as it runs.
         self.max_attempts: int | None = 4 if self.once else None
 
@@ -164,6 +182,7 @@ class Watcher:
             f"watching {self.directory}",
             checkpoints=self.dest.uri if self.checkpoints else None,
             archive=self.archive.uri if self.archive else None,
+            logs=self.logs.uri if self.logs else None,
         )
         while True:
             self.scan()
@@ -172,11 +191,13 @@ class Watcher:
             stopping = self.stop.is_set()
             if stopping:
                 self.final_checkpoint()
+            self.upload_logs()  # after the checkpoints: a log never keeps one waiting
             summary = self.summary() if self.archive is not None else None
             if self.archive is not None and summary is not None:
                 if not self._archived():
                     archive = partial(self.do_archive, summary)
                     self._retrying(archive, f"archive to {self.archive.uri}", interruptible=False)
+                self.upload_logs()  # whatever the trainer wrote until it exited
                 event(logging.INFO, "training succeeded and the model is archived: done")
                 return self.result()
             if self.once or stopping:
@@ -396,6 +417,103 @@ class Watcher:
             objects = self.store.list(base)
             self.store.delete([base.child(o.key) for o in objects])
 
+    # -- logs --------------------------------------------------------------------------------------
+
+    def upload_logs(self) -> int:
+        """Send the log files that changed since this watcher last sent them (history first: it is
+        what a plot reads); how many were sent. A failure is logged and the file is tried again at
+        the next scan; a store that does not answer (a transient error) ends the pass, so that it
+        costs each scan one attempt, not one per file."""
+        if self.logs is None or self.logs_store is None:
+            return 0
+        try:
+            files = self._log_files()
+        except Exception as exc:  # an unreadable directory: the same as a failed upload
+            event(logging.WARNING, f"looking for the logs failed, trying again at the next scan: {exc}")
+            return 0
+        sent = 0
+        for key, parts in files:
+            target = self.logs.child(key)
+            path = self.directory.joinpath(*parts)
+            if len(target.prefix.encode("utf-8")) > MAX_KEY:
+                self._warn_once(
+                    path, f"not uploading {shown(path)}: its object key would be longer than {MAX_KEY} bytes"
+                )
+                continue
+            try:
+                sent += self._send_log(self.logs_store, target, key, parts)
+            except UnsafePathError as refused:  # a link or a FIFO: never read
+                self._warn_once(refused.path, f"not uploading {shown(refused.path)}: it is {refused.what}")
+            except Exception as exc:  # logs never fail the watcher, whatever the error
+                transient = isinstance(exc, SyncError) and exc.transient
+                error = exc.message if isinstance(exc, SyncError) else f"{type(exc).__name__}: {exc}"
+                event(
+                    logging.WARNING,
+                    f"uploading the logs failed, trying again at the next scan: {error}",
+                    file=key,
+                    destination=target.uri,
+                )
+                if transient:
+                    break
+        return sent
+
+    def _send_log(self, store: Store, target: Location, key: str, parts: tuple[str, ...]) -> bool:
+        """``DIR/parts...`` to ``target`` unless it is as this watcher last sent it. Its size and time
+        are those of the file opened, taken before the read: a line appended meanwhile changes
+        them, so the file is sent again at the next scan. The first upload of a file is logged."""
+        try:
+            fd = beneath.open_file(self.directory, parts)
+        except FileNotFoundError:
+            return False  # deleted since it was listed
+        try:
+            st = os.fstat(fd)
+            seen = (st.st_size, st.st_mtime_ns)
+            if self.logs_sent.get(key) == seen:
+                return False
+            store.upload(fd, target)
+        finally:
+            os.close(fd)
+        if key not in self.logs_sent:
+            event(logging.INFO, f"uploaded {key}", destination=target.uri, bytes=seen[0])
+        self.logs_sent[key] = seen
+        return True
+
+    def _log_files(self) -> list[tuple[str, tuple[str, ...]]]:
+        """(key below ``logs``, path parts below DIR) of ``history/*.jsonl`` and of every file under
+        ``runs/``, found without following a link: one is warned about once and left out."""
+        found: list[tuple[str, tuple[str, ...]]] = []
+        for top, deep in ((HISTORY_DIR, False), (RUNS_DIR, True)):
+            try:
+                fd = beneath.open_dir(self.directory, (top,))
+            except UnsafePathError as refused:
+                self._warn_once(refused.path, f"not uploading {shown(refused.path)}: it is {refused.what}")
+                continue
+            except OSError:
+                continue  # not there (yet), or not a directory: nothing to send
+            try:
+                # fwalk lists a link to a directory among the directories and does not enter it.
+                for folder, dirs, files, dir_fd in os.fwalk(".", dir_fd=fd):
+                    here = (top,) if folder == "." else (top, *folder[2:].split("/"))
+                    keep = []
+                    for name in sorted(dirs) if deep else []:
+                        why = _unusable(dir_fd, name)
+                        if why is None:
+                            keep.append(name)
+                        else:
+                            self._warn_once(self.directory.joinpath(*here, name), why)
+                    dirs[:] = keep
+                    for name in sorted(files):
+                        if not deep and not name.endswith(".jsonl"):
+                            continue
+                        why = _unusable(dir_fd, name)
+                        if why is None:
+                            found.append(("/".join((*here, name)), (*here, name)))
+                        else:
+                            self._warn_once(self.directory.joinpath(*here, name), why)
+            finally:
+                os.close(fd)
+        return found
+
     # -- archive -----------------------------------------------------------------------------------
 
     def _archived(self) -> bool:
@@ -493,6 +611,21 @@ class Watcher:
         return fd
 
 
+def _unusable(folder: int, name: str) -> str | None:
+    """Why the log file or folder ``name`` in ``folder`` is not uploaded (a warning), or None."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return f"not uploading {shown(name)}: its name is not UTF-8, and an object key is"
+    try:
+        mode = os.stat(name, dir_fd=folder, follow_symlinks=False).st_mode
+    except OSError:
+        return None  # gone: opening it will say so
+    if stat.S_ISLNK(mode):
+        return f"not uploading {shown(name)}: it is a symbolic link, and datasync uploads no links"
+    return None
+
+
 def watch(
     directory: Path,
     dest: Location,
@@ -504,6 +637,7 @@ def watch(
     once: bool = False,
     workers: int = sync.DEFAULT_WORKERS,
     checkpoints: bool = True,
+    logs: Location | None = None,
 ) -> dict[str, Any]:
     return Watcher(
         directory,
@@ -515,4 +649,5 @@ def watch(
         once=once,
         workers=workers,
         checkpoints=checkpoints,
+        logs=logs,
     ).run()

@@ -210,6 +210,7 @@ async def test_artifacts_are_listed_when_the_job_succeeds(
     assert sidecar["restartPolicy"] == "Always"
     assert sidecar["args"][:3] == ["watch", "/out/run", checkpoints]
     assert sidecar["args"][sidecar["args"].index("--archive") + 1] == f"s3://{bucket}/prefix/final/{run}"
+    assert sidecar["args"][sidecar["args"].index("--logs") + 1] == f"s3://{bucket}/prefix/{run}/logs"
     assert pod["spec"]["terminationGracePeriodSeconds"] == 900
     assert {v["name"]: v for v in pod["spec"]["volumes"]}["data-0"]["hostPath"]["path"].endswith(f"/ml/ckpt/{run}")
 

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from dgx_api import progress
+from dgx_api.history import HISTORY_DIR, read_dir
 from dgx_api.progress import TERMINATION_LIMIT, Reporter, finite, loads_finite, termination_message, write_atomic
 from tests.trainer.conftest import RESUME_CHANGES, Baseline
 
@@ -104,7 +105,7 @@ def test_progress_lines_and_progress_json(tmp_path: Path, clock: Clock) -> None:
     saved = json.loads((tmp_path / "progress.json").read_text(encoding="utf-8"))
     assert saved == r.last
     assert saved["samplesPerSecond"] == 40.0
-    assert [p.name for p in tmp_path.iterdir()] == ["progress.json"]  # no temporary file left behind
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["history", "progress.json"]  # no temporary file left behind
 
 
 def test_throughput_is_measured_between_reports(tmp_path: Path, clock: Clock) -> None:
@@ -248,6 +249,22 @@ def test_stdout_holds_only_the_contract_lines(baseline_run: Baseline) -> None:
         assert e["samplesPerSecond"] > 0
         assert e["tokensPerSecond"] > 0
     assert reports[-1]["epoch"] == pytest.approx(steps * 4 / 148, abs=1e-4)
+
+
+def test_the_history_holds_the_lines_of_stdout(baseline_run: Baseline) -> None:
+    """The run's one segment (one start, one host) holds exactly what stdout did, and reads back
+    as one point per step with the printed losses."""
+    result = baseline_run.result
+    [segment] = (baseline_run.output_dir / HISTORY_DIR).iterdir()
+    assert re.fullmatch(r"\d{8}T\d{6}Z-.+\.jsonl", segment.name), segment.name
+    text = segment.read_text(encoding="utf-8")
+    assert text.endswith("\n")
+    assert [json.loads(line) for line in text.splitlines()] == result.events
+    points = read_dir(baseline_run.output_dir)
+    reports = result.of("progress")
+    assert [(p.step, p.loss, p.learning_rate) for p in points] == [
+        (e["step"], e["loss"], e["learningRate"]) for e in reports
+    ]
 
 
 def test_summary_json_and_the_termination_message(baseline_run: Baseline) -> None:

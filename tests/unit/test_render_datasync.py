@@ -18,6 +18,7 @@ from dgx_operator.render.datasync import (
     checkpoint_uri,
     credentials,
     filter_args,
+    logs_uri,
     out_local_dir,
     run_dir,
     store_args,
@@ -108,6 +109,21 @@ def test_run_dir(name: str, uid: str, expected: str) -> None:
 def test_checkpoint_uri(source: str, expected: str) -> None:
     spec = DGXDataMountSpec.model_validate({"source": source, "direction": "Out"})
     assert checkpoint_uri(IDENT, spec) == expected
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ("s3://bucket/out", f"s3://bucket/out/{RUN}/logs"),
+        ("s3://bucket/out/", f"s3://bucket/out/{RUN}/logs"),
+        ("s3://bucket", f"s3://bucket/{RUN}/logs"),
+        ("gs://bucket/a/b", f"gs://bucket/a/b/{RUN}/logs"),
+    ],
+)
+def test_logs_uri_is_beside_the_checkpoints(source: str, expected: str) -> None:
+    spec = DGXDataMountSpec.model_validate({"source": source, "direction": "Out"})
+    assert logs_uri(IDENT, spec) == expected
+    assert logs_uri(IDENT, spec).rsplit("/", 1)[0] == checkpoint_uri(IDENT, spec).rsplit("/", 1)[0]
 
 
 @pytest.mark.parametrize(
@@ -354,6 +370,8 @@ def test_out_mount_gets_a_restore_and_a_native_sidecar() -> None:
                 checkpoints,
                 "--interval",
                 "30",
+                "--logs",
+                f"s3://bucket/out/{RUN}/logs",
                 "--archive",
                 f"s3://bucket/out/final/{RUN}",
                 "--archive-format",
@@ -403,7 +421,10 @@ def test_out_mount_options(mount: dict[str, Any], names: list[str], watch_tail: 
     if watch_tail is None:
         assert sync_inits(pod) == []
         return
-    head = ["watch", "/out/run", f"s3://bucket/out/{RUN}/checkpoints", "--interval", "30"]
+    head = [
+        "watch", "/out/run", f"s3://bucket/out/{RUN}/checkpoints", "--interval", "30",
+        "--logs", f"s3://bucket/out/{RUN}/logs",
+    ]  # fmt: skip
     assert inits(pod)["checkpoints-0"]["args"] == [*head, *watch_tail, *COMMON]
 
 
@@ -482,6 +503,10 @@ def test_init_containers_run_pulls_then_restores_then_sidecars() -> None:
     ]
     assert inits(pod)["data-in-2"]["volumeMounts"][1]["name"] == "credentials-2"
     assert inits(pod)["checkpoints-3"]["args"][:3] == ["watch", "/logs", f"s3://bucket/logs/{RUN}/checkpoints"]
+    # Each sidecar sends the logs to its own mount, beside its checkpoints.
+    for name, source in (("checkpoints-0", "gs://ckpt/out"), ("checkpoints-3", "s3://bucket/logs")):
+        args = inits(pod)[name]["args"]
+        assert args[args.index("--logs") + 1] == f"{source}/{RUN}/logs"
 
 
 def test_every_worker_gets_the_same_sync_containers() -> None:

@@ -7,7 +7,8 @@ All of them run ``python -m dgx_datasync`` (the trainer image carries it; admins
 container, so every path in their arguments is the path the trainer sees.
 
 Remote layout of a direction: Out mount (docs/datamounts.md): checkpoints under
-``<source>/<job>-<uid8>/checkpoints/checkpoint-<step>/`` and the final model under
+``<source>/<job>-<uid8>/checkpoints/checkpoint-<step>/``, the run's logs (the progress history and
+TensorBoard's event files) under ``<source>/<job>-<uid8>/logs/`` and the final model under
 ``<source>/<archive.prefix>/<job>-<uid8>/``. The job's UID is part of the path so that a new job
 with an old name never resumes from, or overwrites, another run's files.
 """
@@ -60,7 +61,8 @@ def checkpoint_uri(job: JobIdentity, spec: DGXDataMountSpec) -> str:
 
 
 def logs_uri(job: JobIdentity, spec: DGXDataMountSpec) -> str:
-    """Where the checkpoint sidecar keeps the run's progress history and TensorBoard event files."""
+    """Where the sidecar uploads ``history/*.jsonl`` and ``runs/`` (``watch --logs``): beside the
+    checkpoints, so a job's curves are found from its name and UID, and outlive its pods."""
     return posixpath.join(spec.source.rstrip("/"), run_dir(job), "logs")
 
 
@@ -227,7 +229,8 @@ def sync_containers(
             volumes += extra
         if not (syncs_checkpoints(p.spec) or archives(p.spec)):
             continue
-        args = ["watch", directory, checkpoints, "--interval", f"{ctx.defaults.checkpoint_sync_interval:g}"]
+        interval = f"{ctx.defaults.checkpoint_sync_interval:g}"
+        args = ["watch", directory, checkpoints, "--interval", interval, "--logs", logs_uri(job, p.spec)]
         if not syncs_checkpoints(p.spec):
             args.append("--no-checkpoints")
         if archives(p.spec):
