@@ -156,13 +156,13 @@ def text(points: Sequence[Point], *, width: int = 80, height: int = 12) -> str:
         lo, hi = panel.ylim
         if lo == hi:
             lo, hi = _padded(lo, hi)
-        top, bottom = compact(panel.ylim[1]), compact(panel.ylim[0])
+        top, bottom = compact(hi), compact(lo)
         label_width = max(len(top), len(bottom))
         cells = max(10, width - label_width - 2)
         grid = [[" "] * cells for _ in range(height)]
 
-        def row(v: float, lo: float = lo, hi: float = hi) -> int:
-            return round((hi - v) / (hi - lo) * (height - 1))
+        def row(v: float, lo: float = lo, hi: float = hi, flat: bool = panel.ylim[0] == panel.ylim[1]) -> int:
+            return (height - 1) // 2 if flat else round((hi - v) / (hi - lo) * (height - 1))
 
         for series in panel.series:
             mark = "o" if series.markers else "*"
@@ -342,7 +342,8 @@ td.value { text-align: right; font-variant-numeric: tabular-nums; }
 
 def html(points: Sequence[Point], *, title: str) -> str:
     """One self-contained page: an inline SVG per panel and a table of the last values. No script,
-    no font, no style sheet or image from elsewhere: it opens offline and from an email."""
+    no font, no style sheet or image from elsewhere: it opens offline and from an email. Well-formed
+    XML after its doctype line, so a test (or a tool) can read it with any XML parser."""
     drawn = panels(points)
     xlim = _xlim(drawn)
     esc = _html.escape
@@ -353,7 +354,7 @@ def html(points: Sequence[Point], *, title: str) -> str:
     )
     return (
         "<!DOCTYPE html>\n"
-        '<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+        '<html lang="en">\n<head>\n<meta charset="utf-8"/>\n'
         f"<title>{esc(title)}</title>\n<style>{_STYLE}</style>\n</head>\n<body>\n"
         f"<h1>{esc(title)}</h1>\n" + "\n".join(figures) + "\n"
         '<table class="last">\n<caption>last values</caption>\n' + rows + "\n</table>\n</body>\n</html>\n"
@@ -446,7 +447,7 @@ def png(points: Sequence[Point], path: Path, *, title: str) -> dict[str, Any]:
         "title": labelled(suptitle),
         "panels": [],
     }
-    for ax, panel in zip(axes, drawn, strict=True):
+    for i, (ax, panel) in enumerate(zip(axes, drawn, strict=True)):
         legend = ax.get_legend()
         ylo, yhi = ax.get_ylim()
         series_layout = []
@@ -467,7 +468,7 @@ def png(points: Sequence[Point], path: Path, *, title: str) -> dict[str, Any]:
                 "xlim": list(ax.get_xlim()),
                 "ylim": [ylo, yhi],
                 "ylabel": labelled(ax.yaxis.label),
-                "xlabel": labelled(xlabel) if xlabel is not None and xlabel.axes is ax else None,
+                "xlabel": labelled(xlabel) if xlabel is not None and i == len(drawn) - 1 else None,
                 "xticks": ticks(ax.get_xticks(), ax.get_xticklabels(), *ax.get_xlim()),
                 "yticks": ticks(ax.get_yticks(), ax.get_yticklabels(), ylo, yhi),
                 "legend": [labelled(t) for t in legend.get_texts()] if legend is not None else [],
