@@ -466,3 +466,21 @@ def test_run_local_draws_the_loss_next_to_the_summary(tmp_path: Path, monkeypatc
     assert local.write_pictures(run_lines(), tmp_path / "b", title="t") == [tmp_path / "b" / "loss.html"]
     assert local.write_pictures(["just output", '{"event": "start", "step": 0}'], tmp_path / "c", title="t") == []
     assert not (tmp_path / "c").exists()
+
+
+def test_ticks_are_round_and_their_labels_tell_them_apart() -> None:
+    assert plot.nice_ticks(-0.5, 3.5, 8, integer=True) == [0, 1, 2, 3]  # steps: never 2.5
+    assert plot.nice_ticks(0.65, 2.45, 6) == [1.0, 1.5, 2.0]
+    assert plot.tick_labels([4.5e-5, 4.75e-5, 5e-5, 5.25e-5]) == ["4.50e-05", "4.75e-05", "5.00e-05", "5.25e-05"]
+    assert plot.tick_labels([0, 5e-5, 1e-4]) == ["0", "5.0e-05", "1.0e-04"]
+    assert plot.tick_labels([1000, 1100, 1200]) == ["1000", "1100", "1200"]
+    assert plot.tick_labels([0.5, 0.75, 1.0]) == ["0.50", "0.75", "1.00"]
+
+
+def test_text_wraps_its_header_between_items() -> None:
+    points = [
+        Point(step=s, total_steps=150, loss=2.5 - s / 100, learning_rate=5e-5, samples_per_second=3.25)
+        for s in (10, 20)
+    ]
+    header = plot.text(points, width=44).split("\n\n")[0].splitlines()
+    assert header == ["step 20/150  loss 2.300  learning rate 5e-05", "samples/s 3.250"]

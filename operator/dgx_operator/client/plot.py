@@ -151,7 +151,13 @@ def text(points: Sequence[Point], *, width: int = 80, height: int = 12) -> str:
     drawn = panels(points)
     height = max(3, height)
     xlo, xhi = _xlim(drawn, pad=0)
-    lines = ["  ".join(f"{name} {value}" for name, value in _summary(points, drawn))[:width]]
+    lines = [""]
+    for item in (f"{name} {value}" for name, value in _summary(points, drawn)):  # wrapped between items
+        joined = f"{lines[-1]}  {item}" if lines[-1] else item
+        if len(joined) <= width or not lines[-1]:
+            lines[-1] = joined[:width]
+        else:
+            lines.append(item[:width])
     for panel in drawn:
         lo, hi = panel.ylim
         if lo == hi:
@@ -195,13 +201,16 @@ def text(points: Sequence[Point], *, width: int = 80, height: int = 12) -> str:
 # -- SVG and HTML -----------------------------------------------------------------------------------
 
 
-def nice_ticks(lo: float, hi: float, count: int = 5) -> list[float]:
-    """Round values (1, 2, 2.5 or 5 times a power of ten apart) between lo and hi, about ``count``."""
+def nice_ticks(lo: float, hi: float, count: int = 5, *, integer: bool = False) -> list[float]:
+    """Round values (1, 2, 2.5 or 5 times a power of ten apart) between lo and hi, about ``count``;
+    whole numbers only with ``integer`` (steps)."""
     if hi <= lo:
         return [lo]
     raw = (hi - lo) / max(1, count - 1)
+    if integer:
+        raw = max(raw, 1.0)
     power = 10 ** math.floor(math.log10(raw))
-    step = next(m * power for m in (1, 2, 2.5, 5, 10) if m * power >= raw)
+    step = next(m * power for m in (1, 2, 2.5, 5, 10) if m * power >= raw and (not integer or (m * power) % 1 == 0))
     first = math.ceil(lo / step - 1e-9)
     ticks = []
     k = first
@@ -218,7 +227,8 @@ def tick_labels(ticks: Sequence[float]) -> list[str]:
     step = min(abs(b - a) for a, b in itertools.pairwise(ticks)) or 1.0
     big = max(abs(t) for t in ticks)
     if big and (big < 1e-2 or big >= 1e6):
-        digits = max(0, math.floor(math.log10(big)) - math.floor(math.log10(step) + 1e-9))
+        mantissa_step = step / 10 ** math.floor(math.log10(big))  # 2.5e-06 against 5.5e-05: 0.25, two digits
+        digits = next((d for d in range(10) if abs(round(mantissa_step, d) - mantissa_step) < mantissa_step * 1e-6), 10)
         return ["0" if t == 0 else f"{t:.{digits}e}" for t in ticks]
     decimals = next((d for d in range(10) if abs(round(step, d) - step) < step * 1e-6), 10)
     return [f"{t:.{decimals}f}" for t in ticks]
@@ -257,13 +267,13 @@ def panel_svg(panel: Panel, xlim: tuple[float, float], *, x: float = 0, y: float
         f'data-xlim="{xlo!r} {xhi!r}" data-ylim="{ylo!r} {yhi!r}" font-family="sans-serif" font-size="12">',
         f'<rect x="0" y="0" width="{SVG_WIDTH}" height="{SVG_HEIGHT}" fill="#ffffff"/>',
     ]
-    xticks = [t for t in nice_ticks(xlo, xhi, 8) if xlo <= t <= xhi]
+    xticks = [t for t in nice_ticks(xlo, xhi, 8, integer=True) if xlo <= t <= xhi]
     for t, label in zip(xticks, tick_labels(xticks), strict=True):
         px = scale(t, xlo, xhi, left, right)
         parts.append(f'<line class="grid" x1="{_f(px)}" y1="{top}" x2="{_f(px)}" y2="{base}" stroke="#e5e5e5"/>')
         parts.append(f'<line x1="{_f(px)}" y1="{base}" x2="{_f(px)}" y2="{base + 5}" stroke="#333333"/>')
         parts.append(f'<text class="tick-x" x="{_f(px)}" y="{base + 18}" text-anchor="middle">{esc(label)}</text>')
-    yticks = [t for t in nice_ticks(ylo, yhi, 5) if ylo <= t <= yhi]
+    yticks = [t for t in nice_ticks(ylo, yhi, 6) if ylo <= t <= yhi]
     for t, label in zip(yticks, tick_labels(yticks), strict=True):
         py = scale(t, ylo, yhi, base, top)
         parts.append(f'<line class="grid" x1="{left}" y1="{_f(py)}" x2="{right}" y2="{_f(py)}" stroke="#e5e5e5"/>')
@@ -386,7 +396,7 @@ def png(points: Sequence[Point], path: Path, *, title: str) -> dict[str, Any]:
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
-        from matplotlib.ticker import Formatter
+        from matplotlib.ticker import Formatter, MaxNLocator
     except ImportError as exc:
         raise _missing_matplotlib() from exc
 
@@ -412,8 +422,9 @@ def png(points: Sequence[Point], path: Path, *, title: str) -> dict[str, Any]:
             if series.markers:  # under the loss line, which stays visible across it
                 ax.plot(xs, ys, color=series.colour, linestyle="--", linewidth=1, marker="o", markersize=6,
                         label=series.name, zorder=2)  # fmt: skip
-            else:
-                ax.plot(xs, ys, color=series.colour, linewidth=1.6, label=series.name, zorder=3)
+            else:  # a few reports: each one marked, so that a straight line is not mistaken for many
+                ax.plot(xs, ys, color=series.colour, linewidth=1.6, label=series.name, zorder=3,
+                        marker="o" if len(xs) <= 40 else None, markersize=3)  # fmt: skip
         ax.set_xlim(*xlim)
         ax.set_ylim(*_padded(*panel.ylim))
         ax.set_ylabel(panel.ylabel)
@@ -422,6 +433,7 @@ def png(points: Sequence[Point], path: Path, *, title: str) -> dict[str, Any]:
         ax.tick_params(labelbottom=True)
         ax.yaxis.set_major_formatter(Labels())
         ax.xaxis.set_major_formatter(Labels())
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True, steps=[1, 2, 5, 10]))  # steps are whole numbers
         # Above the axes, right: a legend never hides a point of the curve.
         ax.legend(loc="lower right", bbox_to_anchor=(1.0, 1.0), ncols=len(panel.series), frameon=False,
                   fontsize=9, borderaxespad=0.2)  # fmt: skip
