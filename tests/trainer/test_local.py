@@ -3,6 +3,7 @@ plan (processes, restarts, command, environment) without running anything."""
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import json
 import os
@@ -71,6 +72,11 @@ def test_quickstart_runs_end_to_end(tmp_path: Path, kubedgx_cache: Path) -> None
     ), result.stdout
     assert f"adapter: {out / 'adapter'}" in result.stdout
     assert '{"event"' not in result.stdout
+    # The loss curve next to summary.json (tests/unit/test_plot.py looks at the pictures themselves).
+    pictures = [out / "loss.html"] + ([out / "loss.png"] if importlib.util.find_spec("matplotlib") else [])
+    assert f"loss curve: {', '.join(map(str, pictures))}" in result.stdout
+    assert all(p.stat().st_size > 0 for p in pictures)
+    assert 'data-series="loss"' in (out / "loss.html").read_text(encoding="utf-8")
     assert f"kubedgx: running quickstart locally with 1 process(es) on the CPU; outputs in {out}" in result.stderr
     assert not (tmp_path / "kubedgx-runs").exists()
 

@@ -4,8 +4,9 @@ The same trainer the image runs: ``python -m dgx_trainer launch`` checks the con
 and memory once, then execs ``torch.distributed.run`` as a one-node job: the job's processes per
 node, capped to the GPUs (or CPU cores) present, and its torchrun restart budget. Relative paths in
 the manifest resolve against the manifest's directory; outputs go to ``./kubedgx-runs/<job>`` (or
-``--output``). No torch import here: the operator package must stay without it, so torch is only
-ever in the child process.
+``--output``), and after the run its loss curve (``loss.html``, and ``loss.png`` with matplotlib)
+next to ``summary.json``. No torch import here: the operator package must stay without it, so torch
+is only ever in the child process.
 """
 
 from __future__ import annotations
@@ -22,9 +23,11 @@ from typing import Any, TextIO
 
 import yaml
 
+from dgx_api.history import parse_lines
 from dgx_api.progress import parse_event
 from dgx_operator.api import DGXTrainingJob
 from dgx_operator.catalog import Catalog
+from dgx_operator.client import plot
 from dgx_operator.render.resolved import resolve
 
 
@@ -132,6 +135,18 @@ def _bar(report: dict[str, Any], width: int = 30) -> str:
     return "  ".join(parts)
 
 
+def write_pictures(lines: Sequence[str], output_dir: Path, *, title: str) -> list[Path]:
+    """The run's loss curve from its progress lines: ``loss.html`` always, ``loss.png`` when
+    matplotlib is importable (the ``plot`` extra); none without a progress report. Returns what it wrote."""
+    points = parse_lines(lines)
+    if not points:
+        return []
+    written = [plot.write(points, output_dir / "loss.html", title=title)]
+    if importlib.util.find_spec("matplotlib") is not None:
+        written.append(plot.write(points, output_dir / "loss.png", title=title))
+    return written
+
+
 def execute(p: LocalPlan, out: TextIO, err: TextIO) -> int:
     """Start torchrun, draw the trainer's progress lines as a bar, print the summary."""
     if any(importlib.util.find_spec(m) is None for m in ("torch", "trl", "dgx_trainer")):
@@ -149,6 +164,7 @@ def execute(p: LocalPlan, out: TextIO, err: TextIO) -> int:
     print(f"kubedgx: running {p.job.metadata.name} locally with {device}; outputs in {p.output_dir}", file=err)
     started = time.monotonic()
     summary: dict[str, Any] | None = None
+    events: list[str] = []  # the progress and eval lines, for the pictures
     tty = out.isatty()
     proc = subprocess.Popen(p.command, env=p.env, stdout=subprocess.PIPE, text=True, bufsize=1)
     assert proc.stdout is not None
@@ -157,6 +173,8 @@ def execute(p: LocalPlan, out: TextIO, err: TextIO) -> int:
         if record is None:
             out.write(line)
             continue
+        if record.get("event") in ("progress", "eval"):
+            events.append(line)
         if record.get("event") == "progress":
             text = _bar(record)
             out.write(("\r" + text) if tty else (text + "\n"))
@@ -166,8 +184,16 @@ def execute(p: LocalPlan, out: TextIO, err: TextIO) -> int:
     code = proc.wait()
     if tty:
         out.write("\n")
+    # Drawn whatever the exit: a diverged loss is what one wants to look at after a failure.
+    try:
+        pictures = write_pictures(events, p.output_dir, title=f"{p.job.metadata.name} (kubedgx run --local)")
+    except (plot.PlotError, OSError) as exc:  # the run is over: a picture that cannot be drawn only warns
+        pictures = []
+        print(f"kubedgx: no loss curve drawn: {exc}", file=err)
     if code != 0:
         print(f"kubedgx: the trainer exited with code {code} after {time.monotonic() - started:.0f}s", file=err)
+        if pictures:
+            print(f"kubedgx: loss curve: {', '.join(map(str, pictures))}", file=err)
         return code
     if summary is not None:
         first, last = summary.get("firstLoss"), summary.get("loss")
@@ -181,6 +207,8 @@ def execute(p: LocalPlan, out: TextIO, err: TextIO) -> int:
         )
         print(f"adapter: {summary.get('adapter')}", file=out)
         print(f"summary: {p.output_dir / 'summary.json'}", file=out)
+    if pictures:
+        print(f"loss curve: {', '.join(map(str, pictures))}", file=out)
     return 0
 
 
