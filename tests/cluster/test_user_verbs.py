@@ -14,7 +14,6 @@ import shutil
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +21,7 @@ import pytest
 import yaml
 
 from dgx_operator.cli.main import main
-from dgx_operator.client import Client, JobFailedError, JobNotFoundError, SubmitError, WaitTimeoutError
-from dgx_operator.client import kubeclient
+from dgx_operator.client import Client, JobFailedError, JobNotFoundError, SubmitError, WaitTimeoutError, kubeclient
 from tests.cluster.controlplane import EXIT_CODE_LABEL, MESSAGE_ANNOTATION, ControlPlane
 from tests.cluster.operator import Operator
 from tests.e2e.jobs import command_job, phase_is, running_with, wait_job, worker_pods
@@ -35,7 +33,8 @@ TIMEOUT = 60
 def run(k: Kubectl, *argv: str, stdin: str = "") -> tuple[int, str, str]:
     """``kubedgx ARGV -n <the test's namespace>`` in this process, with the test's kubeconfig."""
     out, err = io.StringIO(), io.StringIO()
-    assert k.kubeconfig and k.namespace
+    assert k.kubeconfig
+    assert k.namespace
     code = main(
         [*argv, "--kubeconfig", k.kubeconfig, "--context", k.context, "-n", k.namespace],
         out=out,
@@ -85,20 +84,26 @@ def table(text: str) -> list[dict[str, str]]:
 # -- submit ------------------------------------------------------------------------------------------
 
 
-def test_submit_creates_the_job_and_says_how_to_follow_it(operator: Operator, namespace: Kubectl, tmp_path: Path) -> None:  # fmt: skip
+def test_submit_creates_the_job_and_says_how_to_follow_it(
+    operator: Operator, namespace: Kubectl, tmp_path: Path
+) -> None:
     path = write(tmp_path, "job.yaml", command_job("sub"))
     code, out, err = run(namespace, "submit", str(path))
     assert code == 0, err
     assert out.strip() == "dgxtrainingjob/sub created"
-    assert "kubedgx logs -f sub" in err and "kubedgx wait sub" in err
+    assert "kubedgx logs -f sub" in err
+    assert "kubedgx wait sub" in err
     stored = namespace.get(JOBS, "sub")
-    assert stored is not None and dig(stored, "spec", "instance") == command_job("sub")["spec"]["instance"]
+    assert stored is not None
+    assert dig(stored, "spec", "instance") == command_job("sub")["spec"]["instance"]
     wait_job(namespace, "sub", "Running", running_with(1), timeout=TIMEOUT)
 
     # The same name again: one line naming the way out, nothing changed.
     code, out, err = run(namespace, "submit", str(path))
-    assert code == 1 and out == ""
-    assert "dgxtrainingjob " in err and "exists already" in err and "generateName" in err, err
+    assert code == 1
+    assert out == ""
+    assert "exists already" in err, err
+    assert "generateName" in err, err
     assert "Traceback" not in err
 
     # generateName makes each submission a new run.
@@ -107,10 +112,11 @@ def test_submit_creates_the_job_and_says_how_to_follow_it(operator: Operator, na
     code, out, err = run(namespace, "submit", "-", stdin=yaml.safe_dump(job))
     assert code == 0, err
     created = out.strip().removeprefix("dgxtrainingjob/").removesuffix(" created")
-    assert created.startswith("sweep-") and namespace.get(JOBS, created) is not None
+    assert created.startswith("sweep-")
+    assert namespace.get(JOBS, created) is not None
 
 
-def test_a_refused_document_creates_nothing_of_the_file(operator: Operator, namespace: Kubectl, tmp_path: Path) -> None:  # fmt: skip
+def test_a_refused_document_creates_nothing_of_the_file(operator: Operator, namespace: Kubectl, tmp_path: Path) -> None:
     """The server dry run of every document comes first: the webhook refuses the job (its message
     names the field) and the DGXDataMount in the same file is not created either."""
     mount = {
@@ -122,8 +128,10 @@ def test_a_refused_document_creates_nothing_of_the_file(operator: Operator, name
     bad = command_job("bad")
     bad["spec"]["instance"] = "dgxz900.1g.8.norm"
     code, out, err = run(namespace, "submit", str(write(tmp_path, "bad.yaml", mount, bad)))
-    assert code == 1 and out == ""
-    assert "spec.instance" in err and "dgxz900.1g.8.norm" in err, err
+    assert code == 1
+    assert out == ""
+    assert "spec.instance" in err, err
+    assert "dgxz900.1g.8.norm" in err, err
     assert namespace.get("dgxdatamounts", "corpus") is None
     assert namespace.get(JOBS, "bad") is None
 
@@ -132,7 +140,8 @@ def test_a_refused_document_creates_nothing_of_the_file(operator: Operator, name
     good["spec"]["dataMounts"] = [{"name": "corpus", "mountPath": "/data"}]
     path = write(tmp_path, "good.yaml", good, mount)
     code, out, _ = run(namespace, "submit", "--dry-run", str(path))
-    assert code == 0 and "(server dry run)" in out
+    assert code == 0
+    assert "(server dry run)" in out
     assert namespace.get(JOBS, "good") is None
     code, out, err = run(namespace, "submit", str(path))
     assert code == 0, err
@@ -145,21 +154,27 @@ def test_a_refused_document_creates_nothing_of_the_file(operator: Operator, name
     assert out.splitlines() == ["dgxdatamount/corpus kept", "dgxtrainingjob/good2 created"]
 
 
-def test_submit_refuses_other_kinds_and_unreadable_files(operator: Operator, namespace: Kubectl, tmp_path: Path) -> None:  # fmt: skip
+def test_submit_refuses_other_kinds_and_unreadable_files(
+    operator: Operator, namespace: Kubectl, tmp_path: Path
+) -> None:
     cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}}
     code, _, err = run(namespace, "submit", str(write(tmp_path, "cm.yaml", cm)))
-    assert code == 1 and "ConfigMap (v1): submit takes DGXTrainingJob and DGXDataMount" in err
+    assert code == 1
+    assert "ConfigMap (v1): submit takes DGXTrainingJob and DGXDataMount" in err
     code, _, err = run(namespace, "submit", str(tmp_path / "missing.yaml"))
-    assert code == 1 and "missing.yaml: cannot read" in err
+    assert code == 1
+    assert "missing.yaml: cannot read" in err
     (tmp_path / "broken.yaml").write_text("kind: [\n", encoding="utf-8")
     code, _, err = run(namespace, "submit", str(tmp_path / "broken.yaml"))
-    assert code == 1 and "broken.yaml" in err and "Traceback" not in err
+    assert code == 1
+    assert "broken.yaml" in err
+    assert "Traceback" not in err
 
 
 # -- list, describe ----------------------------------------------------------------------------------
 
 
-def test_list_and_describe_show_progress_workers_conditions_and_events(operator: Operator, namespace: Kubectl) -> None:  # fmt: skip
+def test_list_and_describe_show_progress_workers_conditions_and_events(operator: Operator, namespace: Kubectl) -> None:
     namespace.apply(command_job("seen", min_nodes=2, max_nodes=2))
     wait_job(namespace, "seen", "2/2 Running", running_with(2), timeout=TIMEOUT)
     pod = worker0(namespace, "seen")
@@ -170,8 +185,15 @@ def test_list_and_describe_show_progress_workers_conditions_and_events(operator:
     assert code == 0, err
     rows = {r["NAME"]: r for r in table(out)}
     row = rows["seen"]
-    assert (row["PHASE"], row["NODES"], row["STEP"], row["LOSS"], row["RESTARTS"]) == ("Running", "2/2", "40/100", "1.2345", "0")  # fmt: skip
-    assert row["ETA"] != "" and row["AGE"] != ""
+    assert (row["PHASE"], row["NODES"], row["STEP"], row["LOSS"], row["RESTARTS"]) == (
+        "Running",
+        "2/2",
+        "40/100",
+        "1.2345",
+        "0",
+    )
+    assert row["ETA"] != ""
+    assert row["AGE"] != ""
     code, out, _ = run(namespace, "list", "-o", "json")
     listed = json.loads(out)
     assert [i["metadata"]["name"] for i in listed["items"]] == ["seen"]
@@ -186,7 +208,8 @@ def test_list_and_describe_show_progress_workers_conditions_and_events(operator:
     workers = out.split("Workers:")[1].split("Events:")[0]
     pods = {p["metadata"]["name"]: dig(p, "spec", "nodeName") for p in worker_pods(namespace, "seen")}
     for name, node in pods.items():
-        assert name in workers and node in workers, workers
+        assert name in workers, workers
+        assert node in workers, workers
     assert "Running" in out.split("Conditions:")[1]
     events = out.split("Events:")[1]
     assert f"pod/{pod}" in events or "dgxtrainingjob/seen" in events, out
@@ -197,7 +220,8 @@ def test_list_and_describe_show_progress_workers_conditions_and_events(operator:
     assert body["job"]["status"]["progress"]["step"] == 40
 
     code, _, err = run(namespace, "describe", "nosuch")
-    assert code == 1 and "no DGXTrainingJob 'nosuch'" in err
+    assert code == 1
+    assert "no DGXTrainingJob 'nosuch'" in err
 
 
 def test_describe_shows_the_diagnosis_of_a_failed_job(operator: Operator, namespace: Kubectl) -> None:
@@ -211,7 +235,9 @@ def test_describe_shows_the_diagnosis_of_a_failed_job(operator: Operator, namesp
     assert code == 0
     failed = [line for line in out.split("Conditions:")[1].splitlines() if line.strip().startswith("Failed")]
     stored = next(c for c in dig(namespace.get(JOBS, "oom"), "status", "conditions") if c["type"] == "Failed")
-    assert failed and stored["reason"] in failed[0] and stored["message"][:60] in failed[0], (failed, stored)
+    assert failed, out
+    assert stored["reason"] in failed[0], (failed, stored)
+    assert stored["message"][:60] in failed[0], (failed, stored)
 
 
 # -- wait ------------------------------------------------------------------------------------------------
@@ -224,7 +250,9 @@ def _waiting(k: Kubectl, *argv: str) -> tuple[threading.Thread, list[tuple[int, 
     return thread, result
 
 
-def test_wait_exits_0_on_success_1_with_the_reason_on_failure_3_on_timeout(operator: Operator, namespace: Kubectl) -> None:  # fmt: skip
+def test_wait_exits_0_on_success_1_with_the_reason_on_failure_3_on_timeout(
+    operator: Operator, namespace: Kubectl
+) -> None:
     namespace.apply(command_job("ok"))
     failing = command_job("ko")
     failing["spec"]["restartPolicy"] = "Never"
@@ -233,24 +261,30 @@ def test_wait_exits_0_on_success_1_with_the_reason_on_failure_3_on_timeout(opera
     wait_job(namespace, "ko", "Running", running_with(1), timeout=TIMEOUT)
 
     code, _, err = run(namespace, "wait", "ok", "--timeout", "1")
-    assert code == 3 and "has not ended after 1s" in err
+    assert code == 3
+    assert "has not ended after 1s" in err
 
     ok, ok_result = _waiting(namespace, "wait", "ok")
     ko, ko_result = _waiting(namespace, "wait", "ko")
-    exit_worker(namespace, worker0(namespace, "ok"), 0, {"status": "Succeeded", "progress": {"step": 7, "totalSteps": 7}})  # fmt: skip
+    exit_worker(
+        namespace, worker0(namespace, "ok"), 0, {"status": "Succeeded", "progress": {"step": 7, "totalSteps": 7}}
+    )
     exit_worker(namespace, worker0(namespace, "ko"), 3, "boom: the program gave up")
     ok.join(TIMEOUT)
     ko.join(TIMEOUT)
-    assert ok_result and ko_result, "wait did not return once the jobs ended"
+    assert ok_result, "wait did not return once the job succeeded"
+    assert ko_result, "wait did not return once the job failed"
     code, out, err = ok_result[0]
-    assert code == 0 and out.startswith("ok: Succeeded"), (out, err)
+    assert code == 0, (out, err)
+    assert out.startswith("ok: Succeeded"), (out, err)
     code, out, err = ko_result[0]
     stored = next(c for c in dig(namespace.get(JOBS, "ko"), "status", "conditions") if c["type"] == "Failed")
     assert code == 1, (out, err)
     assert err.strip() == f"ko: Failed ({stored['reason']}): {stored['message']}"
 
     code, _, err = run(namespace, "wait", "nosuch")
-    assert code == 2 and "no DGXTrainingJob 'nosuch'" in err
+    assert code == 2
+    assert "no DGXTrainingJob 'nosuch'" in err
 
 
 # -- cancel ----------------------------------------------------------------------------------------------
@@ -266,16 +300,18 @@ def test_cancel_deletes_the_job_and_its_workers(operator: Operator, namespace: K
     assert namespace.get(JOBS, "bye") is None
     wait_for("workers gone", lambda: not worker_pods(namespace, "bye"), timeout=TIMEOUT, interval=0.5)
     code, _, err = run(namespace, "cancel", "bye")
-    assert code == 1 and "no DGXTrainingJob 'bye'" in err
+    assert code == 1
+    assert "no DGXTrainingJob 'bye'" in err
 
 
 # -- the Python client -----------------------------------------------------------------------------------
 
 
-def test_the_python_client_submits_follows_and_raises_the_jobs_reason(operator: Operator, namespace: Kubectl) -> None:  # fmt: skip
+def test_the_python_client_submits_follows_and_raises_the_jobs_reason(operator: Operator, namespace: Kubectl) -> None:
     kd = client(namespace)
     job = kd.submit(command_job("nb"))
-    assert job.metadata.name == "nb" and job.metadata.uid
+    assert job.metadata.name == "nb"
+    assert job.metadata.uid
     assert job.spec.instance == command_job("nb")["spec"]["instance"]
     with pytest.raises(SubmitError, match="exists already"):
         kd.submit(command_job("nb"))
@@ -283,7 +319,8 @@ def test_the_python_client_submits_follows_and_raises_the_jobs_reason(operator: 
     report(namespace, worker0(namespace, "nb"), {"step": 3, "totalSteps": 9, "loss": 2.5})
     wait_for("progress", lambda: (p := kd.progress("nb")) is not None and p.step == 3, timeout=TIMEOUT, interval=0.5)
     progress = kd.progress("nb")
-    assert progress is not None and (progress.total_steps, progress.loss) == (9, 2.5)
+    assert progress is not None
+    assert (progress.total_steps, progress.loss) == (9, 2.5)
     assert [j.metadata.name for j in kd.list_jobs()] == ["nb"]
     assert [w.rank for w in kd.workers("nb")] == [0]
     with pytest.raises(WaitTimeoutError):
@@ -305,7 +342,8 @@ def test_the_python_client_submits_follows_and_raises_the_jobs_reason(operator: 
     failure = done[0]
     stored = next(c for c in dig(namespace.get(JOBS, "nb"), "status", "conditions") if c["type"] == "Failed")
     assert (failure.reason, failure.message) == (stored["reason"], stored["message"])
-    assert failure.job is not None and failure.job.status.phase == "Failed"
+    assert failure.job is not None
+    assert failure.job.status.phase == "Failed"
 
     kd.cancel("nb", wait=True, timeout=TIMEOUT)
     with pytest.raises(JobNotFoundError):
@@ -316,7 +354,8 @@ def test_the_client_reads_the_kubeconfig_as_kubectl_does(
     control_plane: ControlPlane, namespace: Kubectl, tmp_path: Path
 ) -> None:
     """KUBECONFIG and the context's namespace, as kubectl: no flag needed."""
-    assert namespace.kubeconfig and namespace.namespace
+    assert namespace.kubeconfig
+    assert namespace.namespace
     config = yaml.safe_load(Path(namespace.kubeconfig).read_text(encoding="utf-8"))
     for ctx in config["contexts"]:
         if ctx["name"] == namespace.context:
@@ -333,7 +372,7 @@ def test_the_client_reads_the_kubeconfig_as_kubectl_does(
 
 
 @pytest.fixture
-def plugin_path(control_plane: ControlPlane, tmp_path: Path) -> Iterator[str]:
+def plugin_path(control_plane: ControlPlane, tmp_path: Path) -> str:
     """A PATH holding the real kubectl and the ``kubectl-dgx`` executable pip installed (the console
     script of pyproject.toml); without it installed, a shim running the same entry point."""
     bin_dir = tmp_path / "bin"
@@ -344,13 +383,17 @@ def plugin_path(control_plane: ControlPlane, tmp_path: Path) -> Iterator[str]:
         (bin_dir / "kubectl-dgx").symlink_to(installed)
     else:
         shim = bin_dir / "kubectl-dgx"
-        shim.write_text(f"#!{sys.executable}\nfrom dgx_operator.cli.main import kubectl_main\nraise SystemExit(kubectl_main())\n")  # fmt: skip
+        entry = "from dgx_operator.cli.main import kubectl_main\nraise SystemExit(kubectl_main())\n"
+        shim.write_text(f"#!{sys.executable}\n{entry}")
         shim.chmod(0o755)
-    yield f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"
+    return f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"
 
 
-def test_kubectl_finds_the_dgx_plugin_and_runs_its_verbs(operator: Operator, namespace: Kubectl, plugin_path: str) -> None:  # fmt: skip
-    assert namespace.kubeconfig and namespace.namespace
+def test_kubectl_finds_the_dgx_plugin_and_runs_its_verbs(
+    operator: Operator, namespace: Kubectl, plugin_path: str
+) -> None:
+    assert namespace.kubeconfig
+    assert namespace.namespace
     env = {**os.environ, "PATH": plugin_path, "KUBECONFIG": namespace.kubeconfig}
     listed = subprocess.run(["kubectl", "plugin", "list"], env=env, capture_output=True, text=True, check=False)
     assert "kubectl-dgx" in listed.stdout, listed.stdout + listed.stderr

@@ -673,7 +673,9 @@ def _worker(pod: Mapping[str, Any]) -> Worker:
     meta, spec, status = pod.get("metadata") or {}, pod.get("spec") or {}, pod.get("status") or {}
     labels = meta.get("labels") or {}
     index = labels.get(INDEX_LABEL)
-    trainer: dict[str, Any] = next((c for c in status.get("containerStatuses") or [] if c.get("name") == CONTAINER_NAME), {})
+    trainer: dict[str, Any] = next(
+        (c for c in status.get("containerStatuses") or [] if c.get("name") == CONTAINER_NAME), {}
+    )
     state = trainer.get("state") or {}
     if "running" in state:
         shown = "running"
