@@ -83,7 +83,7 @@ def test_the_layers_contract_catches_an_import_across_or_upwards(tmp_path: Path,
 
 
 FLYTE_DAEMON = "never its daemon (kopf, controllers, webhook, client) BROKEN"
-ROOMS = "the operator's rooms: cli over runtime over controllers | webhook over reconcile : validation : kube"
+ROOMS = "the operator's rooms: cli over runtime | client over controllers | webhook over reconcile : validation : kube"
 
 
 @pytest.mark.parametrize(
@@ -122,6 +122,13 @@ def test_the_independence_contract_keeps_the_two_controllers_apart(tmp_path: Pat
         ("trainer/dgx_trainer/train.py", "import kopf", "never use what only the operator image has BROKEN"),
         ("datasync/dgx_datasync/sync.py", "import torch", "the data plane and the contract stay free of torch BROKEN"),
         ("api/dgx_api/schema.py", "import s3fs", "the shared contract needs no object-storage client BROKEN"),
+        # The user's client runs where only `pip install kubedgx` ran: none of the daemon.
+        ("operator/dgx_operator/client/jobs.py", "import kopf", "the user's client needs nothing of the daemon BROKEN"),
+        (
+            "operator/dgx_operator/client/lines.py",
+            "from dgx_operator.runtime import settings",
+            "the user's client needs nothing of the daemon BROKEN",
+        ),
         # flytekit stays in the Flyte plugin; the plugin stays off the operator's runtime.
         ("operator/dgx_operator/render/pod.py", "import flytekit", "never import it BROKEN"),
         ("trainer/dgx_trainer/train.py", "import flytekitplugins.dgx", "never import it BROKEN"),
