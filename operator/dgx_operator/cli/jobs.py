@@ -349,7 +349,12 @@ def cmd_cancel(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 def cmd_fetch(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     client = _client(args)
     if args.list:
-        rows = [["NAME", "URI", "MOUNT"]] + [[n, u, m or "-"] for n, u, m in client.artifacts(args.job)]
+        listed = client.artifacts(args.job)
+        if args.output in ("json", "yaml"):
+            body = [{"name": n, "uri": u, "mount": m} for n, u, m in listed]
+            print(_dump(body, args.output).rstrip("\n"), file=out)
+            return 0
+        rows = [["NAME", "URI", "MOUNT"]] + [[n, u, m or "-"] for n, u, m in listed]
         print(_table(rows) if len(rows) > 1 else f"{args.job} has no artifacts", file=out)
         return 0
     target = client.fetch(args.job, args.artifact, Path(args.dest))
@@ -598,6 +603,7 @@ def add_parsers(sub: Any, namespace_type: Callable[[str], str]) -> None:
     f.add_argument("artifact", nargs="?", metavar="ARTIFACT", help="its name in status.artifacts (default: adapter)")
     f.add_argument("-d", "--dest", default=".", metavar="DIR", help="directory to download into (default: .)")
     f.add_argument("--list", action="store_true", help="list the artifacts instead")
+    f.add_argument("-o", "--output", choices=["table", "json", "yaml"], default="table", help="with --list: format")
     _connection(f, namespace_type)
     f.set_defaults(func=_guarded(cmd_fetch))
 
