@@ -129,7 +129,7 @@ def test_the_client_doc_runs_as_written(
     out = nb.run("submit")
     first = nb.globals["name"]
     assert first.startswith("notebook-")
-    assert out.split() == [first, namespace.get(JOBS, first)["metadata"]["uid"]]
+    assert out.split() == [first, dig(namespace.get(JOBS, first), "metadata", "uid")]
     wait_job(namespace, first, "Running", running_with(1), timeout=TIMEOUT)
     pod = worker0(namespace, first)
     report(namespace, pod, {"step": 40, "totalSteps": 150, "loss": 5.4121, "learningRate": 0.005})
