@@ -374,21 +374,29 @@ class Client:
             deadline = None if timeout is None else time.monotonic() + timeout
             while True:
                 try:
-                    self.api.get(self._job_path(name))
+                    current = self.api.get(self._job_path(name))
                 except kubeclient.NotFoundError:
                     break
                 if deadline is not None and time.monotonic() > deadline:
                     raise WaitTimeoutError(f"{name} is still being deleted after {timeout:g}s")
-                self._watch_once(name, 30 if deadline is None else max(1, int(deadline - time.monotonic())))
+                version = str((current.get("metadata") or {}).get("resourceVersion") or "")
+                self._watch_once(name, 30 if deadline is None else max(1, int(deadline - time.monotonic())), version)
         return job
 
     # -- waiting ----------------------------------------------------------------------------------
 
-    def _watch_once(self, name: str, seconds: int) -> None:
-        """Return at the next change of the job, or after ``seconds`` (whatever comes first)."""
+    def _watch_once(self, name: str, seconds: int, version: str = "") -> None:
+        """Return at the next change of the job after ``version`` (its resourceVersion as last read),
+        or after ``seconds`` (whatever comes first). From ``version``: a change between that read and
+        the watch's start (the job gone meanwhile) is still seen, instead of waiting out ``seconds``."""
         job_path = _collection(JOB_KIND, self.namespace)
-        for _ in self.api.watch(job_path, {"fieldSelector": f"metadata.name={name}"}, timeout_s=max(1, seconds)):
-            return
+        query = {"fieldSelector": f"metadata.name={name}", **({"resourceVersion": version} if version else {})}
+        try:
+            for _ in self.api.watch(job_path, query, timeout_s=max(1, seconds)):
+                return
+        except kubeclient.ClusterError as exc:
+            if "too old resource version" not in str(exc) and "Expired" not in str(exc):
+                raise  # an expired version: the caller reads the job again
 
     def wait(self, name: str, timeout: float | None = None) -> DGXTrainingJob:
         """Until the job ends. Succeeded: the job. Failed: :class:`JobFailedError` with its reason
