@@ -17,8 +17,8 @@ import pytest
 import yaml
 
 from dgx_operator.cli import report
-from dgx_operator.client import kubeclient
 from dgx_operator.cli.main import main
+from dgx_operator.client import kubeclient
 from tests.unit import usage_report_data as data
 
 NAMESPACES = ("team-a", "team-b")

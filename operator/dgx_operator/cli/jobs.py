@@ -248,14 +248,15 @@ def describe_text(client: Client, name: str, at: datetime) -> str:
             rows.append([age_text(e.last, at), e.type, e.reason, e.object, e.message + count])
         lines += ["  " + r for r in _table(rows).splitlines()]
     lines.append("Next:")
+    hints: list[tuple[str, str]] = []
     if finished(job):
         if s and s.phase == JobPhase.SUCCEEDED and s.artifacts:
-            lines.append(f"  kubedgx fetch {name}          # download the adapter")
-        lines.append(f"  kubedgx plot {name}           # the loss curve")
-        lines.append(f"  kubedgx logs {name}           # what worker 0 printed")
+            hints.append((f"kubedgx fetch {name}", "download the adapter"))
+        hints += [(f"kubedgx plot {name}", "the loss curve"), (f"kubedgx logs {name}", "what worker 0 printed")]
     else:
-        lines.append(f"  kubedgx logs -f {name}        # follow worker 0")
-        lines.append(f"  kubedgx wait {name}           # until it ends")
+        hints += [(f"kubedgx logs -f {name}", "follow worker 0"), (f"kubedgx wait {name}", "until it ends")]
+    width = max(len(command) for command, _ in hints)
+    lines += [f"  {command.ljust(width)}   # {why}" for command, why in hints]
     return "\n".join(lines)
 
 
@@ -536,7 +537,13 @@ def add_parsers(sub: Any, namespace_type: Callable[[str], str]) -> None:
         "started; it is '-' after a restart (the resumed run's pace is not known) and when the job is not Running.",
     )
     ls.add_argument("-A", "--all-namespaces", action="store_true", help="every namespace you may list jobs in")
-    ls.add_argument("-o", "--output", choices=["table", "wide", "name", "json", "yaml"], default="table")
+    ls.add_argument(
+        "-o",
+        "--output",
+        choices=["table", "wide", "name", "json", "yaml"],
+        default="table",
+        help="format: wide adds the reason and the instance; json and yaml give the stored jobs as a List",
+    )
     _connection(ls, namespace_type)
     ls.set_defaults(func=_guarded(cmd_list))
 
@@ -544,8 +551,14 @@ def add_parsers(sub: Any, namespace_type: Callable[[str], str]) -> None:
         "describe",
         help="a job's conditions (the diagnosis and its fix), workers, data mounts, artifacts and events",
     )
-    d.add_argument("job", metavar="JOB")
-    d.add_argument("-o", "--output", choices=["text", "json", "yaml"], default="text")
+    d.add_argument("job", metavar="JOB", help="the DGXTrainingJob's name")
+    d.add_argument(
+        "-o",
+        "--output",
+        choices=["text", "json", "yaml"],
+        default="text",
+        help="format: json and yaml give the job, its workers, data mounts and events",
+    )
     _connection(d, namespace_type)
     d.set_defaults(func=_guarded(cmd_describe))
 
@@ -556,7 +569,7 @@ def add_parsers(sub: Any, namespace_type: Callable[[str], str]) -> None:
         "prefixed with its rank). The trainer's JSON progress lines are shown as readable lines (--raw keeps them "
         "as they are). -f follows across restarts until the job ends.",
     )
-    lg.add_argument("job", metavar="JOB")
+    lg.add_argument("job", metavar="JOB", help="the DGXTrainingJob's name")
     lg.add_argument("-f", "--follow", action="store_true", help="follow, across restarts, until the job ends")
     which = lg.add_mutually_exclusive_group()
     which.add_argument("--rank", type=int, default=0, metavar="N", help="the worker of this rank (default 0)")
@@ -573,7 +586,7 @@ def add_parsers(sub: Any, namespace_type: Callable[[str], str]) -> None:
         description="Exit codes: 0 the job succeeded; 1 it failed (its reason and message on stderr); 2 it cannot "
         "be waited for (no such job, deleted meanwhile, the cluster unreachable); 3 --timeout passed first.",
     )
-    w.add_argument("job", metavar="JOB")
+    w.add_argument("job", metavar="JOB", help="the DGXTrainingJob's name")
     w.add_argument("--timeout", type=float, metavar="SECONDS", help="give up after this long (exit 3)")
     _connection(w, namespace_type)
     w.set_defaults(func=_guarded(cmd_wait))
@@ -585,7 +598,7 @@ def add_parsers(sub: Any, namespace_type: Callable[[str], str]) -> None:
         "finishes the upload in flight); what it used stays in its budgets' ledgers. To pause a job instead, "
         'set spec.suspend: true (kubectl patch dgxjob NAME --type merge -p \'{"spec":{"suspend":true}}\').',
     )
-    c.add_argument("job", metavar="JOB")
+    c.add_argument("job", metavar="JOB", help="the DGXTrainingJob's name")
     c.add_argument("--wait", action="store_true", help="return once the job and its workers are gone")
     c.add_argument("--timeout", type=float, metavar="SECONDS", help="with --wait: give up after this long")
     _connection(c, namespace_type)
@@ -599,7 +612,7 @@ def add_parsers(sub: Any, namespace_type: Callable[[str], str]) -> None:
         "GOOGLE_APPLICATION_CREDENTIALS), else the mount's Secret when you may read it, else the ambient chain. "
         "Needs kubedgx-datasync (pip install 'kubedgx[client]').",
     )
-    f.add_argument("job", metavar="JOB")
+    f.add_argument("job", metavar="JOB", help="the DGXTrainingJob's name")
     f.add_argument("artifact", nargs="?", metavar="ARTIFACT", help="its name in status.artifacts (default: adapter)")
     f.add_argument("-d", "--dest", default=".", metavar="DIR", help="directory to download into (default: .)")
     f.add_argument("--list", action="store_true", help="list the artifacts instead")
@@ -613,7 +626,7 @@ def add_parsers(sub: Any, namespace_type: Callable[[str], str]) -> None:
         description="Draw the run's progress history (every report, kept in the Out mount by the checkpoint "
         "sidecar, and rank 0's current output) in the terminal, or into a .png or .html file with -o.",
     )
-    pl.add_argument("job", nargs="?", metavar="JOB")
+    pl.add_argument("job", nargs="?", metavar="JOB", help="the DGXTrainingJob's name (or --dir)")
     pl.add_argument("-o", "--output", metavar="FILE", help="write FILE.png or FILE.html instead")
     pl.add_argument("--dir", metavar="OUTPUT_DIR", help="a local run's output directory instead of a job")
     pl.add_argument("--width", type=int, help="terminal chart width (default: the terminal's, at most 120)")
@@ -628,7 +641,7 @@ def add_parsers(sub: Any, namespace_type: Callable[[str], str]) -> None:
         "rank 0's pod while it trains (kubectl exec, refreshed every --refresh seconds), or from the job's Out "
         "mount once it ended, and run TensorBoard on them on this machine.",
     )
-    t.add_argument("job", metavar="JOB")
+    t.add_argument("job", metavar="JOB", help="the DGXTrainingJob's name")
     t.add_argument("--port", type=int, default=6006, help="port to serve on (default 6006)")
     t.add_argument("--host", default="127.0.0.1", help="address to serve on (default 127.0.0.1)")
     t.add_argument("--logdir", metavar="DIR", help="where to put the event files (default: a new temp directory)")
