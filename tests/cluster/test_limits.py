@@ -10,6 +10,7 @@ clientConfig scoped to this module's namespaces.
 
 from __future__ import annotations
 
+import io
 import json
 import secrets
 from collections.abc import Iterator
@@ -19,6 +20,7 @@ from typing import Any
 import pytest
 
 from dgx_operator.api.limits import KUEUE_PRIORITY_LABEL
+from dgx_operator.cli.main import main
 from tests.chart.conftest import Rendered
 from tests.cluster.controlplane import ControlPlane
 from tests.cluster.operator import (
@@ -141,6 +143,43 @@ def test_the_default_is_a_warning_at_apply_and_pinned_in_the_jobs_status(scoped:
         interval=0.3,
     )
     assert dig(scoped.get(JOBS, "plain"), "status", "limits", "source") == f"DGXLimits {ns}/default"
+
+
+def kubedgx(k: Kubectl, *argv: str) -> tuple[int, str, str]:
+    """``kubedgx ARGV`` in this process with the test's kubeconfig and namespace."""
+    out, err = io.StringIO(), io.StringIO()
+    assert k.kubeconfig
+    assert k.namespace
+    flags = ["--kubeconfig", k.kubeconfig, "--context", k.context, "-n", k.namespace]
+    return main([*argv, *flags], out=out, err=err, stdin=io.StringIO("")), out.getvalue(), err.getvalue()
+
+
+def test_kubedgx_submit_shows_the_webhooks_refusal_and_warnings_as_kubectl_does(
+    scoped: Kubectl, tmp_path: Path
+) -> None:
+    """`kubedgx submit` (issue 33) through the webhook: the refusal in the webhook's words, nothing
+    created; a default's warning printed once, as kubectl prints it."""
+    ns = scoped.namespace
+    scoped.apply(dgx_limits({"maxDuration": {"default": "24h", "max": "72h"}}))
+    job = command_job("sublong")
+    job["spec"]["maxDuration"] = "96h"
+    path = tmp_path / "long.yaml"
+    path.write_text(json.dumps(job), encoding="utf-8")
+    code, out, err = kubedgx(scoped, "submit", str(path))
+    assert code == 1, (out, err)
+    assert DENIED in err
+    assert f"spec.maxDuration: 96h exceeds the maximum 72h set by DGXLimits {ns}/default" in err
+    assert "forbidden (403)" not in err
+    assert scoped.get(JOBS, "sublong") is None
+
+    plain = command_job("subplain")
+    del plain["spec"]["maxDuration"]
+    path.write_text(json.dumps(plain), encoding="utf-8")
+    code, out, err = kubedgx(scoped, "submit", str(path))
+    assert code == 0, err
+    assert out.strip() == "dgxtrainingjob/subplain created"
+    warning = f"Warning: spec.maxDuration unset: 24h applies (DGXLimits {ns}/default)"
+    assert [line for line in err.splitlines() if line.startswith("Warning:")] == [warning], err
 
 
 def test_a_kueue_priority_class_label_added_later_is_refused(scoped: Kubectl) -> None:

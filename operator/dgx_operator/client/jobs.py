@@ -315,6 +315,7 @@ class Client:
                     f"{JOB_KIND} and {MOUNT_KIND} of {API_VERSION}; apply other objects with kubectl apply"
                 )
         plans: list[tuple[Mapping[str, Any], str, str, bool]] = []
+        warned = len(self.api.warnings)
         for doc in order:
             kind = str(doc["kind"])
             meta = doc.get("metadata") or {}
@@ -330,6 +331,8 @@ class Client:
             if not exists:
                 self._create(kind, namespace, doc, name, dry_run=True)
             plans.append((doc, kind, namespace, exists))
+        if not dry_run:  # the creates below answer with the same warnings: show them once
+            del self.api.warnings[warned:]
         done: list[Submitted] = []
         for doc, kind, namespace, exists in plans:
             meta = doc.get("metadata") or {}
@@ -354,7 +357,8 @@ class Client:
                 f"or delete the old one first (kubedgx cancel {name})"
             ) from None
         except (kubeclient.InvalidError, kubeclient.ForbiddenError) as exc:
-            raise SubmitError(f"{label}: {exc}") from None
+            # The server's own words (the webhook's refusal names the field, RBAC the verb).
+            raise SubmitError(f"{label}: {str(exc).removeprefix('forbidden (403): ')}") from None
         except kubeclient.NotFoundError:
             raise SubmitError(
                 f"{label}: the cluster does not serve {kind} (kubedgx's CRDs are not installed), or namespace "
