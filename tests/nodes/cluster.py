@@ -357,6 +357,10 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
                     check=False,
                     env=env,
                 )
+                if push.returncode != 0:
+                    # It may never have opened the FIFO (the ref gone: another tree's build dropped
+                    # it), and then the importer waits for a writer for ever.
+                    importer.kill()
                 rc = importer.wait(timeout=1800)
             finally:
                 if importer.poll() is None:
