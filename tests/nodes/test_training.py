@@ -666,7 +666,11 @@ def test_logs_and_tensorboard_follow_a_running_job(
     assert code == 0, err
     lines = out.splitlines()
     assert lines[0] == "live: rank 0 starts", lines
-    assert lines[1:4] == ["step 1/1000 (0%)  loss 2.99", "step 2/1000 (0%)  loss 2.98", "step 3/1000 (0%)  loss 2.97"]
+    assert lines[1:4] == [
+        "step 1/1000 (0%)  loss 2.9900",
+        "step 2/1000 (0%)  loss 2.9800",
+        "step 3/1000 (0%)  loss 2.9700",
+    ]
     assert not [line for line in lines if line.startswith("{")], lines
     code, out, err = kubedgx(ns, "logs", "live", "--raw")
     assert code == 0, err
@@ -676,7 +680,7 @@ def test_logs_and_tensorboard_follow_a_running_job(
     assert code == 0, err
     ranked = out.splitlines()
     assert "[rank 0] live: rank 0 starts" in ranked, ranked
-    assert "[rank 0] step 1/1000 (0%)  loss 2.99" in ranked, ranked
+    assert "[rank 0] step 1/1000 (0%)  loss 2.9900" in ranked, ranked
     assert "[rank 1] live: rank 1 idles" in ranked, ranked
     assert all(line.startswith(("[rank 0] ", "[rank 1] ")) for line in ranked), ranked
     code, out, err = kubedgx(ns, "logs", "live", "--rank", "1")
@@ -701,7 +705,7 @@ def test_logs_and_tensorboard_follow_a_running_job(
     assert followed[0] == "live: rank 0 starts", followed
     assert followed[-1] == "live: done", followed
     last = followed[-2]
-    assert re.fullmatch(r"step \d+/1000 \(\d+%\)  loss 0\.5", last), followed[-5:]
+    assert re.fullmatch(r"step \d+/1000 \(\d+%\)  loss 0\.5000", last), followed[-5:]
     steps = [int(m.group(1)) for line in followed if (m := re.match(r"step (\d+)/", line))]
     assert steps == list(range(1, len(steps) + 1)), steps  # every report, in order, none twice
     assert "live: Succeeded" in err, err
@@ -772,7 +776,7 @@ def test_the_user_verbs_on_a_finished_run_read_its_out_mount(
     assert rows[0] == ["NAME", "URI", "MOUNT"], listed
     assert {r[0]: r[1] for r in rows[1:]} == artifacts, listed
     adapter = f"runs/final/verbs-{uid8}/adapter"
-    assert artifacts["adapter"] == f"s3://{out_bucket}/{adapter}", artifacts
+    assert artifacts["adapter"] == f"s3://{out_bucket}/{adapter}/", artifacts
     dest = tmp_path / "fetched"
     code, out, err = kubedgx(ns, "fetch", "verbs", "-d", str(dest))
     assert code == 0, err
