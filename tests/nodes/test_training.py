@@ -778,9 +778,9 @@ def test_the_user_verbs_on_a_finished_run_read_its_out_mount(
     adapter = f"runs/final/verbs-{uid8}/adapter"
     assert artifacts["adapter"] == f"s3://{out_bucket}/{adapter}/", artifacts
     dest = tmp_path / "fetched"
-    code, out, err = kubedgx(ns, "fetch", "verbs", "-d", str(dest))
+    code, fetched, err = kubedgx(ns, "fetch", "verbs", "-d", str(dest))
     assert code == 0, err
-    assert out.strip() == str(dest / "adapter"), out
+    assert fetched.strip() == str(dest / "adapter"), fetched
     stored = {k.removeprefix(f"{adapter}/"): k for k in store.keys(out_bucket, f"{adapter}/")}
     assert {"adapter_config.json", "adapter_model.safetensors"} <= set(stored), stored
     got = {str(p.relative_to(dest / "adapter")): p for p in (dest / "adapter").rglob("*") if p.is_file()}
@@ -791,7 +791,7 @@ def test_the_user_verbs_on_a_finished_run_read_its_out_mount(
     code, out, err = kubedgx(ns, "fetch", "verbs", "nosuch")
     assert code == 1
     assert f"verbs has no artifact 'nosuch'; it has: {', '.join(artifacts)}" in err, err
-    print(f"$ kubedgx fetch verbs --list\n{listed}$ kubedgx fetch verbs -d {dest}\n{out}")
+    print(f"$ kubedgx fetch verbs --list\n{listed}$ kubedgx fetch verbs -d {dest}\n{fetched}")
 
     # The history the sidecar uploaded is the log's progress lines.
     history = f"runs/verbs-{uid8}/logs/history/"
@@ -820,7 +820,7 @@ def test_the_user_verbs_on_a_finished_run_read_its_out_mount(
 
     logdir = tmp_path / "tb"
     code, out, err = kubedgx(ns, "tensorboard", "verbs", "--no-serve", "--logdir", str(logdir))
-    assert code == 0, err
+    assert (code, out) == (0, f"{logdir}\n"), err
     runs = f"runs/verbs-{uid8}/logs/runs/"
     assert f"from s3://{out_bucket}/{runs.rstrip('/')} in {logdir}" in err, err
     events = [k for k in store.keys(out_bucket, runs) if "events.out.tfevents." in k]
