@@ -2,7 +2,7 @@
 client on the real control plane: the real API server and admission webhook answer them, the real
 scheduler places the workers, kwok plays their exits and the operator writes what they read.
 
-`logs`, `tensorboard` and `fetch` need a kubelet and an object store: tests/nodes/test_user_verbs.py.
+`logs`, `tensorboard`, `fetch` and `plot` need a kubelet and an object store: tests/nodes/test_training.py.
 """
 
 from __future__ import annotations

@@ -185,16 +185,30 @@ def content_hash(sources: Sequence[str], *extra: str, root: Path = PROJECT) -> s
     return _digest(*parts)
 
 
+#: The locks this process holds (name -> depth): taken again inside, a lock is already ours.
+_HELD: dict[str, int] = {}
+
+
 @contextlib.contextmanager
 def locked(name: str) -> Iterator[None]:
-    """One builder at a time per machine (xdist workers, ``up``), waiting for the other."""
+    """One builder at a time per machine (xdist workers, ``up``), waiting for the other.
+    Reentrant in a process (the nodes' stream holds it and may build again inside)."""
+    if _HELD.get(name):
+        _HELD[name] += 1
+        try:
+            yield
+        finally:
+            _HELD[name] -= 1
+        return
     path = cache_root() / f"{name}.lock"
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
+        _HELD[name] = 1
         try:
             yield
         finally:
+            _HELD[name] = 0
             fcntl.flock(f, fcntl.LOCK_UN)
 
 

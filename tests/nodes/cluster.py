@@ -357,6 +357,10 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
                     check=False,
                     env=env,
                 )
+                if push.returncode != 0:
+                    # It may never have opened the FIFO (the ref gone: another tree's build dropped
+                    # it), and then the importer waits for a writer for ever.
+                    importer.kill()
                 rc = importer.wait(timeout=1800)
             finally:
                 if importer.poll() is None:
@@ -837,7 +841,7 @@ class RealNodes:
         fcntl.flock(self._slots, fcntl.LOCK_EX)
 
     def _stream_big_images(self) -> None:
-        from tests.nodes.buildah import Buildah
+        from tests.nodes.buildah import Buildah, build_images, locked
 
         builder = Buildah()
         argv, env = builder.argv(), builder.env()
@@ -846,9 +850,15 @@ class RealNodes:
             # One image after another: images share layers, and a finished import drops its blobs.
             return {f"{ref} -> {node.name}": round(node.stream(argv, ref, env), 1) for ref in self.big_images}
 
-        with ThreadPoolExecutor(max_workers=len(self.nodes)) as pool:
-            for loaded in pool.map(load, self.nodes):
-                self.loads.update(loaded)
+        # Under the builders' lock: another tree's build (its own images) drops this one's tags.
+        # One dropped since this cluster's build (waiting here for the machine) is built again.
+        with locked("buildah"):
+            if any(builder.label(ref) is None for ref in self.big_images):
+                built, _ = build_images(self.root / "buildah.log")
+                assert set(self.big_images) <= {built.trainer, built.operator}, (self.big_images, built)
+            with ThreadPoolExecutor(max_workers=len(self.nodes)) as pool:
+                for loaded in pool.map(load, self.nodes):
+                    self.loads.update(loaded)
 
     def _start_dns(self) -> None:
         assert self.plane is not None

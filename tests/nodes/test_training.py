@@ -9,7 +9,9 @@ test (deleted after, the job's finalizer released by the operator).
 
 from __future__ import annotations
 
+import io
 import json
+import os
 import re
 import subprocess
 import threading
@@ -20,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from tests.e2e.jobs import (
     QUICKSTART_STEPS,
@@ -546,3 +549,371 @@ def _pod_namespaces(node: Any) -> list[str]:
             continue  # removed since the listing
         out.append(str((info.get("Labels") or {}).get("io.kubernetes.pod.namespace", "")))
     return out
+
+
+# -- the user's verbs (issue 33) ---------------------------------------------------------------------
+
+
+def kubedgx(k: Kubectl, *argv: str) -> tuple[int, str, str]:
+    """``kubedgx ARGV`` in this process, with the test's kubeconfig, context and namespace."""
+    from dgx_operator.cli.main import main
+
+    assert k.kubeconfig
+    assert k.namespace
+    out, err = io.StringIO(), io.StringIO()
+    code = main([*argv, "--kubeconfig", k.kubeconfig, "--context", k.context, "-n", k.namespace], out=out, err=err)
+    return code, out.getvalue(), err.getvalue()
+
+
+class Following:
+    """``kubedgx logs -f ARGV`` in a thread, started before the job's pods exist."""
+
+    def __init__(self, k: Kubectl, *argv: str) -> None:
+        self.result: list[tuple[int, str, str]] = []
+        self.thread = threading.Thread(target=lambda: self.result.append(kubedgx(k, "logs", "-f", *argv)), daemon=True)
+        self.thread.start()
+
+    def done(self, timeout: float = 180) -> tuple[int, str, str]:
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), f"kubedgx logs -f did not end {timeout:g} s after the job"
+        return self.result[0]
+
+
+def submit(k: Kubectl, tmp_path: Path, job: dict[str, Any]) -> None:
+    path = tmp_path / f"{job['metadata']['name']}.yaml"
+    path.write_text(yaml.safe_dump(job, sort_keys=False), encoding="utf-8")
+    code, out, err = kubedgx(k, "submit", str(path))
+    assert code == 0, err
+    assert out.strip() == f"dgxtrainingjob/{job['metadata']['name']} created", out
+
+
+def scalars(logdir: Path, tag: str) -> list[tuple[int, float]]:
+    """(step, value) of ``tag`` in every TensorBoard event file under ``logdir``, read by TensorBoard."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    found: list[tuple[int, float]] = []
+    for events in sorted(logdir.rglob("events.out.tfevents.*")):
+        acc = EventAccumulator(str(events))
+        acc.Reload()
+        if tag in acc.Tags()["scalars"]:
+            found += [(s.step, s.value) for s in acc.Scalars(tag)]
+    return sorted(found)
+
+
+def on_path(k: Kubectl) -> str:
+    """PATH with the control plane's kubectl first (`kubedgx tensorboard` runs `kubectl exec`)."""
+    return f"{Path(k.binary).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+
+
+#: A two-worker spec.command job: rank 0 reports progress by the contract and writes TensorBoard
+#: event files where a trainer writes them (<output.dir>/runs), every second, until the test lets it
+#: finish (a file it creates through `kubectl exec`); then one last report (loss 0.5) and a line.
+#: Rank 1 says who it is and idles.
+LIVE = r"""
+if [ "$KUBEDGX_REPLICA_INDEX" != 0 ]; then
+  echo "live: rank $KUBEDGX_REPLICA_INDEX idles"
+  trap 'exit 0' TERM
+  sleep 3600 & wait
+  exit 0
+fi
+exec python - <<'PY'
+import json, os, time
+from tensorboard.compat.proto import event_pb2, summary_pb2
+from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+writer = EventFileWriter("/workspace/output/runs/live")
+
+
+def report(step, loss):
+    print(json.dumps({"event": "progress", "step": step, "totalSteps": 1000, "loss": loss}), flush=True)
+    value = summary_pb2.Summary.Value(tag="train/loss", simple_value=loss)
+    writer.add_event(event_pb2.Event(wall_time=time.time(), step=step, summary=summary_pb2.Summary(value=[value])))
+    writer.flush()
+
+
+print("live: rank 0 starts", flush=True)
+step = 0
+while not os.path.exists("/tmp/finish"):
+    step += 1
+    report(step, round(3 - step / 100, 4))
+    time.sleep(1)
+report(step + 1, 0.5)
+print("live: done", flush=True)
+PY
+"""
+
+
+def test_logs_and_tensorboard_follow_a_running_job(
+    ns: Kubectl, trainer: TrainerCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`kubedgx logs` on a running two-worker job through the kubelets' pods/log: worker 0's output
+    with its progress lines made readable, `--raw` as written, `--all` each line with its rank;
+    `-f`, started right after `kubedgx submit`, follows until the job ends and has the last report.
+    `kubedgx tensorboard --no-serve` copies the running worker's event files out (kubectl exec tar)."""
+    job = command_job("live", min_nodes=2, max_nodes=2, script=LIVE)
+    job["spec"]["resources"] = {"cpu": "250m", "memory": "512Mi", "shm": "64Mi"}  # python and tensorboard
+    submit(ns, tmp_path, job)
+    following = Following(ns, "live")
+    wait_job(
+        ns,
+        "live",
+        "two workers running and step 3 in status.progress",
+        lambda j: running_with(2)(j) and (dig(j, "status", "progress", "step") or 0) >= 3,
+        timeout=300,
+    )
+
+    code, out, err = kubedgx(ns, "logs", "live")
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0] == "live: rank 0 starts", lines
+    assert lines[1:4] == [
+        "step 1/1000 (0%)  loss 2.9900",
+        "step 2/1000 (0%)  loss 2.9800",
+        "step 3/1000 (0%)  loss 2.9700",
+    ]
+    assert not [line for line in lines if line.startswith("{")], lines
+    code, out, err = kubedgx(ns, "logs", "live", "--raw")
+    assert code == 0, err
+    raw = out.splitlines()
+    assert raw[1] == '{"event": "progress", "step": 1, "totalSteps": 1000, "loss": 2.99}', raw
+    code, out, err = kubedgx(ns, "logs", "live", "--all")
+    assert code == 0, err
+    ranked = out.splitlines()
+    assert "[rank 0] live: rank 0 starts" in ranked, ranked
+    assert "[rank 0] step 1/1000 (0%)  loss 2.9900" in ranked, ranked
+    assert "[rank 1] live: rank 1 idles" in ranked, ranked
+    assert all(line.startswith(("[rank 0] ", "[rank 1] ")) for line in ranked), ranked
+    code, out, err = kubedgx(ns, "logs", "live", "--rank", "1")
+    assert (code, out) == (0, "live: rank 1 idles\n"), (code, out, err)
+
+    # TensorBoard's event files, copied out of the running worker 0.
+    monkeypatch.setenv("PATH", on_path(ns))
+    logdir = tmp_path / "tb-live"
+    code, out, err = kubedgx(ns, "tensorboard", "live", "--no-serve", "--logdir", str(logdir))
+    assert code == 0, err
+    assert out.strip() == str(logdir)
+    assert f"live's TensorBoard logs from pod live-worker-0 in {logdir}" in err, err
+    copied = scalars(logdir / "runs", "train/loss")
+    assert len(copied) >= 3, copied
+    assert [(step, round(value, 4)) for step, value in copied[:3]] == [(1, 2.99), (2, 2.98), (3, 2.97)], copied
+
+    ns.run("exec", "live-worker-0", "-c", "trainer", "--", "touch", "/tmp/finish")
+    wait_job(ns, "live", "phase Succeeded", phase_is("Succeeded"), timeout=300, fail_on=("Failed",))
+    code, out, err = following.done()
+    assert code == 0, err
+    followed = out.splitlines()
+    assert followed[0] == "live: rank 0 starts", followed
+    assert followed[-1] == "live: done", followed
+    last = followed[-2]
+    assert re.fullmatch(r"step \d+/1000 \(\d+%\)  loss 0\.5000", last), followed[-5:]
+    steps = [int(m.group(1)) for line in followed if (m := re.match(r"step (\d+)/", line))]
+    assert steps == list(range(1, len(steps) + 1)), steps  # every report, in order, none twice
+    assert "live: Succeeded" in err, err
+
+
+#: Steps of the verbs' job, a report every LOGGED steps (a curve of several points).
+VERBS_STEPS, VERBS_LOGGED = 20, 2
+
+
+def test_the_user_verbs_on_a_finished_run_read_its_out_mount(
+    ns: Kubectl, trainer: TrainerCluster, store: S3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One quickstart run (TensorBoard on, output.dir in an Out mount) and the verbs after it:
+    `logs -f` from its submission to its end, `describe`; `fetch` of the adapter from the mount,
+    byte for byte (the store's credentials from the mount's Secret: this shell has none); `plot`'s
+    points are the history the sidecar uploaded, which are the progress lines of the log, and still
+    are once the pod is gone; `tensorboard` copies the uploaded event files and serves them."""
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    _, out_bucket = mounts(ns, store, data=None)
+    job = quickstart_job("verbs", steps=VERBS_STEPS)
+    spec = job["spec"]
+    spec["dataMounts"] = [{"name": "outputs", "mountPath": "/output"}]
+    spec["trainer"]["training"]["loggingSteps"] = VERBS_LOGGED
+    spec["trainer"]["training"]["reportTo"] = ["tensorboard"]
+    spec["trainer"]["output"] = {"dir": "/output/run"}
+    spec["resources"]["cpu"] = "1"  # the checkpoint sidecar's 1 CPU beside it: all a node of 2 cores has
+    submit(ns, tmp_path, job)
+    following = Following(ns, "verbs")
+    uid8 = dig(get_job(ns, "verbs"), "metadata", "uid")[:8]
+    wait_job(ns, "verbs", "phase Succeeded", phase_is("Succeeded"), timeout=QUICKSTART_TIMEOUT, fail_on=("Failed",))
+    done = wait_job(
+        ns, "verbs", "status.artifacts", lambda j: bool(dig(j, "status", "artifacts")), timeout=300, fail_on=()
+    )
+
+    # logs: -f from the submission to the end, the same lines as the log read after.
+    code, followed, err = following.done()
+    assert code == 0, err
+    assert "verbs: Succeeded" in err, err
+    code, shown, err = kubedgx(ns, "logs", "verbs")
+    assert code == 0, err
+    assert followed == shown
+    code, raw, err = kubedgx(ns, "logs", "verbs", "--raw")
+    assert code == 0, err
+    from dgx_api.history import merge, parse_lines
+
+    logged = parse_lines(raw.splitlines())
+    assert [p.step for p in logged] == list(range(VERBS_LOGGED, VERBS_STEPS + 1, VERBS_LOGGED)), logged
+    readable = [line for line in shown.splitlines() if line.startswith("step ")]
+    assert [line.split("  ")[:2] for line in readable] == [
+        [f"step {p.step}/{VERBS_STEPS} ({100 * p.step // VERBS_STEPS}%)", f"loss {p.loss:.4f}"] for p in logged
+    ], readable
+    assert not [line for line in shown.splitlines() if line.startswith('{"event"')], shown
+    code, described, err = kubedgx(ns, "describe", "verbs")
+    assert code == 0, err
+    assert "Phase:       Succeeded" in described, described
+    head = "".join(shown.splitlines(True)[:40])
+    print(f"\n$ kubedgx logs verbs | head -40\n{head}\n$ kubedgx describe verbs\n{described}")
+
+    # fetch: status.artifacts listed; the adapter byte for byte as the store holds it.
+    code, listed, err = kubedgx(ns, "fetch", "verbs", "--list")
+    assert code == 0, err
+    artifacts = {a["name"]: a["uri"] for a in done["status"]["artifacts"]}
+    rows = [line.split() for line in listed.splitlines()]
+    assert rows[0] == ["NAME", "URI", "MOUNT"], listed
+    assert {r[0]: r[1] for r in rows[1:]} == artifacts, listed
+    adapter = f"runs/final/verbs-{uid8}/adapter"
+    assert artifacts["adapter"] == f"s3://{out_bucket}/{adapter}/", artifacts
+    dest = tmp_path / "fetched"
+    code, fetched, err = kubedgx(ns, "fetch", "verbs", "-d", str(dest))
+    assert code == 0, err
+    assert fetched.strip() == str(dest / "adapter"), fetched
+    stored = {k.removeprefix(f"{adapter}/"): k for k in store.keys(out_bucket, f"{adapter}/")}
+    assert {"adapter_config.json", "adapter_model.safetensors"} <= set(stored), stored
+    got = {str(p.relative_to(dest / "adapter")): p for p in (dest / "adapter").rglob("*") if p.is_file()}
+    assert sorted(got) == sorted(stored), (sorted(got), sorted(stored))
+    for rel, key in stored.items():
+        body = store.client.get_object(Bucket=out_bucket, Key=key)["Body"].read()
+        assert got[rel].read_bytes() == body, rel
+    code, out, err = kubedgx(ns, "fetch", "verbs", "nosuch")
+    assert code == 1
+    assert f"verbs has no artifact 'nosuch'; it has: {', '.join(artifacts)}" in err, err
+    print(f"$ kubedgx fetch verbs --list\n{listed}$ kubedgx fetch verbs -d {dest}\n{fetched}")
+
+    # The history the sidecar uploaded is the log's progress lines.
+    history = f"runs/verbs-{uid8}/logs/history/"
+
+    def segments() -> list[list[Any]]:
+        return [
+            parse_lines(store.client.get_object(Bucket=out_bucket, Key=key)["Body"].read().decode().splitlines())
+            for key in store.keys(out_bucket, history)
+            if key.endswith(".jsonl")
+        ]
+
+    # The sidecar's last pass uploads the history after the archive: looked at until it is whole.
+    wait_for("the whole history in the Out mount", lambda: merge(segments()) == logged or None, timeout=60)
+    assert len(segments()) == 1, store.keys(out_bucket, history)
+    uploaded = merge(segments())
+    check_plots(ns, tmp_path / "with-pod", uploaded)
+
+    # The pod gone, the history and the event files come from the Out mount alone.
+    ns.run("delete", "pod", "verbs-worker-0")
+    wait_gone(ns, "pod", "verbs-worker-0", timeout=120)
+    from dgx_operator.client import Client
+
+    assert Client(ns.namespace, kubeconfig=ns.kubeconfig, context=ns.context).history("verbs") == uploaded
+    text = check_plots(ns, tmp_path / "without-pod", uploaded)
+    print(f"$ kubedgx plot verbs\n{text}")
+
+    logdir = tmp_path / "tb"
+    code, out, err = kubedgx(ns, "tensorboard", "verbs", "--no-serve", "--logdir", str(logdir))
+    assert (code, out) == (0, f"{logdir}\n"), err
+    runs = f"runs/verbs-{uid8}/logs/runs/"
+    assert f"from s3://{out_bucket}/{runs.rstrip('/')} in {logdir}" in err, err
+    events = [k for k in store.keys(out_bucket, runs) if "events.out.tfevents." in k]
+    assert events, store.keys(out_bucket, runs)
+    for key in events:
+        body = store.client.get_object(Bucket=out_bucket, Key=key)["Body"].read()
+        assert (logdir / "runs" / key.removeprefix(runs)).read_bytes() == body, key
+    assert [s for s, _ in scalars(logdir, "train/loss")] == [p.step for p in uploaded]
+    served = serve_tensorboard(ns, store, tmp_path / "tb-served")
+    assert "train/loss" in served, served
+
+
+def check_plots(k: Kubectl, where: Path, points: list[Any]) -> str:
+    """`kubedgx plot` as PNG, HTML and text: each one's loss curve is ``points``; returns the text."""
+    from dgx_operator.client import plot
+    from tests.unit.test_plot import numbers, page_xml, png_texts
+
+    where.mkdir()
+    losses = [(p.step, p.loss) for p in points]
+    code, out, err = kubedgx(k, "plot", "verbs", "-o", str(where / "loss.png"))
+    assert (code, out) == (0, f"{where / 'loss.png'}\n"), err
+    layout = json.loads(png_texts(where / "loss.png")[plot.LAYOUT_KEY])
+    series = {s["name"]: s["data"] for panel in layout["panels"] for s in panel["series"]}
+    assert [tuple(d) for d in series["loss"]] == losses, series
+    assert layout["title"]["text"] == f"{k.namespace}/verbs", layout["title"]
+    code, out, err = kubedgx(k, "plot", "verbs", "-o", str(where / "loss.html"))
+    assert (code, out) == (0, f"{where / 'loss.html'}\n"), err
+    page = page_xml((where / "loss.html").read_text(encoding="utf-8"))
+    (panel,) = [p for p in page.findall("body/svg") if p.get("data-panel") == "loss"]
+    area = panel.find("rect[@class='plot-area']")
+    assert area is not None
+    x, y, w, h = (float(area.get(key) or "nan") for key in ("x", "y", "width", "height"))
+    xlo, xhi = numbers(panel.get("data-xlim") or "")
+    ylo, yhi = numbers(panel.get("data-ylim") or "")
+    (line,) = panel.findall("polyline[@data-series='loss']")
+    drawn = [tuple(map(float, pair.split(","))) for pair in (line.get("points") or "").split()]
+    read = [(xlo + (px - x) / w * (xhi - xlo), ylo + (y + h - py) / h * (yhi - ylo)) for px, py in drawn]
+    assert [(round(s), pytest.approx(v, rel=1e-3)) for s, v in read] == losses, read
+    code, text, err = kubedgx(k, "plot", "verbs", "--width", "80")
+    assert code == 0, err
+    head = text.splitlines()[0]
+    last = points[-1]
+    assert head.startswith(f"step {last.step}/{last.total_steps}  loss {plot.compact(last.loss)}"), text
+    chart = text.split("\nloss: * loss\n")[1].splitlines()
+    top, bottom = max(v for _, v in losses), min(v for _, v in losses)
+    assert chart[0].split("|")[0].strip() == plot.compact(top), chart
+    assert chart[11].split("|")[0].strip() == plot.compact(bottom), chart
+    assert chart[13].split() == [str(points[0].step), "step", str(last.step)], chart
+    return text
+
+
+def serve_tensorboard(k: Kubectl, s3: S3, logdir: Path) -> dict[str, Any]:
+    """`kubedgx tensorboard verbs --port P` as a user starts it (a process of its own, the store's
+    keys in its environment): the tags TensorBoard serves once it lists a scalar; then Ctrl-C."""
+    import signal
+    import socket
+    import sys
+    import urllib.error
+    import urllib.request
+
+    from tests.s3 import ACCESS_KEY, SECRET_KEY
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    assert k.kubeconfig
+    assert k.namespace
+    argv = [sys.executable, "-m", "dgx_operator.cli.main", "tensorboard", "verbs", "--port", str(port)]
+    argv += ["--logdir", str(logdir), "--kubeconfig", k.kubeconfig, "--context", k.context, "-n", k.namespace]
+    env = {**os.environ, "AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY}
+    server = subprocess.Popen(
+        argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+
+        def tags() -> dict[str, Any] | None:
+            assert server.poll() is None, server.communicate()
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/data/plugin/scalars/tags", timeout=5) as r:
+                    found: dict[str, Any] = json.loads(r.read())
+            except OSError:
+                return None
+            return {tag: run for run, by_tag in found.items() for tag in by_tag} or None
+
+        served = wait_for("TensorBoard serving the run's scalars", tags, timeout=180)
+        server.send_signal(signal.SIGINT)
+        out, err = server.communicate(timeout=60)
+        assert server.returncode == 0, (server.returncode, err)
+        assert f"serving on http://127.0.0.1:{port}/" in out, out
+        with pytest.raises(urllib.error.URLError):
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/data/runs", timeout=5)
+        return served
+    finally:
+        if server.poll() is None:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()

@@ -402,6 +402,21 @@ class Client:
             if "too old resource version" not in str(exc) and "Expired" not in str(exc):
                 raise  # an expired version: the caller reads the job again
 
+    def _next_change(self, path: str, query: Mapping[str, str], seconds: int) -> None:
+        """Return at the next change of what ``query`` selects in ``path`` from now on, or after
+        ``seconds``. The watch starts at the list's resourceVersion: without one the API server
+        starts it with an ADDED event for every object that exists, which would return at once
+        (and the callers, looking again, would ask the API server in a busy loop)."""
+        listed = self.api.get(path, {**query, "limit": "1"})
+        version = str((listed.get("metadata") or {}).get("resourceVersion") or "")
+        watched = {**query, "resourceVersion": version} if version else dict(query)
+        try:
+            for _ in self.api.watch(path, watched, timeout_s=max(1, seconds)):
+                return
+        except kubeclient.ClusterError as exc:
+            if "too old resource version" not in str(exc) and "Expired" not in str(exc):
+                raise
+
     def wait(self, name: str, timeout: float | None = None) -> DGXTrainingJob:
         """Until the job ends. Succeeded: the job. Failed: :class:`JobFailedError` with its reason
         and message. Deleted meanwhile: :class:`JobNotFoundError`. ``timeout`` (seconds) passed:
@@ -505,7 +520,9 @@ class Client:
             job = self.get(name)
             if finished(job) and (worker is None or key in seen or not _has_output(worker)):
                 return
-            self._wait_for_pods(name, 30)
+            # A pod's change, or 5 s: the job's end (the operator's, a second or two after the
+            # trainer's exit) is no change of a pod, and `logs -f` should not linger after it.
+            self._wait_for_pods(name, 5)
 
     def _log_text(self, path: str, query: Mapping[str, str], worker: Worker, container: str) -> str:
         try:
@@ -515,8 +532,7 @@ class Client:
 
     def _wait_for_pods(self, name: str, seconds: int) -> None:
         path = f"/api/v1/namespaces/{self.namespace}/pods"
-        for _ in self.api.watch(path, {"labelSelector": f"{JOB_LABEL}={name}"}, timeout_s=seconds):
-            return
+        self._next_change(path, {"labelSelector": f"{JOB_LABEL}={name}"}, seconds)
 
     # -- history, artifacts ---------------------------------------------------------------------
 
