@@ -214,7 +214,7 @@ def describe_text(client: Client, name: str, at: datetime) -> str:
         u = s.usage
         money = f", {u.cost} {u.currency}" if u.cost is not None else ""
         example = " (the catalog's example prices)" if u.example_prices else ""
-        field("Usage", f"{u.gpu_hours} GPU-hours{money}{example}")
+        field("Used", f"{u.gpu_hours} GPU-hours{money}{example}")
     if s and s.conditions:
         lines.append("Conditions:")
         rows = [["TYPE", "STATUS", "REASON", "MESSAGE"]]

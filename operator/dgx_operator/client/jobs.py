@@ -40,7 +40,7 @@ from dgx_operator.api import API_VERSION, GROUP, VERSION
 from dgx_operator.api.common import Condition
 from dgx_operator.api.datamount import DGXDataMount
 from dgx_operator.api.trainingjob import DGXTrainingJob, Progress
-from dgx_operator.api.vocabulary import JobCondition, JobPhase
+from dgx_operator.api.vocabulary import JobCondition, JobPhase, MountCondition
 from dgx_operator.client import kubeclient
 from dgx_operator.client.errors import (
     ClientError,
@@ -240,7 +240,9 @@ class Client:
                 states.append(MountState(ref.name, ref.mount_path, None, None, str(exc), None))
                 continue
             spec, status = body.get("spec") or {}, body.get("status") or {}
-            ready: dict[str, Any] = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), {})
+            ready: dict[str, Any] = next(
+                (c for c in status.get("conditions") or [] if c.get("type") == MountCondition.READY), {}
+            )
             states.append(
                 MountState(
                     ref.name,
