@@ -78,6 +78,11 @@ def test_running_then_a_restart_then_success_as_flyte_sees_them(
     assert [(link.name, link.uri) for link in running.log_links] == [
         ("worker 0", f"https://logs.example/{ns}/{meta.name}-worker-0")
     ]
+    # What `pyflyte serve connector` sends propeller: the protobuf Resource, the links in it.
+    sent = asyncio.run(running.to_flyte_idl())
+    assert [(link.name, link.uri) for link in sent.log_links] == [
+        ("worker 0", f"https://logs.example/{ns}/{meta.name}-worker-0")
+    ]
     (first,) = running_workers(namespace, meta.name)
     exit_worker(namespace, first["metadata"]["name"], 1)
     # The worker is replaced (restartPolicy OnFailure) and the restart is counted in the message.

@@ -28,8 +28,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from flyteidl.core.execution_pb2 import TaskLog
 from flytekit.extend.backend.base_connector import AsyncConnectorBase, ConnectorRegistry, Resource, ResourceMeta
-from flytekit.models.core.execution import TaskLog
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
@@ -229,6 +229,8 @@ class DGXConnector(AsyncConnectorBase):  # type: ignore[misc]  # flytekit ships 
     async def get(self, resource_meta: DGXJobMetadata, **kwargs: Any) -> Resource:
         job = await read_job(resource_meta)
         st = status_of(job, os.environ.get("KUBEDGX_FLYTE_LOG_TEMPLATE") or None)
+        # The protobuf TaskLog: Resource.to_flyte_idl() (what `pyflyte serve connector` answers
+        # with) puts the links into the protobuf Resource as they are; flytekit's model class fails there.
         links = [TaskLog(uri=uri, name=name) for name, uri in st.log_links]
         outputs = None
         phase, message = st.phase, st.message
