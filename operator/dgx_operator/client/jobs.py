@@ -50,9 +50,10 @@ from dgx_operator.client.errors import (
     SubmitError,
     WaitTimeoutError,
 )
-from dgx_operator.client.lines import describe_event
+from dgx_operator.client.lines import describe_event, parse_time
 from dgx_operator.render.datasync import logs_uri
 from dgx_operator.render.names import CONTAINER_NAME, DETACHED_SUFFIX, INDEX_LABEL, JOB_LABEL
+from dgx_operator.render.resolved import JobIdentity
 
 if TYPE_CHECKING:
     from dgx_api.history import Point
@@ -278,7 +279,7 @@ class Client:
                     object=f"{str(kind).lower()}/{obj}",
                     message=str(item.get("message") or "").strip(),
                     count=int(item.get("count") or 1),
-                    last=_time(when),
+                    last=parse_time(when),
                 )
             )
         found.sort(key=lambda e: e.last or datetime.min.replace(tzinfo=UTC))
@@ -386,31 +387,23 @@ class Client:
                 if deadline is not None and time.monotonic() > deadline:
                     raise WaitTimeoutError(f"{name} is still being deleted after {timeout:g}s")
                 version = str((current.get("metadata") or {}).get("resourceVersion") or "")
-                self._watch_once(name, 30 if deadline is None else max(1, int(deadline - time.monotonic())), version)
+                seconds = 30 if deadline is None else max(1, int(deadline - time.monotonic()))
+                query = {"fieldSelector": f"metadata.name={name}"}
+                self._next_change(_collection(JOB_KIND, self.namespace), query, seconds, version)
         return job
 
     # -- waiting ----------------------------------------------------------------------------------
 
-    def _watch_once(self, name: str, seconds: int, version: str = "") -> None:
-        """Return at the next change of the job after ``version`` (its resourceVersion as last read),
-        or after ``seconds`` (whatever comes first). From ``version``: a change between that read and
-        the watch's start (the job gone meanwhile) is still seen, instead of waiting out ``seconds``."""
-        job_path = _collection(JOB_KIND, self.namespace)
-        query = {"fieldSelector": f"metadata.name={name}", **({"resourceVersion": version} if version else {})}
-        try:
-            for _ in self.api.watch(job_path, query, timeout_s=max(1, seconds)):
-                return
-        except kubeclient.ClusterError as exc:
-            if "too old resource version" not in str(exc) and "Expired" not in str(exc):
-                raise  # an expired version: the caller reads the job again
-
-    def _next_change(self, path: str, query: Mapping[str, str], seconds: int) -> None:
-        """Return at the next change of what ``query`` selects in ``path`` from now on, or after
-        ``seconds``. The watch starts at the list's resourceVersion: without one the API server
-        starts it with an ADDED event for every object that exists, which would return at once
-        (and the callers, looking again, would ask the API server in a busy loop)."""
-        listed = self.api.get(path, {**query, "limit": "1"})
-        version = str((listed.get("metadata") or {}).get("resourceVersion") or "")
+    def _next_change(self, path: str, query: Mapping[str, str], seconds: int, version: str | None = None) -> None:
+        """Return at the next change of what ``query`` selects in ``path`` after ``version`` (a
+        resourceVersion the caller read; None: the list's now), or after ``seconds``. A watch without
+        a version opens with an ADDED event per object, which would return at once (and the callers,
+        looking again, would ask the API server in a busy loop); from the caller's own version, a
+        change between its read and the watch's start (the job gone meanwhile) is still seen. An
+        expired version returns: the caller reads again."""
+        if version is None:
+            listed = self.api.get(path, {**query, "limit": "1"})
+            version = str((listed.get("metadata") or {}).get("resourceVersion") or "")
         watched = {**query, "resourceVersion": version} if version else dict(query)
         try:
             for _ in self.api.watch(path, watched, timeout_s=max(1, seconds)):
@@ -547,7 +540,8 @@ class Client:
         job = self.get(name)
         segments: list[list[Point]] = []
         problems: list[str] = []
-        for mount in self._out_mounts(job):
+        mounts = self._out_mounts(job)
+        for mount in mounts:
             try:
                 segments += self._remote_history(job, mount)
             except ClientError as exc:
@@ -563,7 +557,7 @@ class Client:
         points = merge([s for s in segments if s])
         if not points:
             why = "; ".join(problems) if problems else "no progress reported yet"
-            if not self._out_mounts(job):
+            if not mounts:
                 why += " (without a direction: Out data mount nothing keeps the history once the pods are gone)"
             raise NothingToFetchError(f"{name}: no progress history: {why}")
         return points
@@ -587,7 +581,7 @@ class Client:
         from dgx_api.history import HISTORY_DIR, parse_lines
 
         store = self._store(mount)
-        base = store.location(logs_uri(_identity(job), mount.spec))
+        base = store.location(logs_uri(JobIdentity.of(job), mount.spec))
         segments: list[list[Point]] = []
         objects = store.list(base.child(HISTORY_DIR))
         for obj in sorted(objects, key=lambda o: o.key):
@@ -628,7 +622,7 @@ class Client:
             )
         problems: list[str] = []
         for mount in mounts:
-            uri = posixpath.join(logs_uri(_identity(job), mount.spec), "runs")
+            uri = posixpath.join(logs_uri(JobIdentity.of(job), mount.spec), "runs")
             try:
                 self._store(mount).download(uri, logdir / "runs")
                 return uri
@@ -675,23 +669,6 @@ class Client:
         target = Path(dest) / chosen.name
         self._store(mount).download(chosen.uri, target)
         return target
-
-
-def _time(value: Any) -> datetime | None:
-    from dgx_operator.client.lines import parse_time
-
-    return parse_time(value)
-
-
-@dataclass(frozen=True)
-class _Identity:
-    name: str
-    uid: str
-    namespace: str
-
-
-def _identity(job: DGXTrainingJob) -> Any:
-    return _Identity(job.metadata.name, job.metadata.uid or "", job.metadata.namespace or "")
 
 
 def _has_output(worker: Worker) -> bool:
