@@ -12,14 +12,10 @@ the operator by writing the job's status subresource, and reads back the phases 
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
 import sys
 import time
 from collections import OrderedDict
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -32,7 +28,6 @@ pytest.importorskip("flytekitplugins.dgx", reason="flytekitplugins-dgx is not in
 from flyteidl.admin import agent_pb2  # noqa: E402
 from flyteidl.core import identifier_pb2, literals_pb2  # noqa: E402
 from flyteidl.core.execution_pb2 import TaskExecution  # noqa: E402
-from flyteidl.service.agent_pb2_grpc import AgentMetadataServiceStub, AsyncAgentServiceStub  # noqa: E402
 from flytekit import task  # noqa: E402
 from flytekit.configuration import ImageConfig, SerializationSettings  # noqa: E402
 from flytekit.core.base_task import PythonTask  # noqa: E402
@@ -40,23 +35,22 @@ from flytekit.core.context_manager import ExecutionState, FlyteContextManager  #
 from flytekit.extend.backend.utils import render_task_template  # noqa: E402
 from flytekit.models.task import TaskExecutionMetadata, TaskTemplate  # noqa: E402
 from flytekit.tools.translator import get_serializable  # noqa: E402
-from grpc_health.v1 import health_pb2, health_pb2_grpc  # noqa: E402
+from grpc_health.v1 import health_pb2  # noqa: E402
 
 from flytekitplugins.dgx import DGXConfig, DGXConfigError  # noqa: E402
 from flytekitplugins.dgx.manifest import build  # noqa: E402
 from tests.chart.conftest import Rendered  # noqa: E402
-from tests.cluster.controlplane import CONTEXT, ControlPlane, stop_process_group  # noqa: E402
+from tests.cluster.controlplane import ControlPlane  # noqa: E402
+from tests.cluster.flyte_connector_server import Connector, serve  # noqa: E402
 from tests.cluster.operator import install  # noqa: E402
 from tests.conftest import EXAMPLES  # noqa: E402
 from tests.e2e.kubectl import JOBS, Kubectl, dig, wait_for  # noqa: E402
-from tests.support.ports import free_port  # noqa: E402
 
 #: The examples' workflows module, importable by its name as `pyflyte run examples/flyte/workflows.py` has it.
 if str(EXAMPLES / "flyte") not in sys.path:
     sys.path.insert(0, str(EXAMPLES / "flyte"))
 import workflows  # noqa: E402
 
-PYFLYTE = shutil.which("pyflyte", path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
 FUNCTION_TASK = agent_pb2.TaskCategory(name="dgx_training", version=0)
 #: Seconds one gRPC call may take (each CreateTask/GetTask/DeleteTask is a few apiserver calls).
 RPC_TIMEOUT = 30
@@ -75,37 +69,6 @@ def misplaced(n: int) -> int:
 # -- the server -------------------------------------------------------------------------------
 
 
-class Connector:
-    """The ``pyflyte serve connector`` process and a channel to it."""
-
-    def __init__(self, process: subprocess.Popen[bytes], log_path: Path, port: int) -> None:
-        self.process = process
-        self.log_path = log_path
-        self.channel = grpc.insecure_channel(f"127.0.0.1:{port}")
-        self.tasks = AsyncAgentServiceStub(self.channel)
-        self.metadata = AgentMetadataServiceStub(self.channel)
-        self.health = health_pb2_grpc.HealthStub(self.channel)
-
-    def tail(self, lines: int = 60) -> str:
-        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-        return "\n".join(text.splitlines()[-lines:])
-
-    def serving(self) -> bool:
-        if self.process.poll() is not None:
-            raise AssertionError(f"pyflyte serve connector exited {self.process.returncode}:\n{self.tail()}")
-        try:
-            answer = self.health.Check(
-                health_pb2.HealthCheckRequest(service="flyteidl.service.AsyncAgentService"), timeout=2
-            )
-        except grpc.RpcError:
-            return False  # not listening yet
-        return bool(answer.status == health_pb2.HealthCheckResponse.SERVING)
-
-    def stop(self) -> None:
-        self.channel.close()
-        stop_process_group(self.process, timeout=10)
-
-
 @pytest.fixture(scope="module")
 def crds(control_plane: ControlPlane, kubectl: Kubectl) -> list[Rendered]:
     """The chart's CRDs (and the rest of it but the Deployment); no operator: the test writes every status."""
@@ -117,29 +80,8 @@ def crds(control_plane: ControlPlane, kubectl: Kubectl) -> list[Rendered]:
 def connector(
     control_plane: ControlPlane, crds: list[Rendered], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Connector]:
-    assert PYFLYTE is not None, "the pyflyte console script is not installed next to this interpreter"
-    workdir = tmp_path_factory.mktemp("flyte-connector")
-    port, prometheus_port = free_port(), free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KUBEDGX_FLYTE_") and k != "KUBECONFIG"}
-    env |= {
-        "KUBEDGX_FLYTE_KUBECONFIG": str(control_plane.kubeconfig),
-        "KUBEDGX_FLYTE_CONTEXT": CONTEXT,
-        "FLYTE_SDK_RICH_TRACEBACKS": "0",
-        "PYTHONUNBUFFERED": "1",
-    }
-    argv = [PYFLYTE, "serve", "connector", "--port", str(port), "--prometheus_port", str(prometheus_port),
-            "--modules", "flytekitplugins.dgx", "--timeout", str(SERVER_LIFETIME)]  # fmt: skip
-    log_path = workdir / "connector.log"
-    with log_path.open("ab") as log:
-        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                   cwd=workdir, start_new_session=True)  # fmt: skip
-    server = Connector(process, log_path, port)
-    try:
-        wait_for("pyflyte serve connector to report SERVING", server.serving, timeout=90, interval=0.3,
-                 diagnose=server.tail)  # fmt: skip
+    with serve(control_plane, tmp_path_factory.mktemp("flyte-connector"), lifetime=SERVER_LIFETIME) as server:
         yield server
-    finally:
-        server.stop()
 
 
 # -- what propeller sends ---------------------------------------------------------------------

@@ -8,82 +8,22 @@ pod's environment as a local process (the project's folder as the image's workin
 reports its exit code through the pod's status (the kwok stage of tests/cluster/stages). So the task's
 function body really runs under ``pyflyte-execute``, its output goes through Flyte's blob store (the
 local raw-output folder pyflyte made), and the job's phases reach pyflyte through the connector's
-``get``. What the stand-in changes, and why: the rendezvous address (the pod's DNS name is the
-headless Service's, which this machine cannot resolve) and PET_NPROC_PER_NODE (2 CPU processes instead
-of the node's 8 GPUs, so torch elastic's multi-process path and rank 0's outputs are exercised).
+``get`` (what the stand-in changes: tests/cluster/flyte_kubelet.py).
 """
 
 from __future__ import annotations
 
 import os
 import subprocess
-import sys
-import threading
 from pathlib import Path
-from typing import Any
 
-from tests.cluster.controlplane import CONTEXT, EXIT_CODE_LABEL, MESSAGE_ANNOTATION, ControlPlane
+from tests.cluster.controlplane import CONTEXT, ControlPlane
+from tests.cluster.flyte_kubelet import BIN, RUN_TIMEOUT, Kubelet
 from tests.cluster.operator import Operator
 from tests.conftest import ROOT
 from tests.e2e.kubectl import Kubectl, dig
-from tests.support.ports import free_port
 
 WORKFLOWS = ROOT / "examples" / "flyte" / "workflows.py"
-RUN_TIMEOUT = 300
-BIN = str(Path(sys.executable).parent)
-
-
-class Kubelet:
-    """Runs the namespace's Running worker pods as local processes and reports how they ended."""
-
-    def __init__(self, k: Kubectl, workdir: Path, logs: Path) -> None:
-        self.k, self.workdir, self.logs = k, workdir, logs
-        self.ran: dict[str, int] = {}
-        self.errors: list[BaseException] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="kubelet", daemon=True)
-
-    def __enter__(self) -> Kubelet:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=60)
-
-    def _loop(self) -> None:
-        try:
-            while not self._stop.wait(0.5):  # the pace of the polling, not a synchronisation
-                for pod in self.k.select("pods", {"app.kubernetes.io/managed-by": "kubedgx"}):
-                    name = pod["metadata"]["name"]
-                    if name not in self.ran and dig(pod, "status", "phase") == "Running":
-                        self.ran[name] = self.run(pod)
-        except BaseException as exc:  # surfaced by the test
-            self.errors.append(exc)
-
-    def run(self, pod: dict[str, Any]) -> int:
-        (container,) = [c for c in pod["spec"]["containers"] if c["name"] == "trainer"] or pod["spec"]["containers"][:1]
-        env = {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
-        env |= {
-            "PET_RDZV_ENDPOINT": f"127.0.0.1:{free_port()}",
-            "MASTER_ADDR": "127.0.0.1",
-            "PET_NPROC_PER_NODE": "2",
-            "PATH": os.pathsep.join([BIN, os.environ.get("PATH", "")]),
-            "PYTHONPATH": str(self.workdir),
-            "FLYTE_SDK_RICH_TRACEBACKS": "0",
-            "HOME": os.environ.get("HOME", "/root"),
-        }
-        command = [*container.get("command", []), *container.get("args", [])]
-        log = self.logs / f"{pod['metadata']['name']}.log"
-        with log.open("w") as out:
-            rc = subprocess.run(command, env=env, cwd=self.workdir, stdout=out, stderr=subprocess.STDOUT,
-                                timeout=RUN_TIMEOUT, check=False).returncode  # fmt: skip
-        name = pod["metadata"]["name"]
-        if rc:
-            tail = log.read_text(errors="replace").strip().splitlines()[-1:] or [""]
-            self.k.run("annotate", "pod", name, f"{MESSAGE_ANNOTATION}={tail[0][:900]}", "--overwrite")
-        self.k.run("label", "pod", name, f"{EXIT_CODE_LABEL}={rc}", "--overwrite")
-        return rc
 
 
 def pyflyte(control_plane: ControlPlane, namespace: Kubectl, *args: str) -> subprocess.CompletedProcess[str]:
