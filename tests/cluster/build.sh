@@ -63,6 +63,9 @@ for a in "$@"; do
 done
 ALL=(kubernetes etcd kwok kueue)
 NODES=(kubelet coredns)
+case " ${comps[*]:-} " in
+  *" flytepropeller "*) [ ${#comps[@]} -eq 1 ] || die "build flytepropeller on its own (it takes its own lock)" ;;
+esac
 [ ${#comps[@]} -gt 0 ] || comps=("${ALL[@]}")
 wants_nodes=0
 for c in "${comps[@]}"; do case $c in kubelet|coredns) wants_nodes=1 ;; esac; done
@@ -70,7 +73,6 @@ for c in "${comps[@]}"; do case $c in kubelet|coredns) wants_nodes=1 ;; esac; do
 wants_flyte=0
 for c in "${comps[@]}"; do [ "$c" = flytepropeller ] && wants_flyte=1; done
 [ "$mode" = print-flyte ] && wants_flyte=1
-[ "$wants_flyte" = 0 ] || [ ${#comps[@]} -le 1 ] || die "build flytepropeller on its own (it takes its own lock)"
 
 command -v go >/dev/null || die "go not found in PATH (needs Go >= 1.26.0 for etcd/kwok; GOTOOLCHAIN=local)"
 
@@ -229,8 +231,8 @@ check_version() {  # $1 component, $2 bin dir
     flytepropeller)  # no --version flag: the module versions compiled in
       local b
       for b in flytepropeller kubectl-flyte; do
-        case $(go version -m "$2/$b" 2>&1) in
-          *"dep	github.com/flyteorg/flyte/flytepropeller	$FLYTE_VERSION"*) ;;
+        case $(go version -m "$2/$b" 2>&1) in  # a dependency of our main package; kubectl-flyte's own module
+          *"dep	github.com/flyteorg/flyte/flytepropeller	$FLYTE_VERSION	"*|*"mod	github.com/flyteorg/flyte/flytepropeller	$FLYTE_VERSION	"*) ;;
           *) echo "go version -m $b: not built from github.com/flyteorg/flyte/flytepropeller $FLYTE_VERSION"; return 1 ;;
         esac
       done
