@@ -123,3 +123,8 @@ def kueue(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory)
     fixture with its own ``Kueue(control_plane, workdir, config={...})`` under ``serving``."""
     with serving(Kueue(control_plane, tmp_path_factory.mktemp("kueue"))) as running:
         yield running
+
+
+# -- moto's S3 (tests/s3.py): Flyte's blob store for the real-propeller modules -----------------------
+
+from tests.s3 import s3  # noqa: E402, F401

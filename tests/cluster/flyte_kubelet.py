@@ -18,6 +18,7 @@ import os
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,8 +37,8 @@ class Kubelet:
     """Runs the namespace's Running pods as local processes and reports how they ended.
 
     ``ran`` maps each pod's name to its last exit code, ``runs`` lists (name, uid, exit code) in
-    the order they ended; ``hold`` names pods (by name prefix) left Running and never executed, as a
-    worker that never exits."""
+    the order they ended; ``hold`` picks pods left Running and never executed, as a worker that never
+    exits."""
 
     def __init__(
         self,
@@ -47,7 +48,7 @@ class Kubelet:
         *,
         propeller: bool = False,
         env: dict[str, str] | None = None,
-        hold: tuple[str, ...] = (),
+        hold: Callable[[dict[str, Any]], bool] | None = None,
     ) -> None:
         self.k, self.workdir, self.logs = k, workdir, logs
         self.propeller, self.extra_env, self.hold = propeller, dict(env or {}), hold
@@ -82,7 +83,7 @@ class Kubelet:
                     name, uid = pod["metadata"]["name"], pod["metadata"].get("uid", "")
                     if uid in self._seen or dig(pod, "status", "phase") != "Running":
                         continue
-                    if any(name.startswith(prefix) for prefix in self.hold):
+                    if self.hold is not None and self.hold(pod):
                         continue
                     self._seen.add(uid)
                     rc = self.run(pod)

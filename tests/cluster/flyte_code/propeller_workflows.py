@@ -11,7 +11,7 @@ from pathlib import Path
 from flytekit import task, workflow
 from flytekit.exceptions.user import FlyteRecoverableException
 
-from flytekitplugins.dgx import DGXConfig, DGXQLoRATask, DGXTorchElastic
+from flytekitplugins.dgx import DGXConfig, DGXDataConfig, DGXQLoRATask, DGXTorchElastic
 
 #: A folder the test and the pods share (the stand-in kubelet runs pods on this machine).
 MARKS = "KUBEDGX_TEST_MARKS"
@@ -101,7 +101,11 @@ qlora = DGXQLoRATask(
         "lora": {"r": 16, "alpha": 32},
         "training": {"epochs": 1, "learningRate": 2e-4},
     },
-    task_config=DGXConfig(instance="dgxh100.80g.8.norm"),
+    task_config=DGXDataConfig(
+        instance="dgxh100.80g.8.norm",
+        input_mounts=["s3://kubedgx-test/legal"],
+        output_mounts=["s3://kubedgx-test/adapters"],
+    ),
 )
 
 
