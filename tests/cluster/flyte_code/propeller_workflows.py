@@ -76,10 +76,11 @@ def interruptible() -> str:
     return on_spot()
 
 
-@task(task_config=DGXConfig(instance="dgxh100.80g.8.norm", restart_policy="OnFailure"))
+@task(task_config=DGXTorchElastic(instance="dgxh100.80g.8.norm", restart_policy="OnFailure", max_restarts=0))
 def once_restarted(n: int) -> int:
-    """Its first run dies (exit 1: a worker lost mid-run); the operator restarts it and the second
-    run returns. The mark file tells the runs apart."""
+    """Its first run dies (exit 1: a worker lost mid-run); the operator restarts the job and the
+    second run returns. The mark file tells the runs apart; no in-pod restarts (torch elastic's
+    max_restarts=0), so the failure ends the pod and the job restarts it."""
     mark = Path(os.environ[MARKS]) / f"once_restarted-{n}"
     if not mark.exists():
         mark.write_text("ran once\n")
