@@ -1,7 +1,8 @@
 """The kubedgx connector against the real control plane with the operator running: the job's phases
 come from the operator and the workers' fates from kwok (a label makes a worker exit with a code),
 so what Flyte is told is what a cluster really goes through: running, a restart, success; a job too
-wide for the nodes there are; a suspended job; an abort deleting the job and its pods."""
+wide for the nodes there are; a job suspended after it ran (still RUNNING to Flyte); an abort
+deleting the job and its pods; rank 0's log (kwok serves none: the apiserver's words come back)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from flytekit import task
 
 from flytekitplugins.dgx import DGXConfig, DGXTorchElastic
 from flytekitplugins.dgx.connector import DGXConnector, DGXJobMetadata
+from flytekitplugins.dgx.phases import RAN_ANNOTATION
 from tests.cluster.controlplane import CONTEXT, EXIT_CODE_LABEL, ControlPlane
 from tests.cluster.operator import Operator
 from tests.e2e.jobs import live_workers, running_workers
@@ -80,8 +82,14 @@ def test_running_then_a_restart_then_success_as_flyte_sees_them(
     ]
     # What `pyflyte serve connector` sends propeller: the protobuf Resource, the links in it.
     sent = asyncio.run(running.to_flyte_idl())
-    assert [(link.name, link.uri) for link in sent.log_links] == [
-        ("worker 0", f"https://logs.example/{ns}/{meta.name}-worker-0")
+    assert [(link.name, link.uri, link.ShowWhilePending) for link in sent.log_links] == [
+        ("worker 0", f"https://logs.example/{ns}/{meta.name}-worker-0", False)
+    ]
+    # Rank 0's log: the pod runs on a kwok node, whose "kubelet" serves no log; the apiserver says so.
+    logs = asyncio.run(connector.get_logs(resource_meta=meta))
+    assert list(logs.body.results) == [
+        f"no log of pod {ns}/{meta.name}-worker-0, container trainer: 404 the server could not find the requested "
+        f"resource ( pods/log {meta.name}-worker-0)"
     ]
     (first,) = running_workers(namespace, meta.name)
     exit_worker(namespace, first["metadata"]["name"], 1)
@@ -103,16 +111,27 @@ def test_a_job_wider_than_the_cluster_waits_for_resources_with_the_scheduler_s_w
     assert "nodes are available" in resource.message
 
 
-def test_a_suspended_job_waits_for_resources_and_runs_when_resumed(
+def test_a_job_suspended_after_it_ran_stays_running_to_flyte_saying_suspended_and_runs_when_resumed(
     operator: Operator, namespace: Kubectl, connector: DGXConnector
 ) -> None:
+    """Propeller sends each phase once per attempt: a WAITING_FOR_RESOURCES after RUNNING would be stored, the
+    RUNNING after it never sent, and Flyte would show the task waiting until it ends. The first RUNNING answer
+    marks the job; from then on a suspension is RUNNING whose message says suspended."""
     meta = create(connector, retried, str(namespace.namespace))
+    assert RAN_ANNOTATION not in (dig(namespace.get("dgxtrainingjobs", meta.name), "metadata", "annotations") or {})
     flyte_phase(connector, meta, TaskExecution.RUNNING)
+    assert dig(namespace.get("dgxtrainingjobs", meta.name), "metadata", "annotations", RAN_ANNOTATION)
     namespace.patch("dgxtrainingjobs", meta.name, {"spec": {"suspend": True}})
-    flyte_phase(connector, meta, TaskExecution.WAITING_FOR_RESOURCES, "suspended")
+    wait_for("the job Suspended", lambda: dig(namespace.get("dgxtrainingjobs", meta.name), "status", "phase")
+             == "Suspended", timeout=TIMEOUT)  # fmt: skip
+    suspended = asyncio.run(connector.get(resource_meta=meta))
+    assert (TaskExecution.Phase.Name(suspended.phase), suspended.message) == (
+        "RUNNING",
+        "suspended (spec.suspend): Suspended: spec.suspend is true: workers deleted, the job is kept",
+    )
     wait_for("the workers deleted", lambda: not live_workers(namespace, meta.name), timeout=TIMEOUT)
     namespace.patch("dgxtrainingjobs", meta.name, {"spec": {"suspend": False}})
-    flyte_phase(connector, meta, TaskExecution.RUNNING, "running")
+    flyte_phase(connector, meta, TaskExecution.RUNNING, "running: nodes 1/1")
 
 
 def test_abort_deletes_the_job_and_its_workers_and_a_second_delete_is_harmless(
@@ -128,6 +147,11 @@ def test_abort_deletes_the_job_and_its_workers_and_a_second_delete_is_harmless(
     gone = asyncio.run(connector.get(resource_meta=meta))
     assert gone.phase == TaskExecution.FAILED
     assert "gone" in gone.message
+    logs = asyncio.run(connector.get_logs(resource_meta=meta))
+    assert list(logs.body.results) == [
+        f"no log: pod {namespace.namespace}/{meta.name}-worker-0 does not exist (its job has not created it yet, or "
+        "the job ended or was deleted and its workers with it)"
+    ]
     # A new create for the same execution after the abort makes a new job (a new uid), not the old one.
     again = create(connector, retried, str(namespace.namespace))
     assert (again.name, again.uid != meta.uid) == (meta.name, True)

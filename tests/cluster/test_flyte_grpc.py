@@ -7,10 +7,12 @@ against this suite's kube-apiserver; the client sends what propeller sends: a re
 template (``square`` from examples/flyte/workflows.py, serialized by flytekit, its args rendered
 with the output prefix) and the execution's TaskExecutionMetadata. No operator runs: the test plays
 the operator by writing the job's status subresource, and reads back the phases Flyte would show.
+The server reads Flyte's blob store (error.pb) from moto's S3 with the keys a deployment gives it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 import time
@@ -27,6 +29,7 @@ pytest.importorskip("flytekitplugins.dgx", reason="flytekitplugins-dgx is not in
 
 from flyteidl.admin import agent_pb2  # noqa: E402
 from flyteidl.core import identifier_pb2, literals_pb2  # noqa: E402
+from flyteidl.core.errors_pb2 import ContainerError, ErrorDocument  # noqa: E402
 from flyteidl.core.execution_pb2 import TaskExecution  # noqa: E402
 from flytekit import task  # noqa: E402
 from flytekit.configuration import ImageConfig, SerializationSettings  # noqa: E402
@@ -38,13 +41,16 @@ from flytekit.tools.translator import get_serializable  # noqa: E402
 from grpc_health.v1 import health_pb2  # noqa: E402
 
 from flytekitplugins.dgx import DGXConfig, DGXConfigError  # noqa: E402
+from flytekitplugins.dgx.connector import DGXConnector, DGXJobMetadata  # noqa: E402
 from flytekitplugins.dgx.manifest import build  # noqa: E402
+from flytekitplugins.dgx.phases import RAN_ANNOTATION  # noqa: E402
 from tests.chart.conftest import Rendered  # noqa: E402
-from tests.cluster.controlplane import ControlPlane  # noqa: E402
+from tests.cluster.controlplane import CONTEXT, ControlPlane  # noqa: E402
 from tests.cluster.flyte_connector_server import Connector, serve  # noqa: E402
 from tests.cluster.operator import install  # noqa: E402
 from tests.conftest import EXAMPLES  # noqa: E402
 from tests.e2e.kubectl import JOBS, Kubectl, dig, wait_for  # noqa: E402
+from tests.s3 import ACCESS_KEY, S3, SECRET_KEY, s3  # noqa: E402, F401  (the session's moto server)
 
 #: The examples' workflows module, importable by its name as `pyflyte run examples/flyte/workflows.py` has it.
 if str(EXAMPLES / "flyte") not in sys.path:
@@ -57,7 +63,10 @@ RPC_TIMEOUT = 30
 #: The server's own lifetime (``--timeout``): it outlives this module, and stops by itself if the finalizer never runs.
 SERVER_LIFETIME = 300
 PROJECT, DOMAIN = "flytesnacks", "development"
+#: In a bucket moto does not have: no error.pb there (the store says not found).
 OUTPUT_PREFIX = "s3://flyte-bucket/metadata/propeller/flytesnacks-development-abc123/n0/data/0"
+#: The deployment's log links: one for the job (no {pod}), shown by Flyte while the task is pending too.
+LOG_TEMPLATE = "https://grafana.example/d/kubedgx?ns={namespace}&job={job}"
 
 
 @task(task_config=DGXConfig(instance="not-an-instance"))
@@ -78,25 +87,36 @@ def crds(control_plane: ControlPlane, kubectl: Kubectl) -> list[Rendered]:
 
 @pytest.fixture(scope="module")
 def connector(
-    control_plane: ControlPlane, crds: list[Rendered], tmp_path_factory: pytest.TempPathFactory
+    control_plane: ControlPlane,
+    crds: list[Rendered],
+    tmp_path_factory: pytest.TempPathFactory,
+    s3: S3,  # noqa: F811
 ) -> Iterator[Connector]:
-    with serve(control_plane, tmp_path_factory.mktemp("flyte-connector"), lifetime=SERVER_LIFETIME) as server:
+    env = {
+        "FLYTE_AWS_ENDPOINT": s3.endpoint,
+        "FLYTE_AWS_ACCESS_KEY_ID": ACCESS_KEY,
+        "FLYTE_AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+        "AWS_EC2_METADATA_DISABLED": "true",
+        "KUBEDGX_FLYTE_LOG_TEMPLATE": LOG_TEMPLATE,
+    }
+    with serve(control_plane, tmp_path_factory.mktemp("flyte-connector"), lifetime=SERVER_LIFETIME,
+               env=env) as server:  # fmt: skip
         yield server
 
 
 # -- what propeller sends ---------------------------------------------------------------------
 
 
-def serialized(python_task: PythonTask) -> Any:
+def serialized(python_task: PythonTask, output_prefix: str = OUTPUT_PREFIX) -> Any:
     """The task's template as `pyflyte register` would store it, args rendered as propeller renders
-    them for ``OUTPUT_PREFIX``. Inside an execution context: otherwise flytekit would try to build the
+    them for ``output_prefix``. Inside an execution context: otherwise flytekit would try to build the
     task's ImageSpec with docker."""
     ctx = FlyteContextManager.current_context()
     state = ctx.new_execution_state().with_params(mode=ExecutionState.Mode.LOCAL_TASK_EXECUTION)
     with FlyteContextManager.with_context(ctx.with_execution_state(state)):
         template = get_serializable(OrderedDict(), SerializationSettings(ImageConfig.auto_default_image()),
                                     python_task).template  # fmt: skip
-    rendered = render_task_template(template, OUTPUT_PREFIX) if template.container is not None else template
+    rendered = render_task_template(template, output_prefix) if template.container is not None else template
     proto = rendered.to_flyte_idl()
     # A registered task has its project, domain and version (serialization leaves them empty).
     proto.id.project, proto.id.domain, proto.id.version = PROJECT, DOMAIN, "v1"
@@ -122,12 +142,14 @@ def execution_metadata(namespace: str, execution: str, *, retry_attempt: int = 0
     )
 
 
-def create_request(template: Any, metadata: agent_pb2.TaskExecutionMetadata) -> agent_pb2.CreateTaskRequest:
+def create_request(
+    template: Any, metadata: agent_pb2.TaskExecutionMetadata, output_prefix: str = OUTPUT_PREFIX
+) -> agent_pb2.CreateTaskRequest:
     n = literals_pb2.Literal(scalar=literals_pb2.Scalar(primitive=literals_pb2.Primitive(integer=4)))
     return agent_pb2.CreateTaskRequest(
         inputs=literals_pb2.LiteralMap(literals={"n": n}),
         template=template,
-        output_prefix=OUTPUT_PREFIX,
+        output_prefix=output_prefix,
         task_execution_metadata=metadata,
     )
 
@@ -155,6 +177,20 @@ def now() -> str:
 def set_status(k: Kubectl, name: str, status: dict[str, Any]) -> None:
     """What the operator would write: the status subresource (the spec is untouched)."""
     k.run("patch", JOBS, name, "--subresource=status", "--type=merge", "-p", json.dumps({"status": status}))
+
+
+def failed_status(reason: str, message: str) -> dict[str, Any]:
+    return {
+        "phase": "Failed", "nodes": "0/1", "completionTime": now(),
+        "conditions": [
+            {"type": "Running", "status": "False", "reason": reason, "message": message, "lastTransitionTime": now()},
+            {"type": "Failed", "status": "True", "reason": reason, "message": message, "lastTransitionTime": now()},
+        ],
+    }  # fmt: skip
+
+
+def error_document(message: str, kind: int) -> bytes:
+    return bytes(ErrorDocument(error=ContainerError(code="USER:Error", message=message, kind=kind)).SerializeToString())
 
 
 def env_of(job: dict[str, Any]) -> dict[str, str]:
@@ -227,6 +263,11 @@ def test_create_get_delete_round_trip(connector: Connector, namespace: Kubectl) 
     assert resource.phase == TaskExecution.QUEUED, phase_name(resource.phase)
     assert "pending" in resource.message
     assert resource.custom_info["job"] == f"{ns}/{meta['name']}"
+    # The job's link, which Flyte's admin keeps while the task is queued or initializing.
+    assert [(link.name, link.uri, link.ShowWhilePending) for link in resource.log_links] == [
+        ("kubedgx job", f"https://grafana.example/d/kubedgx?ns={ns}&job={meta['name']}", True)
+    ]
+    assert RAN_ANNOTATION not in (dig(namespace.get(JOBS, meta["name"]), "metadata", "annotations") or {})
 
     set_status(namespace, meta["name"], {
         "phase": "Running", "nodes": "1/1", "startTime": now(),
@@ -237,20 +278,26 @@ def test_create_get_delete_round_trip(connector: Connector, namespace: Kubectl) 
     assert resource.phase == TaskExecution.RUNNING, (phase_name(resource.phase), resource.message)
     assert resource.message == "running: nodes 1/1"
     assert resource.custom_info["phase"] == "Running"
-
+    # Reported RUNNING: the job is marked, and a suspension after it (Kueue preempts it) stays RUNNING.
+    assert dig(namespace.get(JOBS, meta["name"]), "metadata", "annotations", RAN_ANNOTATION)
     set_status(namespace, meta["name"], {
-        "phase": "Failed", "nodes": "0/1", "completionTime": now(),
-        "conditions": [
-            {"type": "Running", "status": "False", "reason": "WorkerFailed", "message": "worker 0 exited 1",
-             "lastTransitionTime": now()},
-            {"type": "Failed", "status": "True", "reason": "WorkerFailed",
-             "message": "worker 0 exited 1: ZeroDivisionError: division by zero", "lastTransitionTime": now()},
-        ],
+        "phase": "Suspended", "nodes": "0/0", "startTime": None,
+        "conditions": [{"type": "Suspended", "status": "True", "reason": "Preempted",
+                        "message": "Preempted to accommodate a higher priority Workload", "lastTransitionTime": now()}],
     })  # fmt: skip
     resource = get_task(connector, first.resource_meta)
-    assert resource.phase == TaskExecution.FAILED, (phase_name(resource.phase), resource.message)
-    assert "WorkerFailed" in resource.message
-    assert "ZeroDivisionError: division by zero" in resource.message
+    assert (phase_name(resource.phase), resource.message) == (
+        "RUNNING",
+        "queued by Kueue: Preempted: Preempted to accommodate a higher priority Workload",
+    )
+
+    # A worker that died without an error.pb (none under this prefix): Flyte may retry the task.
+    set_status(namespace, meta["name"], failed_status("WorkerFailed", "worker 0 exited 137: killed by signal 9"))
+    resource = get_task(connector, first.resource_meta)
+    assert (phase_name(resource.phase), resource.message) == (
+        "RETRYABLE_FAILED",
+        "WorkerFailed: worker 0 exited 137: killed by signal 9",
+    )
 
     # DeleteTask (an abort): the job goes; a second DeleteTask is no error.
     assert delete_task(connector, first.resource_meta) == agent_pb2.DeleteTaskResponse()
@@ -283,7 +330,11 @@ def test_a_retry_attempt_gets_a_job_of_its_own(connector: Connector, namespace: 
     assert env_of(job or {})["FLYTE_ATTEMPT_NUMBER"] == "1"
 
 
-def test_a_bad_config_is_refused_with_the_validators_message(connector: Connector, namespace: Kubectl) -> None:
+def test_a_bad_config_fails_the_task_for_good_with_the_validators_message(
+    connector: Connector, namespace: Kubectl
+) -> None:
+    """An error from CreateTask is a retryable failure to propeller (it would create again, `retries` times,
+    though no try can pass): the refusal is answered, and GetTask reports it FAILED, a permanent failure."""
     ns = namespace.namespace
     assert ns is not None
     request = create_request(serialized(misplaced), execution_metadata(ns, "bad1"))
@@ -293,13 +344,72 @@ def test_a_bad_config_is_refused_with_the_validators_message(connector: Connecto
               TaskExecutionMetadata.from_flyte_idl(request.task_execution_metadata))  # fmt: skip
     (line,) = local.value.lines
     assert 'spec.instance: invalid value "not-an-instance"' in line, line
-    with pytest.raises(grpc.RpcError) as refused:
-        connector.tasks.CreateTask(request, timeout=RPC_TIMEOUT)
-    error = refused.value
-    assert error.code() == grpc.StatusCode.INTERNAL, (error.code(), error.details())
-    details = error.details() or ""
-    assert line in details, details
+    answer = connector.tasks.CreateTask(request, timeout=RPC_TIMEOUT)
+    meta = json.loads(answer.resource_meta)
+    assert meta["refused"] == str(local.value), meta
+    resource = get_task(connector, answer.resource_meta)
+    assert (phase_name(resource.phase), resource.message) == ("FAILED", str(local.value))
+    assert line in resource.message
+    assert delete_task(connector, answer.resource_meta) == agent_pb2.DeleteTaskResponse()
     assert namespace.select(JOBS) == [], "a refused config must create nothing"
+    assert namespace.get_json("get", "dgxdatamounts")["items"] == []
+
+
+def test_the_function_s_error_pb_decides_whether_flyte_may_retry(
+    connector: Connector,
+    namespace: Kubectl,
+    s3: S3,  # noqa: F811
+) -> None:
+    """As propeller decides for its own container tasks: RECOVERABLE (FlyteRecoverableException) may be retried,
+    NON_RECOVERABLE (any other exception) may not; its message joins the job's reason."""
+    ns = namespace.namespace
+    assert ns is not None
+    bucket = s3.bucket("flyte")
+    prefix = f"s3://{bucket}/metadata/propeller/flytesnacks-development-err1/n0/data/0"
+    request = create_request(serialized(workflows.square, prefix), execution_metadata(ns, "err1"), prefix)
+    answer = connector.tasks.CreateTask(request, timeout=RPC_TIMEOUT)
+    name = json.loads(answer.resource_meta)["name"]
+    set_status(namespace, name, failed_status("WorkerFailed", f"{name}-worker-0 exited with code 1"))
+    key = prefix.removeprefix(f"s3://{bucket}/") + "/error.pb"
+
+    s3.client.put_object(Bucket=bucket, Key=key, Body=error_document("ValueError: no square for -1",
+                                                                     ContainerError.NON_RECOVERABLE))  # fmt: skip
+    plain = get_task(connector, answer.resource_meta)
+    assert (phase_name(plain.phase), plain.message) == (
+        "FAILED",
+        f"WorkerFailed: {name}-worker-0 exited with code 1; the task raised: ValueError: no square for -1",
+    )
+    s3.client.put_object(Bucket=bucket, Key=key, Body=error_document("FlyteRecoverableException: try again",
+                                                                     ContainerError.RECOVERABLE))  # fmt: skip
+    recoverable = get_task(connector, answer.resource_meta)
+    assert (phase_name(recoverable.phase), recoverable.message) == (
+        "RETRYABLE_FAILED",
+        f"WorkerFailed: {name}-worker-0 exited with code 1; the task raised: FlyteRecoverableException: try again",
+    )
+
+
+def test_gettasklogs_sends_nothing_over_the_wire(
+    connector: Connector, namespace: Kubectl, control_plane: ControlPlane, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """GetTaskLogs is server-streaming; flytekit's servicer is a coroutine that returns the connector's one
+    response, which grpc.aio drops: the stream ends at once, with status OK. The same call in-process (what
+    flytekit's servicer gets from the connector) has the answer."""
+    ns = namespace.namespace
+    assert ns is not None
+    answer = connector.tasks.CreateTask(create_request(serialized(workflows.square), execution_metadata(ns, "logs1")),
+                                        timeout=RPC_TIMEOUT)  # fmt: skip
+    request = agent_pb2.GetTaskLogsRequest(task_type=FUNCTION_TASK.name, task_category=FUNCTION_TASK,
+                                           resource_meta=answer.resource_meta, lines=10)  # fmt: skip
+    call = connector.tasks.GetTaskLogs(request, timeout=RPC_TIMEOUT)
+    assert (list(call), call.code()) == ([], grpc.StatusCode.OK)
+    monkeypatch.setenv("KUBEDGX_FLYTE_KUBECONFIG", str(control_plane.kubeconfig))
+    monkeypatch.setenv("KUBEDGX_FLYTE_CONTEXT", CONTEXT)
+    meta = DGXJobMetadata.decode(answer.resource_meta)
+    in_process = asyncio.run(DGXConnector().get_logs(resource_meta=meta))
+    assert list(in_process.body.results) == [
+        f"no log: pod {ns}/{meta.name}-worker-0 does not exist (its job has not created it yet, or the job ended or "
+        "was deleted and its workers with it)"
+    ]
 
 
 def test_an_unknown_task_category_is_not_found(connector: Connector) -> None:

@@ -75,13 +75,42 @@ def test_a_failing_task_fails_pyflyte_run_with_the_job_s_reason(
     output = " ".join((result.stdout + result.stderr).split())  # rich wraps lines at the terminal's width
     assert result.returncode != 0, output[-3000:]
     assert "Failed to run the task" in output, output[-3000:]
-    assert "failed: WorkerFailed: flyte-boom-" in output, output[-3000:]
+    # The job's reason right after flytekit's own words: no "failed: " of the connector's.
+    assert "with error: WorkerFailed: flyte-boom-" in output, output[-3000:]
     assert "restartPolicy is Never" in output, output[-3000:]
     assert "the task raised: " in output, output[-3000:]
     assert "no square for -1" in output, "the function's own exception, from error.pb"
     assert list(kubelet.ran.values()) == [1], kubelet.ran
     (job,) = namespace.get_json("get", "dgxtrainingjobs")["items"]
     assert dig(job, "status", "phase") == "Failed"
+
+
+def test_a_worker_that_dies_without_an_error_pb_fails_pyflyte_run(
+    operator: Operator, namespace: Kubectl, control_plane: ControlPlane, tmp_path: Path
+) -> None:
+    """A worker that dies before pyflyte-execute can write error.pb (a signal, the OOM killer; here os._exit in
+    the one process of the pod, pyflyte-execute itself: with torch elastic's processes the parent would write
+    error.pb for the child): the job fails with WorkerFailed, which the connector reports as RETRYABLE_FAILED
+    (Flyte may retry it). flytekit's local loop stops on that phase too, and pyflyte run fails with the job's
+    reason."""
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "dying.py").write_text(
+        "import os\nfrom flytekit import task\nfrom flytekitplugins.dgx import DGXConfig\n\n"
+        "@task(task_config=DGXConfig(instance='dgxh100.80g.8.norm', restart_policy='Never'))\n"
+        "def dies(n: int) -> int:\n    os._exit(3)\n    return n\n",
+        encoding="utf-8",
+    )
+    with Kubelet(namespace, code, tmp_path, env={"PET_NPROC_PER_NODE": "1"}) as kubelet:
+        result = pyflyte(control_plane, namespace, str(code / "dying.py"), "dies", "--n", "1")
+    assert not kubelet.errors, kubelet.errors
+    output = " ".join((result.stdout + result.stderr).split())
+    assert result.returncode != 0, output[-3000:]
+    assert "with error: WorkerFailed: flyte-dies-" in output, output[-3000:]
+    assert "exited with code 3" in output, output[-3000:]
+    assert "the task raised" not in output, "no error.pb: the job's reason stands alone"
+    assert "could not be read" not in output, output[-3000:]
+    assert list(kubelet.ran.values()) == [3], kubelet.ran
 
 
 def test_a_bad_config_fails_pyflyte_run_before_anything_is_created(

@@ -66,14 +66,15 @@ def metadata(
     retry: int = 0,
     service_account: str = "",
     env: dict[str, str] | None = None,
+    labels: dict[str, str] | None = None,
 ) -> TaskExecutionMetadata:
-    """A TaskExecutionMetadata as Flyte's backend fills it."""
+    """A TaskExecutionMetadata as Flyte's backend fills it (``labels`` added to the execution's)."""
     task_id = Identifier(ResourceType.TASK, "ml", "development", "workflows.square", "v1")
     node_id = NodeExecutionIdentifier(node, WorkflowExecutionIdentifier("ml", "development", name))
     return TaskExecutionMetadata(
         task_execution_id=TaskExecutionIdentifier(task_id=task_id, node_execution_id=node_id, retry_attempt=retry),
         namespace=namespace,
-        labels={"execution-id": name},
+        labels={"execution-id": name, **(labels or {})},
         annotations={},
         k8s_service_account=service_account,
         environment_variables=env or {},

@@ -377,6 +377,37 @@ def test_flyte_s_interruptible_for_the_attempt_wins_when_it_is_sent() -> None:
     assert instance_of(plain, overridden) == "dgxa100.80g.8.spot"
 
 
+def test_propeller_s_interruptible_label_decides_the_pool() -> None:
+    """Propeller v1.16.8 sends its resolution for the attempt only as the label ``interruptible`` ("true" or
+    "false"; TaskExecutionMetadata's own field stays unset): a workflow's or node's override, or the fall back to
+    non-interruptible after too many system failures, reaches the connector that way."""
+
+    @task(task_config=DGXConfig(), interruptible=True)
+    def preemptible() -> None: ...
+
+    @task(task_config=DGXConfig())
+    def plain() -> None: ...
+
+    said_true, said_false = metadata(labels={"interruptible": "true"}), metadata(labels={"interruptible": "false"})
+    assert (Execution.from_metadata(said_true).interruptible, Execution.from_metadata(said_false).interruptible) == (
+        True,
+        False,
+    )
+    assert instance_of(plain, said_true) == "dgxa100.80g.8.spot"
+    assert instance_of(preemptible, said_false) == "dgxa100.80g.8.norm"
+    assert instance_of(preemptible, said_true) == "dgxa100.80g.8.spot"
+    # Without the label the task's own value stands, as before.
+    assert instance_of(preemptible, metadata()) == "dgxa100.80g.8.spot"
+    assert instance_of(plain, metadata()) == "dgxa100.80g.8.norm"
+    # The label wins over a field a future flytekit might carry unset (False) while propeller leaves it so.
+    unset_field = metadata(labels={"interruptible": "true"})
+    unset_field.interruptible = False  # type: ignore[attr-defined]
+    assert instance_of(plain, unset_field) == "dgxa100.80g.8.spot"
+    # The job keeps the label, as it keeps the execution's other labels.
+    job = build(template(plain), PREFIX, said_true).job
+    assert job["metadata"]["labels"]["interruptible"] == "true"
+
+
 def test_the_qlora_task_is_interruptible_too_and_writes_into_its_output_mount(catalog: Catalog) -> None:
     """On spot a reclaimed worker resumes from the checkpoints its output mount uploaded: output.dir defaults to
     that mount (the trainer's own default, /workspace/output, is in no mount: no checkpoint was uploaded and no

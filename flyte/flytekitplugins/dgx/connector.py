@@ -22,12 +22,14 @@ Settings (the connector's environment):
 from __future__ import annotations
 
 import asyncio
+import datetime
 import json
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
+from flyteidl.admin.agent_pb2 import GetTaskLogsResponse, GetTaskLogsResponseBody
 from flyteidl.core.execution_pb2 import TaskLog
 from flytekit.extend.backend.base_connector import AsyncConnectorBase, ConnectorRegistry, Resource, ResourceMeta
 from kubernetes_asyncio import client, config
@@ -35,16 +37,32 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from dgx_operator.api import GROUP, VERSION
 from dgx_operator.api.crdgen import DATA_MOUNTS, TRAINING_JOBS
+from dgx_operator.render.names import CONTAINER_NAME, worker_name
+from flytekitplugins.dgx.config import DGXConfigError
 from flytekitplugins.dgx.manifest import (
     FUNCTION_TASK,
     KEY_LABEL,
     QLORA_TASK,
+    Execution,
     Plan,
     build,
     digest,
     options_from_env,
 )
-from flytekitplugins.dgx.phases import FAILED, SUCCEEDED, status_of
+from flytekitplugins.dgx.phases import (
+    FAILED,
+    JOB_LINK,
+    LOG_LINES,
+    RAN_ANNOTATION,
+    RETRYABLE_FAILED,
+    RUNNING,
+    SUCCEEDED,
+    failure_phase,
+    has_run,
+    log_tail,
+    no_log,
+    status_of,
+)
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +85,17 @@ class DGXJobMetadata(ResourceMeta):  # type: ignore[misc]  # flytekit ships no t
     uid: str = ""
     task_type: str = FUNCTION_TASK
     output_prefix: str = ""
+    #: A config kubedgx refused at CreateTask under Flyte's backend (the Validator's lines): no job
+    #: was made, and GetTask reports the refusal as a permanent failure.
+    refused: str = ""
+
+    def encode(self) -> bytes:
+        """JSON, without ``refused`` when there is none: a connector of an earlier version, which has no
+        such field, still reads the metadata of every task it was not refused."""
+        fields = asdict(self)
+        if not self.refused:
+            del fields["refused"]
+        return json.dumps(fields).encode("utf-8")
 
 
 async def _api() -> client.ApiClient:
@@ -178,24 +207,105 @@ async def delete_job(meta: DGXJobMetadata) -> bool:
         await api_client.close()
 
 
-def task_error(output_prefix: str) -> str | None:
-    """The message of the error.pb pyflyte-execute wrote for the function's exception (what the user
-    needs; the worker's exit code and last log line are only the symptom). None when there is none."""
+#: The jobs :func:`mark_ran` could not annotate and said so (by uid): one warning per job, not one per GetTask.
+_UNMARKED: set[str] = set()
+
+
+async def mark_ran(meta: DGXJobMetadata) -> None:
+    """Annotate the job as reported RUNNING (phases.RAN_ANNOTATION), once: from then on a return to
+    waiting is shown as RUNNING. A refusal (no ``patch`` on dgxtrainingjobs) is logged, not raised:
+    GetTask still answers, and such a job is shown waiting again when it waits."""
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    # A JSON patch: the test of the uid keeps a newer job of the same name unmarked.
+    body = [{"op": "add", "path": "/metadata/annotations/" + RAN_ANNOTATION.replace("/", "~1"), "value": now}]
+    if meta.uid:
+        body.insert(0, {"op": "test", "path": "/metadata/uid", "value": meta.uid})
+    api_client = await _api()
+    try:
+        api = client.CustomObjectsApi(api_client)
+        await api.patch_namespaced_custom_object(GROUP, VERSION, meta.namespace, JOBS, meta.name, body)
+    except ApiException as exc:
+        if meta.uid in _UNMARKED:
+            return  # said once for this job; tried again at the next answer
+        _UNMARKED.add(meta.uid)
+        fix = "; give the connector patch on dgxtrainingjobs" if exc.status == 403 else ""
+        log.warning(
+            "could not annotate DGXTrainingJob %s/%s with %s (%s %s)%s: if it waits again after it ran, Flyte shows "
+            "it waiting until it ends",
+            meta.namespace, meta.name, RAN_ANNOTATION, exc.status, _detail(exc), fix,
+        )  # fmt: skip
+    finally:
+        await api_client.close()
+
+
+async def read_log(meta: DGXJobMetadata, lines: int) -> list[str]:
+    """The last ``lines`` lines of rank 0's trainer container; one line saying why when there is no log."""
+    pod = worker_name(meta.name, 0)
+    api_client = await _api()
+    try:
+        core = client.CoreV1Api(api_client)
+        try:
+            text = await core.read_namespaced_pod_log(pod, meta.namespace, container=CONTAINER_NAME, tail_lines=lines)
+        except ApiException as exc:
+            try:
+                kind = str((json.loads(exc.body or "{}").get("details") or {}).get("kind") or "")
+            except ValueError:
+                kind = ""
+            return [no_log(meta.namespace, pod, CONTAINER_NAME, kind, f"{exc.status} {_detail(exc)}")]
+        return log_tail(str(text or ""), lines)
+    finally:
+        await api_client.close()
+
+
+@dataclass(frozen=True)
+class TaskError:
+    """What error.pb says, or why it could not be read."""
+
+    #: What the job's message gains, after "; ".
+    message: str
+    #: The error's ContainerError.Kind; None when error.pb could not be read.
+    kind: int | None
+
+
+#: Where docs/flyte.md says how to give the connector the blob store.
+BLOB_STORE_HINT = 'give the connector read access to Flyte\'s blob store (docs/flyte.md, "Deploying the connector")'
+
+
+def task_error(output_prefix: str) -> TaskError | None:
+    """The error.pb pyflyte-execute wrote for the function's exception: its message (what the user
+    needs; the worker's exit code and last log line are only the symptom) and its kind (whether Flyte
+    may retry). None when there is none. One that cannot be read says so, and how to fix it: a
+    connector without the blob store's credentials would otherwise lose the error silently."""
     if not output_prefix:
         return None
     from flyteidl.core.errors_pb2 import ErrorDocument
     from flytekit.core.context_manager import FlyteContextManager
+    from flytekit.exceptions.system import FlyteDownloadDataException
+    from flytekit.exceptions.user import FlyteDataNotFoundException
+    from google.protobuf.message import DecodeError
 
+    uri = f"{output_prefix.rstrip('/')}/error.pb"
     ctx = FlyteContextManager.current_context()
     local = ctx.file_access.get_random_local_path()
     try:
-        ctx.file_access.get_data(f"{output_prefix.rstrip('/')}/error.pb", local)
+        ctx.file_access.get_data(uri, local)
         with open(local, "rb") as fh:
             doc = ErrorDocument.FromString(fh.read())
-    except Exception:  # absent, unreadable or not an ErrorDocument: the job's reason stands alone
-        return None
-    message = " ".join(doc.error.message.split())
-    return message[:1000] or None
+    except FlyteDataNotFoundException:
+        return None  # the function raised nothing (the worker died): the job's reason stands alone
+    except DecodeError as exc:
+        return TaskError(f"error.pb at {uri} is not an ErrorDocument ({_first_line(exc)})", None)
+    except Exception as exc:
+        # flytekit wraps the store's error (no credentials, access denied, no route) in its own.
+        cause = (exc.__cause__ or exc.__context__) if isinstance(exc, FlyteDownloadDataException) else None
+        return TaskError(f"error.pb at {uri} could not be read ({_first_line(cause or exc)}): {BLOB_STORE_HINT}", None)
+    message = " ".join(doc.error.message.split())[:1000]
+    return TaskError(f"the task raised: {message or '(an error without a message)'}", int(doc.error.kind))
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
 
 
 def _adapter(job: dict[str, Any]) -> str | None:
@@ -221,17 +331,31 @@ class DGXConnector(AsyncConnectorBase):  # type: ignore[misc]  # flytekit ships 
         task_execution_metadata: Any = None,
         **kwargs: Any,
     ) -> DGXJobMetadata:
-        plan = build(task_template, output_prefix, task_execution_metadata, options_from_env())
+        try:
+            plan = build(task_template, output_prefix, task_execution_metadata, options_from_env())
+        except DGXConfigError as exc:
+            if not Execution.from_metadata(task_execution_metadata).remote:
+                raise  # a local run: pyflyte run fails before anything is made
+            # Under Flyte's backend an error here would be a retryable failure (propeller retries a
+            # failed CreateTask), though no retry can pass: answer, and let GetTask fail it for good.
+            log.warning("refused: %s", exc)
+            return DGXJobMetadata("", "", task_type=str(task_template.type), output_prefix=output_prefix,
+                                  refused=str(exc))  # fmt: skip
         for note in plan.notes:
             log.warning("%s: %s", plan.name, note)
         return await apply_plan(plan)
 
     async def get(self, resource_meta: DGXJobMetadata, **kwargs: Any) -> Resource:
+        if resource_meta.refused:
+            return Resource(phase=FAILED, message=resource_meta.refused)
         job = await read_job(resource_meta)
         st = status_of(job, os.environ.get("KUBEDGX_FLYTE_LOG_TEMPLATE") or None)
+        if st.phase == RUNNING and job is not None and not has_run(job):
+            await mark_ran(resource_meta)
         # The protobuf TaskLog: Resource.to_flyte_idl() (what `pyflyte serve connector` answers
         # with) puts the links into the protobuf Resource as they are; flytekit's model class fails there.
-        links = [TaskLog(uri=uri, name=name) for name, uri in st.log_links]
+        # The job's own link is kept by Flyte's admin while the task is queued or initializing too.
+        links = [TaskLog(uri=uri, name=name, ShowWhilePending=name == JOB_LINK) for name, uri in st.log_links]
         outputs = None
         phase, message = st.phase, st.message
         if phase == SUCCEEDED and resource_meta.task_type == QLORA_TASK and job is not None:
@@ -240,14 +364,28 @@ class DGXConnector(AsyncConnectorBase):  # type: ignore[misc]  # flytekit ships 
                 phase, message = FAILED, f"{message}; but no adapter was archived (status.artifacts has none)"
             else:
                 outputs = {ADAPTER_OUTPUT: uri}
-        if phase == FAILED and resource_meta.task_type == FUNCTION_TASK and job is not None:
+        if phase in (FAILED, RETRYABLE_FAILED) and resource_meta.task_type == FUNCTION_TASK and job is not None:
             error = await asyncio.to_thread(task_error, resource_meta.output_prefix)
-            if error:
-                message = f"{message}; the task raised: {error}"
+            if error is not None:
+                message = f"{message}; {error.message}"
+                phase = failure_phase(st.reason, error.kind)
         return Resource(phase=phase, message=message, log_links=links, outputs=outputs, custom_info=st.custom_info)
 
     async def delete(self, resource_meta: DGXJobMetadata, **kwargs: Any) -> None:
+        if resource_meta.refused:
+            return  # nothing was made
         await delete_job(resource_meta)
+
+    async def get_logs(self, resource_meta: DGXJobMetadata, **kwargs: Any) -> GetTaskLogsResponse:
+        """The last lines (``lines``, else 100) of the worker of global rank 0 (pod <job>-worker-0,
+        container trainer). Needs ``get`` on ``pods/log``. No Flyte component calls it (propeller
+        v1.16.8 does not), and flytekit's servicer sends nothing back over gRPC for this streaming
+        call: it serves callers in-process."""
+        if resource_meta.refused:
+            results = ["no log: no job was made, kubedgx refused the task's config (the task's error has its lines)"]
+        else:
+            results = await read_log(resource_meta, int(kwargs.get("lines") or LOG_LINES))
+        return GetTaskLogsResponse(body=GetTaskLogsResponseBody(results=results))
 
 
 def register() -> None:

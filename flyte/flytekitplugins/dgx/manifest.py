@@ -40,6 +40,9 @@ OUTPUT_DIRS_ENV: Final = "DGX_OUTPUT_DIRS"
 DEFAULT_INSTANCE: Final = "dgxa100.80g.8.norm"
 #: The capacity pool (the last part of an instance name) of preemptible nodes: where interruptible tasks run.
 SPOT: Final = "spot"
+#: The label propeller puts on every task execution's metadata: its interruptible for this attempt,
+#: "true" or "false" (flytepropeller nodes/node_exec_context.go). It is how the connector learns it.
+INTERRUPTIBLE_LABEL: Final = "interruptible"
 
 _FLYTE_GPU, _FLYTE_CPU, _FLYTE_MEMORY = 2, 1, 3  # flyteidl.core.Resources.ResourceName
 
@@ -85,8 +88,9 @@ class Execution:
     annotations: Mapping[str, str] = field(default_factory=dict)
     environment: Mapping[str, str] = field(default_factory=dict)
     #: Propeller's interruptible for this attempt (the task's, a workflow's or node's override, and the
-    #: interruptible failure threshold, resolved); None when not sent. flytekit 1.x's TaskExecutionMetadata,
-    #: what the connector is handed, does not carry it (its from_flyte_idl drops admin's field).
+    #: interruptible failure threshold, resolved); None when not sent. Propeller sends it as the label
+    #: ``interruptible``; it leaves TaskExecutionMetadata's own field unset, and flytekit 1.x's model of
+    #: it, what the connector is handed, has no such field (its from_flyte_idl drops admin's).
     interruptible: bool | None = None
 
     @classmethod
@@ -95,6 +99,9 @@ class Execution:
         if meta is None:
             return cls()
         interruptible = getattr(meta, "interruptible", None)
+        label = str((meta.labels or {}).get(INTERRUPTIBLE_LABEL, "")).lower()
+        if label in ("true", "false"):  # propeller's own resolution: it wins
+            interruptible = label == "true"
         tei = meta.task_execution_id
         node = tei.node_execution_id
         ex = node.execution_id
