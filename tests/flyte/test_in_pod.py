@@ -82,3 +82,22 @@ def test_one_process_runs_the_function_itself_and_a_raised_error_fails_the_pod(t
     assert bad.returncode == 1, bad.stderr[-2000:]
     doc = errors_pb2.ErrorDocument.FromString((bad_prefix / "error.pb").read_bytes())
     assert "n must be >= 0, got -2" in doc.error.message
+
+
+def test_a_failed_worker_keeps_its_exception_s_kind_and_words() -> None:
+    """torch elastic reports a child's failure as its error file's ``Type: text`` (a dict) or a
+    hint (a str); the pod raises the child's words, and a FlyteRecoverableException stays one so
+    that error.pb says RECOVERABLE and Flyte retries."""
+    from flytekit.exceptions.user import FlyteRecoverableException
+
+    from flytekitplugins.dgx.task import worker_failure
+
+    plain = worker_failure(0, {"message": "ValueError: no square for -1", "extraInfo": {"py_callstack": "..."}})
+    assert type(plain) is RuntimeError
+    assert str(plain) == "worker process of global rank 0 failed: ValueError: no square for -1"
+    again = worker_failure(1, {"message": "FlyteRecoverableException: USER:Recoverable: error=try again"})
+    assert isinstance(again, FlyteRecoverableException)
+    assert "global rank 1 failed: FlyteRecoverableException: USER:Recoverable: error=try again" in str(again)
+    hint = worker_failure(0, "To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html")
+    assert type(hint) is RuntimeError
+    assert str(hint).endswith("failed: To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html")

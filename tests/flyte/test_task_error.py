@@ -64,6 +64,10 @@ def prefix(s3: S3) -> str:  # noqa: F811
                                                     ContainerError.RECOVERABLE),
         "metadata/run/n1/data/0/error.pb": document("ValueError: no square for -1", ContainerError.NON_RECOVERABLE),
         "metadata/run/n2/data/0/error.pb": b"not an error document",
+        "metadata/run/n3/data/0/error.pb": document(
+            "Trace:\n\n    Traceback (most recent call last):\n      File \"task.py\", line 82, in execute\n\n"
+            "Message:\n\n    RuntimeError: worker process of global rank 0 failed: ValueError: no square for -1",
+            ContainerError.NON_RECOVERABLE),
     })  # fmt: skip
     return f"s3://{bucket}/metadata/run/n0/data/0"
 
@@ -81,6 +85,13 @@ def test_with_the_store_s_credentials_the_message_and_the_kind_come_back(
         "the task raised: FlyteRecoverableException: USER:Recoverable: the store blinked", ContainerError.RECOVERABLE
     )
     assert plain == TaskError("the task raised: ValueError: no square for -1", ContainerError.NON_RECOVERABLE)
+    # flytekit's user-error text: the traceback is the worker log's business, the raised words are the message
+    with store(monkeypatch, tmp_path, **credentials(s3)):
+        traced = task_error(prefix.replace("/n0/", "/n3/"))
+    assert traced == TaskError(
+        "the task raised: RuntimeError: worker process of global rank 0 failed: ValueError: no square for -1",
+        ContainerError.NON_RECOVERABLE,
+    )
 
 
 def test_no_error_pb_is_none_the_job_s_reason_stands_alone(

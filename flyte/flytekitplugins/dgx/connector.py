@@ -299,8 +299,15 @@ def task_error(output_prefix: str) -> TaskError | None:
         # flytekit wraps the store's error (no credentials, access denied, no route) in its own.
         cause = (exc.__cause__ or exc.__context__) if isinstance(exc, FlyteDownloadDataException) else None
         return TaskError(f"error.pb at {uri} could not be read ({_first_line(cause or exc)}): {BLOB_STORE_HINT}", None)
-    message = " ".join(doc.error.message.split())[:1000]
+    message = " ".join(_raised(doc.error.message).split())[:1000]
     return TaskError(f"the task raised: {message or '(an error without a message)'}", int(doc.error.kind))
+
+
+def _raised(message: str) -> str:
+    """flytekit's user-error text is ``Trace: <traceback> Message: <Type: text>``: the part after
+    ``Message:`` is what the function raised; the traceback is in the worker's log."""
+    _, sep, tail = message.partition("\nMessage:\n")
+    return tail.strip() if sep and tail.strip() else message
 
 
 def _first_line(exc: BaseException) -> str:

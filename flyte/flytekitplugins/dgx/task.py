@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, Final, NamedTuple
 
 import cloudpickle
 from flytekit import PythonFunctionTask
@@ -126,6 +126,24 @@ def spawn_worker(fn: bytes, raw_output_prefix: str, checkpoint_dest: str | None,
         return WorkerResult(cloudpickle.loads(fn)(**kwargs))
 
 
+#: The exceptions a worker may raise that Flyte retries (flytekit writes them RECOVERABLE in error.pb).
+RECOVERABLE_NAMES: Final = frozenset({"FlyteRecoverableException"})
+
+
+def worker_failure(rank: int, message: Any) -> Exception:
+    """What the pod raises for a failed worker process: the child's own ``Type: message`` (torch
+    elastic's error file; without one, its hint), as a FlyteRecoverableException when the child
+    raised one, so Flyte still retries what the function declared recoverable."""
+    from flytekit.exceptions.user import FlyteRecoverableException
+
+    text = str(message.get("message", message)) if isinstance(message, dict) else str(message)
+    text = text.strip() or "no error recorded"
+    kind = text.split(":", 1)[0].strip()
+    described = f"worker process of global rank {rank} failed: {text}"
+    error: Exception = FlyteRecoverableException(described) if kind in RECOVERABLE_NAMES else RuntimeError(described)
+    return error
+
+
 def run_in_pod(fn: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
     """The function, once per process of this node; the value of global rank 0, or IgnoreOutputs."""
     settings = elastic_settings()
@@ -159,7 +177,7 @@ def run_in_pod(fn: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
         results: dict[int, WorkerResult] = elastic_launch(config, spawn_worker)(*args)
     except ChildFailedError as exc:
         rank, failure = exc.get_first_failure()
-        raise RuntimeError(f"worker process of global rank {rank} failed: {failure.message}") from None
+        raise worker_failure(rank, failure.message) from None
     if 0 in results:
         return results[0].return_value
     log.info("global rank 0 ran on another node: this pod writes no outputs")
