@@ -35,6 +35,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from dgx_operator.api import GROUP, VERSION
 from dgx_operator.api.crdgen import DATA_MOUNTS, TRAINING_JOBS
+from flytekitplugins.dgx import results
 from flytekitplugins.dgx.manifest import (
     FUNCTION_TASK,
     KEY_LABEL,
@@ -244,6 +245,8 @@ class DGXConnector(AsyncConnectorBase):  # type: ignore[misc]  # flytekit ships 
             error = await asyncio.to_thread(task_error, resource_meta.output_prefix)
             if error:
                 message = f"{message}; the task raised: {error}"
+        # Before answering: propeller looks for the deck in the round it sees SUCCEEDED (results.py).
+        outputs = await results.leave(resource_meta.output_prefix, job, outputs)
         return Resource(phase=phase, message=message, log_links=links, outputs=outputs, custom_info=st.custom_info)
 
     async def delete(self, resource_meta: DGXJobMetadata, **kwargs: Any) -> None:
