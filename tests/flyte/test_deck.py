@@ -254,7 +254,10 @@ def test_a_store_that_refuses_leaves_the_outputs_in_memory_and_warns(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     def refuse(uri: str, data: bytes, content_type: str | None = None) -> None:
-        raise PermissionError(f"Access Denied: {uri}")
+        try:
+            raise PermissionError(f"Access Denied: {uri}")
+        except PermissionError as exc:  # as flytekit wraps the store's error
+            raise RuntimeError(f"Failed to put data to {uri}\n\nOriginal exception: {exc}") from exc
 
     monkeypatch.setattr(results, "put", refuse)
     monkeypatch.setattr(results, "history", lambda j: ([], "none"))

@@ -148,8 +148,11 @@ async def _bounded(seconds: float, fn: Callable[..., T], *args: Any) -> T:
 
 
 def _why(exc: BaseException) -> str:
+    """The root cause, in a line: flytekit wraps the store's error in its own (FlyteUploadDataException)."""
     if isinstance(exc, TimeoutError):
         return "no answer in time"
+    while exc.__cause__ is not None:
+        exc = exc.__cause__
     first = (str(exc).strip().splitlines() or [""])[0]
     return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
