@@ -131,6 +131,7 @@ async def add_owner(api: client.CustomObjectsApi, mount: dict[str, Any], job: di
     jobs share lives as long as the last of them."""
     ref = owner_reference(job)
     ns, name = mount["metadata"]["namespace"], mount["metadata"]["name"]
+    gone = f"DGXDataMount {ns}/{name} was deleted as job {ref['name']} was created; create the task again"
     for _ in range(OWNER_ATTEMPTS):
         meta = mount.get("metadata") or {}
         owners = list(meta.get("ownerReferences") or [])
@@ -144,15 +145,17 @@ async def add_owner(api: client.CustomObjectsApi, mount: dict[str, Any], job: di
             return
         except ApiException as exc:
             if exc.status == 404:
-                raise DGXConnectorError(
-                    f"DGXDataMount {ns}/{name} was deleted as job {ref['name']} was created; create the task again"
-                ) from None
+                raise DGXConnectorError(gone) from None
             if exc.status != 409:
                 raise DGXConnectorError(
                     f"adding DGXTrainingJob {ref['name']} to the owners of DGXDataMount {ns}/{name} was refused: "
                     f"{exc.status} {_detail(exc)}"
                 ) from None
-        mount = await api.get_namespaced_custom_object(GROUP, VERSION, ns, MOUNTS, name)  # changed meanwhile
+        try:  # changed meanwhile: read it again
+            mount = await api.get_namespaced_custom_object(GROUP, VERSION, ns, MOUNTS, name)
+        except ApiException as exc:
+            raise DGXConnectorError(gone if exc.status == 404 else f"reading DGXDataMount {ns}/{name}: "
+                                    f"{exc.status} {_detail(exc)}") from None  # fmt: skip
     raise DGXConnectorError(f"DGXDataMount {ns}/{name} kept changing; its owners could not be updated")
 
 
