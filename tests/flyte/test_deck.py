@@ -289,6 +289,44 @@ def test_a_store_that_hangs_is_given_up_on(tmp_path: Path, monkeypatch: pytest.M
     assert asyncio.run(both()) == ({"adapter": ADAPTER}, None)
 
 
+def test_all_steps_together_keep_within_propeller_s_wait_and_a_slow_history_leaves_a_page_saying_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each step alone may take up to its own limit; together they stop at BUDGET_S (propeller's
+    GetTask waits 30 s), the history giving way to the page's own write."""
+    release = threading.Event()
+
+    def hang(*args: Any, **kwargs: Any) -> Any:
+        release.wait(30)
+        return [], "late"
+
+    for step in ("WRITE_TIMEOUT_S", "HISTORY_TIMEOUT_S"):
+        monkeypatch.setattr(results, step, 60.0)
+    monkeypatch.setattr(results, "BUDGET_S", 3.5)  # the history gets 0.5 s of it (3 s stay for the write)
+    monkeypatch.setattr(results, "history", hang)
+
+    async def leave() -> tuple[Any, float]:
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        try:
+            return await results.leave(str(tmp_path), job(), {"adapter": ADAPTER}), loop.time() - start
+        finally:
+            release.set()
+
+    outputs, took = asyncio.run(leave())
+    assert outputs is None, "outputs.pb was written (the local store answers at once)"
+    assert took < 3.5
+    page = (tmp_path / "deck.html").read_text(encoding="utf-8")
+    assert "No loss curve: the history was not read in time" in page
+
+    monkeypatch.setattr(results, "put", hang)  # now the store hangs too: the budget ends it all
+    monkeypatch.setattr(results, "BUDGET_S", 0.5)
+    release.clear()
+    outputs, took = asyncio.run(leave())
+    assert outputs == {"adapter": ADAPTER}
+    assert took < 2
+
+
 # -- a local run: flytekit's mixin reads outputs.pb ---------------------------------------------
 
 

@@ -43,9 +43,11 @@ log = logging.getLogger(__name__)
 
 DECK_FILE: Final = "deck.html"
 OUTPUTS_FILE: Final = "outputs.pb"
-#: Seconds each step may take (a blob-store call, the history read): propeller waits 30 s for GetTask.
+#: Seconds each step may take (a blob-store call, the history read), and all of them together:
+#: propeller waits 30 s for GetTask (connector-service defaultTimeout).
 WRITE_TIMEOUT_S: Final = 8.0
 HISTORY_TIMEOUT_S: Final = 10.0
+BUDGET_S: Final = 20.0
 #: How many (job, file) pairs the process remembers as written.
 REMEMBERED: Final = 4096
 
@@ -141,9 +143,14 @@ def literal_map(values: Mapping[str, str]) -> bytes:
     return data
 
 
-async def _bounded(seconds: float, fn: Callable[..., T], *args: Any) -> T:
-    """``fn(*args)`` in a thread (flytekit's file access and the history read block), at most
-    ``seconds``: TimeoutError after that (the thread finishes by itself)."""
+async def _bounded(seconds: float, deadline: float | None, fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` in a thread (flytekit's file access and the history read block), for at most
+    ``seconds`` and not past ``deadline`` (the loop's time): TimeoutError after that (the thread
+    finishes by itself)."""
+    if deadline is not None:
+        seconds = min(seconds, deadline - asyncio.get_running_loop().time())
+        if seconds <= 0:
+            raise TimeoutError
     return await asyncio.wait_for(asyncio.to_thread(fn, *args), seconds)
 
 
@@ -160,14 +167,16 @@ def _why(exc: BaseException) -> str:
 # -- what get calls ---------------------------------------------------------------------------------
 
 
-async def write_outputs(prefix: str, job: Mapping[str, Any], values: Mapping[str, str]) -> bool:
+async def write_outputs(
+    prefix: str, job: Mapping[str, Any], values: Mapping[str, str], deadline: float | None = None
+) -> bool:
     """``values`` to ``<prefix>/outputs.pb``; whether they are there (else: answer with them in memory)."""
     key = _key(job, OUTPUTS_FILE)
     if key in _written:
         return True
     uri = uri_of(prefix, OUTPUTS_FILE)
     try:
-        await _bounded(WRITE_TIMEOUT_S, put, uri, literal_map(values))
+        await _bounded(WRITE_TIMEOUT_S, deadline, put, uri, literal_map(values))
     except Exception as exc:
         log.warning(
             "%s: writing %s failed (%s): the outputs go to Flyte in the answer instead, and Flyte shows no deck "
@@ -179,21 +188,23 @@ async def write_outputs(prefix: str, job: Mapping[str, Any], values: Mapping[str
     return True
 
 
-async def write_deck(prefix: str, job: Mapping[str, Any]) -> str | None:
+async def write_deck(prefix: str, job: Mapping[str, Any], deadline: float | None = None) -> str | None:
     """The job's deck to ``<prefix>/deck.html`` unless one is there; what became of it (None: it failed)."""
     key = _key(job, DECK_FILE)
     if key in _written:
         return "written before"
     uri = uri_of(prefix, DECK_FILE)
     try:
-        if await _bounded(WRITE_TIMEOUT_S, exists, uri):
+        if await _bounded(WRITE_TIMEOUT_S, deadline, exists, uri):
             _remember(key)
             return "kept: one is there already (the task's own)"
         try:
-            points, note = await _bounded(HISTORY_TIMEOUT_S, history, job)
+            # What is left for the page's own write stays free of it.
+            points, note = await _bounded(HISTORY_TIMEOUT_S, None if deadline is None else deadline - 3, history, job)
         except TimeoutError:
-            points, note = [], f"the history was not read within {HISTORY_TIMEOUT_S:g} s"
-        await _bounded(WRITE_TIMEOUT_S, put, uri, render(job, points, history_note=note).encode(), "text/html")
+            points, note = [], "the history was not read in time (the Out mount's store or the cluster did not answer)"
+        page = render(job, points, history_note=note).encode()
+        await _bounded(WRITE_TIMEOUT_S, deadline, put, uri, page, "text/html")
     except Exception as exc:
         log.warning("%s: writing the deck to %s failed (%s); the task goes on without it", key[1], uri, _why(exc))
         return None
@@ -207,7 +218,8 @@ async def leave(prefix: str, job: Mapping[str, Any] | None, outputs: Mapping[str
     order. Returns the outputs to answer with: None once outputs.pb holds them."""
     if not prefix or job is None or not finished(job):
         return outputs
-    if outputs and await write_outputs(prefix, job, outputs):
+    deadline = asyncio.get_running_loop().time() + BUDGET_S
+    if outputs and await write_outputs(prefix, job, outputs, deadline):
         outputs = None
-    await write_deck(prefix, job)
+    await write_deck(prefix, job, deadline)
     return outputs
