@@ -2,7 +2,8 @@
 come from the operator and the workers' fates from kwok (a label makes a worker exit with a code),
 so what Flyte is told is what a cluster really goes through: running, a restart, success; a job too
 wide for the nodes there are; a job suspended after it ran (still RUNNING to Flyte); an abort
-deleting the job and its pods; rank 0's log (kwok serves none: the apiserver's words come back)."""
+deleting the job and its pods; rank 0's log (kwok serves none: the apiserver's words come back); a
+data mount shared by two tasks' jobs, deleted by the garbage collector once the last of them is gone."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 from flyteidl.core.execution_pb2 import TaskExecution
 from flytekit import task
 
-from flytekitplugins.dgx import DGXConfig, DGXTorchElastic
+from flytekitplugins.dgx import DGXConfig, DGXDataConfig, DGXTorchElastic
 from flytekitplugins.dgx.connector import DGXConnector, DGXJobMetadata
 from flytekitplugins.dgx.phases import RAN_ANNOTATION
 from tests.cluster.controlplane import CONTEXT, EXIT_CODE_LABEL, ControlPlane
@@ -34,6 +35,20 @@ def retried() -> int:
 @task(task_config=DGXTorchElastic(instance="dgxh100.80g.8.norm", min_nodes=16, max_nodes=16))
 def too_wide() -> int:
     return 1
+
+
+#: One input prefix, read by two tasks: one DGXDataMount (named after what it reads) for both.
+SHARED = "s3://flyte-shared-inputs/corpus"
+
+
+@task(task_config=DGXDataConfig(instance="dgxh100.80g.8.norm", input_mounts=[SHARED]))
+def reads_a() -> int:
+    return 1
+
+
+@task(task_config=DGXDataConfig(instance="dgxh100.80g.8.norm", input_mounts=[SHARED]))
+def reads_b() -> int:
+    return 2
 
 
 @pytest.fixture
@@ -156,3 +171,38 @@ def test_abort_deletes_the_job_and_its_workers_and_a_second_delete_is_harmless(
     again = create(connector, retried, str(namespace.namespace))
     assert (again.name, again.uid != meta.uid) == (meta.name, True)
     assert dig(namespace.get("dgxtrainingjobs", meta.name), "metadata", "uid") == again.uid
+
+
+def test_a_mount_is_deleted_when_its_last_job_goes(
+    operator: Operator, namespace: Kubectl, connector: DGXConnector
+) -> None:
+    """Each job the connector makes owns the mounts it reads (blockOwnerDeletion false, not their
+    controller); the garbage collector deletes a dependent once all its owners are gone."""
+    ns = str(namespace.namespace)
+    first = create(connector, reads_a, ns, "share1")
+    second = create(connector, reads_b, ns, "share2")
+    assert create(connector, reads_a, ns, "share1") == first, "a repeated create adopts the job"
+    (mount,) = namespace.select("dgxdatamounts")
+    name = mount["metadata"]["name"]
+    assert mount["spec"]["source"] == SHARED
+    owners = mount["metadata"].get("ownerReferences") or []
+    assert sorted(owners, key=lambda o: o["name"]) == [
+        {"apiVersion": "kubedgx.io/v1alpha1", "kind": "DGXTrainingJob", "name": job.name, "uid": job.uid,
+         "blockOwnerDeletion": False}
+        for job in sorted((first, second), key=lambda j: j.name)
+    ], "one reference per job, the repeated create added none"  # fmt: skip
+
+    def owners_of_mount() -> list[str] | None:
+        found = namespace.get("dgxdatamounts", name)
+        return None if found is None else [o["uid"] for o in found["metadata"].get("ownerReferences") or []]
+
+    asyncio.run(connector.delete(resource_meta=first))  # Flyte's abort of the first task
+    wait_for("the first job gone", lambda: namespace.get("dgxtrainingjobs", first.name) is None, timeout=TIMEOUT)
+    # The collector drops the reference to the owner that is gone and keeps the mount for the other.
+    wait_for(f"{name} owned by the second job alone", lambda: owners_of_mount() == [second.uid], timeout=TIMEOUT,
+             interval=0.5)  # fmt: skip
+    assert dig(namespace.get("dgxdatamounts", name), "metadata", "deletionTimestamp") is None
+
+    namespace.run("delete", "dgxtrainingjobs", second.name, "--wait=false")  # by hand, or its TTL
+    wait_for(f"{name} deleted with its last job", lambda: namespace.get("dgxdatamounts", name) is None,
+             timeout=TIMEOUT, interval=0.5)  # fmt: skip

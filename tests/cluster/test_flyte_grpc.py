@@ -7,13 +7,15 @@ against this suite's kube-apiserver; the client sends what propeller sends: a re
 template (``square`` from examples/flyte/workflows.py, serialized by flytekit, its args rendered
 with the output prefix) and the execution's TaskExecutionMetadata. No operator runs: the test plays
 the operator by writing the job's status subresource, and reads back the phases Flyte would show.
-The server reads Flyte's blob store (error.pb) from moto's S3 with the keys a deployment gives it.
+The server reads Flyte's blob store (error.pb) from moto's S3 with the keys a deployment gives it, and
+leaves the deck and the QLoRA task's outputs.pb there when a job ends.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
 import sys
 import time
 from collections import OrderedDict
@@ -35,12 +37,17 @@ from flytekit import task  # noqa: E402
 from flytekit.configuration import ImageConfig, SerializationSettings  # noqa: E402
 from flytekit.core.base_task import PythonTask  # noqa: E402
 from flytekit.core.context_manager import ExecutionState, FlyteContextManager  # noqa: E402
+from flytekit.core.type_engine import TypeEngine  # noqa: E402
 from flytekit.extend.backend.utils import render_task_template  # noqa: E402
 from flytekit.models.task import TaskExecutionMetadata, TaskTemplate  # noqa: E402
 from flytekit.tools.translator import get_serializable  # noqa: E402
 from grpc_health.v1 import health_pb2  # noqa: E402
 
-from flytekitplugins.dgx import DGXConfig, DGXConfigError  # noqa: E402
+from dgx_operator.api.datamount import DGXDataMount  # noqa: E402
+from dgx_operator.api.trainingjob import DGXTrainingJob  # noqa: E402
+from dgx_operator.render.datasync import logs_uri  # noqa: E402
+from dgx_operator.render.resolved import JobIdentity  # noqa: E402
+from flytekitplugins.dgx import DGXConfig, DGXConfigError, DGXDataConfig, DGXQLoRATask  # noqa: E402
 from flytekitplugins.dgx.connector import DGXConnector, DGXJobMetadata  # noqa: E402
 from flytekitplugins.dgx.manifest import build  # noqa: E402
 from flytekitplugins.dgx.phases import RAN_ANNOTATION  # noqa: E402
@@ -50,7 +57,7 @@ from tests.cluster.flyte_connector_server import Connector, serve  # noqa: E402
 from tests.cluster.operator import install  # noqa: E402
 from tests.conftest import EXAMPLES  # noqa: E402
 from tests.e2e.kubectl import JOBS, Kubectl, dig, wait_for  # noqa: E402
-from tests.s3 import ACCESS_KEY, S3, SECRET_KEY, s3  # noqa: E402, F401  (the session's moto server)
+from tests.s3 import ACCESS_KEY, S3, SECRET_KEY, secret  # noqa: E402
 
 #: The examples' workflows module, importable by its name as `pyflyte run examples/flyte/workflows.py` has it.
 if str(EXAMPLES / "flyte") not in sys.path:
@@ -86,14 +93,18 @@ def crds(control_plane: ControlPlane, kubectl: Kubectl) -> list[Rendered]:
 
 
 @pytest.fixture(scope="module")
+def store(s3: S3) -> S3:
+    """Flyte's blob store: the session's moto S3 (each test makes buckets of its own)."""
+    return s3
+
+
+@pytest.fixture(scope="module")
 def connector(
-    control_plane: ControlPlane,
-    crds: list[Rendered],
-    tmp_path_factory: pytest.TempPathFactory,
-    s3: S3,  # noqa: F811
+    control_plane: ControlPlane, crds: list[Rendered], tmp_path_factory: pytest.TempPathFactory, store: S3
 ) -> Iterator[Connector]:
+    # The connector's own access to Flyte's blob store, as a deployment sets it.
     env = {
-        "FLYTE_AWS_ENDPOINT": s3.endpoint,
+        "FLYTE_AWS_ENDPOINT": store.endpoint,
         "FLYTE_AWS_ACCESS_KEY_ID": ACCESS_KEY,
         "FLYTE_AWS_SECRET_ACCESS_KEY": SECRET_KEY,
         "AWS_EC2_METADATA_DISABLED": "true",
@@ -358,7 +369,7 @@ def test_a_bad_config_fails_the_task_for_good_with_the_validators_message(
 def test_the_function_s_error_pb_decides_whether_flyte_may_retry(
     connector: Connector,
     namespace: Kubectl,
-    s3: S3,  # noqa: F811
+    s3: S3,
 ) -> None:
     """As propeller decides for its own container tasks: RECOVERABLE (FlyteRecoverableException) may be retried,
     NON_RECOVERABLE (any other exception) may not; its message joins the job's reason."""
@@ -424,15 +435,52 @@ def test_an_unknown_task_category_is_not_found(connector: Connector) -> None:
 QLORA_TASK = agent_pb2.TaskCategory(name="dgx_qlora", version=0)
 
 
-def test_the_qlora_task_returns_the_archived_adapter_s_uri(connector: Connector, namespace: Kubectl) -> None:
-    """The built-in fine-tune: no container in the template, spec.trainer from the task; on
-    Succeeded its one output is status.artifacts' adapter URI, as a Flyte literal (no outputs.pb:
-    no Flyte code runs in the trainer's pods). A success without an archived adapter is a failure."""
+def s3_object(store: S3, uri: str) -> Any:
+    """The object at ``s3://bucket/key`` on moto (boto3's get_object answer), None when there is none."""
+    bucket, _, key = uri.removeprefix("s3://").partition("/")
+    try:
+        return store.client.get_object(Bucket=bucket, Key=key)
+    except store.client.exceptions.NoSuchKey:
+        return None
+
+
+def deck_page(store: S3, prefix: str) -> str | None:
+    found = s3_object(store, f"{prefix}/deck.html")
+    return None if found is None else str(found["Body"].read().decode("utf-8"))
+
+
+def qlora_on(store: S3, bucket: str) -> DGXQLoRATask:
+    """examples/flyte/workflows.py's qlora_legal, its mounts on moto (the Secret ``moto`` holds the keys)."""
+    return DGXQLoRATask(
+        name="qlora_on_moto",
+        trainer=workflows.qlora_legal.trainer,
+        task_config=DGXDataConfig(
+            instance="dgxh100.80g.8.norm",
+            input_mounts=[f"s3://{bucket}/legal"],
+            output_mounts=[f"s3://{bucket}/adapters"],
+            endpoint=store.endpoint,
+            credentials_secret="moto",
+        ),
+    )
+
+
+def test_the_qlora_task_writes_the_adapter_s_uri_to_outputs_pb_and_a_deck_with_the_loss_curve(
+    connector: Connector, namespace: Kubectl, store: S3
+) -> None:
+    """The built-in fine-tune: no container in the template, spec.trainer from the task. On Succeeded
+    its one output, status.artifacts' adapter URI, goes to ``<output prefix>/outputs.pb`` as flytekit
+    encodes a str, and the answer carries none: propeller reads outputs.pb, and only then finds the
+    deck, written before the answer, with the loss curve of the history in the Out mount. A success
+    without an archived adapter is a failure."""
     ns = namespace.namespace
     assert ns is not None
-    template = serialized(workflows.qlora_legal)
+    bucket = store.bucket("flyte")
+    namespace.apply(secret("moto", ns))
+    template = serialized(qlora_on(store, bucket))
     assert not template.HasField("container")
-    request = agent_pb2.CreateTaskRequest(template=template, output_prefix=OUTPUT_PREFIX,
+    assert template.metadata.generates_deck.value is True
+    prefix = f"s3://{bucket}/metadata/propeller/qlora1/n0/data/0"
+    request = agent_pb2.CreateTaskRequest(template=template, output_prefix=prefix,
                                           task_execution_metadata=execution_metadata(ns, "qlora1"))  # fmt: skip
     meta = connector.tasks.CreateTask(request, timeout=RPC_TIMEOUT).resource_meta
     name = json.loads(meta)["name"]
@@ -442,18 +490,108 @@ def test_the_qlora_task_returns_the_archived_adapter_s_uri(connector: Connector,
     assert "command" not in job["spec"]
     mounts = namespace.get_json("get", "dgxdatamounts")["items"]
     assert sorted(m["spec"]["direction"] for m in mounts) == ["In", "Out"]
+    (out,) = (m for m in mounts if m["spec"]["direction"] == "Out")
 
-    set_status(namespace, name, {"phase": "Succeeded", "conditions": [
-        {"type": "Succeeded", "status": "True", "reason": "Completed", "message": "trained",
-         "lastTransitionTime": now()}]})  # fmt: skip
-    no_adapter = get_task(connector, meta, QLORA_TASK)
-    assert phase_name(no_adapter.phase) == "FAILED", no_adapter
-    assert "no adapter was archived" in no_adapter.message
+    # The trainer's history, as the checkpoint sidecar uploads it: <source>/<job>-<uid8>/logs/history/.
+    logs = logs_uri(JobIdentity.of(DGXTrainingJob.model_validate(job)), DGXDataMount.model_validate(out).spec)
+    losses = [2.4, 1.9, 1.5, 1.2, 1.05, 0.97]
+    lines = [json.dumps({"event": "start", "step": 0, "totalSteps": 6})]
+    lines += [json.dumps({"event": "progress", "step": i + 1, "totalSteps": 6, "loss": loss, "learningRate": 2e-4})
+              for i, loss in enumerate(losses)]  # fmt: skip
+    key = logs.removeprefix(f"s3://{bucket}/") + "/history/20250601T120000Z-worker-0.jsonl"
+    store.client.put_object(Bucket=bucket, Key=key, Body="\n".join(lines).encode())
 
-    uri = "s3://my-bucket/adapters/final/flyte-qlora1-0a1b2c3d/adapter/"
-    set_status(
-        namespace, name, {"artifacts": [{"name": "adapter", "uri": uri, "mount": mounts[0]["metadata"]["name"]}]}
-    )
+    uri = f"s3://{bucket}/adapters/final/{name}-0a1b2c3d/adapter/"
+    set_status(namespace, name, {
+        "phase": "Succeeded", "nodes": "0/1", "startTime": "2025-06-01T12:00:00Z",
+        "completionTime": "2025-06-01T12:40:00Z",
+        "conditions": [{"type": "Succeeded", "status": "True", "reason": "Completed", "message": "trained",
+                        "lastTransitionTime": now()}],
+        "usage": {"gpuSeconds": 19200, "gpuHours": "5.33", "cost": "10.40", "currency": "USD"},
+        "artifacts": [{"name": "adapter", "uri": uri, "mount": out["metadata"]["name"]}],
+    })  # fmt: skip
     done = get_task(connector, meta, QLORA_TASK)
     assert phase_name(done.phase) == "SUCCEEDED", done
-    assert done.outputs.literals["adapter"].scalar.primitive.string_value == uri
+    assert not done.HasField("outputs"), "the outputs are in outputs.pb, where propeller reads them"
+    written = s3_object(store, f"{prefix}/outputs.pb")
+    assert written is not None, "outputs.pb was not written before SUCCEEDED was answered"
+    outputs = literals_pb2.LiteralMap.FromString(written["Body"].read())
+    ctx = FlyteContextManager.current_context()
+    assert outputs == TypeEngine.dict_to_literal_map(ctx, {"adapter": uri}, {"adapter": str}).to_flyte_idl()
+
+    page = deck_page(store, prefix)
+    assert page is not None, "deck.html was not written before SUCCEEDED was answered"
+    assert s3_object(store, f"{prefix}/deck.html")["ContentType"] == "text/html"
+    assert f"{ns}/{name}" in page
+    assert "Completed" in page
+    assert "40m00s" in page
+    assert "5.33" in page
+    assert "10.40 USD" in page
+    assert uri in page
+    (loss_line,) = re.findall(r'<polyline class="series" data-series="loss" points="([^"]*)"', page)
+    assert len(loss_line.split()) == len(losses), "one point of the curve per reported step"
+
+    # Succeeded without an archived adapter: a failure (another execution, its own job).
+    other = agent_pb2.CreateTaskRequest(template=template, output_prefix=f"{prefix}-2",
+                                        task_execution_metadata=execution_metadata(ns, "qlora2"))  # fmt: skip
+    meta2 = connector.tasks.CreateTask(other, timeout=RPC_TIMEOUT).resource_meta
+    set_status(namespace, json.loads(meta2)["name"], {"phase": "Succeeded", "conditions": [
+        {"type": "Succeeded", "status": "True", "reason": "Completed", "message": "trained",
+         "lastTransitionTime": now()}]})  # fmt: skip
+    no_adapter = get_task(connector, meta2, QLORA_TASK)
+    assert phase_name(no_adapter.phase) == "FAILED", no_adapter
+    assert "no adapter was archived" in no_adapter.message
+    assert s3_object(store, f"{prefix}-2/outputs.pb") is None
+
+
+def test_an_ended_task_leaves_a_deck_at_its_output_prefix_unless_it_wrote_one(
+    connector: Connector, namespace: Kubectl, store: S3
+) -> None:
+    """Succeeded: the deck with the summary is there when SUCCEEDED is answered (propeller looks in
+    that round), saying why it has no loss curve. Failed: written too. A deck that is there already
+    (the task's own, enable_deck=True) is kept."""
+    ns = namespace.namespace
+    assert ns is not None
+    bucket = store.bucket("flyte")
+    template = serialized(workflows.square)
+    assert template.metadata.generates_deck.value is True
+    ended = {
+        "Succeeded": {"phase": "Succeeded", "nodes": "0/1", "restarts": 2, "startTime": "2025-06-01T12:00:00Z",
+                      "completionTime": "2025-06-01T12:03:30Z",
+                      "conditions": [{"type": "Succeeded", "status": "True", "reason": "Completed",
+                                      "message": "all workers exited 0", "lastTransitionTime": now()}],
+                      "usage": {"gpuSeconds": 1680, "gpuHours": "0.47", "cost": "0.91", "currency": "EUR",
+                                "spotSavings": "0.00"}},
+        "Failed": {"phase": "Failed", "completionTime": now(),
+                   "conditions": [{"type": "Failed", "status": "True", "reason": "WorkerFailed",
+                                   "message": "worker 0 exited 1", "lastTransitionTime": now()}]},
+    }  # fmt: skip
+    prefixes = {}
+    for execution, phase in (("deck1", "Succeeded"), ("deck2", "Failed"), ("deck3", "Succeeded")):
+        prefix = prefixes[execution] = f"s3://{bucket}/metadata/propeller/{execution}/n0/data/0"
+        if execution == "deck3":
+            store.client.put_object(Bucket=bucket, Key=prefix.removeprefix(f"s3://{bucket}/") + "/deck.html",
+                                 Body=b"<p>the task's own deck</p>")  # fmt: skip
+        request = create_request(template, execution_metadata(ns, execution), prefix)
+        meta = connector.tasks.CreateTask(request, timeout=RPC_TIMEOUT).resource_meta
+        set_status(namespace, json.loads(meta)["name"], ended[phase])
+        answer = get_task(connector, meta)
+        assert phase_name(answer.phase) == phase.upper(), answer
+        assert not answer.HasField("outputs")
+        page = deck_page(store, prefix)
+        assert page is not None, f"{execution}: no deck.html when {phase} was answered"
+        if execution == "deck3":
+            assert page == "<p>the task's own deck</p>"
+            continue
+        assert f"{ns}/{json.loads(meta)['name']}" in page
+        assert "kubedgx describe" in page
+        if phase == "Succeeded":
+            for shown in ("all workers exited 0", "3m30s", "0.47", "0.91 EUR", "0.00 EUR", "dgxh100.80g.8.norm"):
+                assert shown in page, shown
+            assert "<polyline" not in page
+            assert "No loss curve:" in page
+            assert "no progress history" in page
+            assert "Out data mount" in page, "why there is no history: no Out mount keeps it"
+        else:
+            assert "WorkerFailed" in page
+            assert "worker 0 exited 1" in page

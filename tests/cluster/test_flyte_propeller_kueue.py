@@ -76,7 +76,7 @@ def test_a_job_queued_by_kueue_is_waiting_for_resources(
 ) -> None:
     ex = execution_id()
     submit(flyte.kubectl_flyte, namespace, tmp_path, pw.runs_forever, ex, labels={QUEUE: no_gpu_queue})
-    stored = stored_phase_is(flyte, "n0", "WAITING_FOR_RESOURCES")
+    stored = stored_phase_is(flyte, ex, "n0", "WAITING_FOR_RESOURCES")
     (job,) = jobs_of(namespace, ex)
     assert dig(job, "metadata", "labels", QUEUE) == no_gpu_queue, "the workflow's label reached the job"
     assert dig(job, "status", "phase") == "Suspended"
@@ -84,4 +84,4 @@ def test_a_job_queued_by_kueue_is_waiting_for_resources(
     assert stored.reasons[-1].startswith("queued by Kueue: "), flyte.admin.dump()
     namespace.run("delete", FLYTEWORKFLOWS, ex, "--wait=false")
     wait_for("the job to go", lambda: not jobs_of(namespace, ex), timeout=120, interval=1, diagnose=flyte.diagnose)
-    assert flyte.admin.stored_task("n0").phase == "ABORTED", flyte.admin.dump()
+    assert flyte.admin.stored_task("n0", execution=ex).phase == "ABORTED", flyte.admin.dump()

@@ -82,7 +82,7 @@ def test_the_qlora_task_hands_the_adapter_uri_to_the_next_task(
             "artifacts": [{"name": "adapter", "uri": uri, "mount": "outputs"}],
         })  # fmt: skip
         assert wait_phase(namespace, flyte, ex, "Success", "Failed") == "Success", k.logs_text()
-    assert flyte.admin.stored_task("n0").phase == "SUCCEEDED", flyte.admin.dump()
-    node = flyte.admin.stored_node("n1")
+    assert flyte.admin.stored_task("n0", execution=ex).phase == "SUCCEEDED", flyte.admin.dump()
+    node = flyte.admin.stored_node("n1", execution=ex)
     assert node.output_uri, flyte.admin.dump()
     assert literal_at(flyte, node.output_uri).literals["o0"].scalar.primitive.string_value == f"got {uri}"

@@ -23,7 +23,17 @@ from dgx_operator.cli import main as cli
 from dgx_operator.validation.durability import reference_warnings
 from flytekitplugins.dgx import DGXConfig, DGXConfigError, DGXDataConfig, DGXQLoRATask, DGXTorchElastic
 from flytekitplugins.dgx.config import from_custom, to_custom
-from flytekitplugins.dgx.manifest import KEY_LABEL, Execution, Options, Plan, build, digest, job_name
+from flytekitplugins.dgx.manifest import (
+    KEY_LABEL,
+    Execution,
+    Options,
+    Plan,
+    SettingError,
+    build,
+    digest,
+    job_name,
+    options_from_env,
+)
 from tests.flyte.flyte import metadata, template, workflows
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -145,6 +155,28 @@ def test_the_namespace_is_the_config_s_then_the_connector_s_then_the_execution_s
     def pinned() -> None: ...
 
     assert build(template(pinned), PREFIX, metadata(), Options(namespace="dgx")).namespace == "team-a"
+
+
+def test_the_connector_s_job_ttl_goes_on_every_job_it_creates() -> None:
+    wf = workflows()
+    options = options_from_env({"KUBEDGX_FLYTE_JOB_TTL": " 86400 "})
+    assert options.job_ttl == 86400
+    for t in (wf.square, wf.qlora_legal):
+        plan = build(template(t, PREFIX), PREFIX, metadata(), options)  # through kubedgx's Validator too
+        assert plan.job["spec"]["ttlSecondsAfterFinished"] == 86400, t.name
+    for unset in ({}, {"KUBEDGX_FLYTE_JOB_TTL": ""}):
+        options = options_from_env(unset)
+        assert options.job_ttl is None
+        assert "ttlSecondsAfterFinished" not in build(template(wf.square), PREFIX, metadata(), options).job["spec"]
+
+
+@pytest.mark.parametrize("value", ["1h", "-100", "86400.5", "59", "0", "²", "1e6", "9999999999"])
+def test_a_bad_job_ttl_is_refused_naming_the_variable_and_the_fix(value: str) -> None:
+    with pytest.raises(SettingError) as refused:
+        options_from_env({"KUBEDGX_FLYTE_JOB_TTL": value})
+    message = str(refused.value)
+    assert message.startswith(f"KUBEDGX_FLYTE_JOB_TTL={value!r}: must be a whole number of seconds, at least 60")
+    assert "unset it to keep them" in message
 
 
 def test_data_mounts_are_shared_by_tasks_that_read_the_same_prefix() -> None:

@@ -146,6 +146,34 @@ def test_the_webhooks_warnings_are_collected_as_kubectl_shows_them() -> None:
     ]
 
 
+def test_history_keeps_what_the_out_mounts_hold_when_the_pods_cannot_be_listed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reader allowed the job, its mounts and their store but not the pods (the Flyte connector
+    without `list pods`) still gets the history the Out mount keeps; without any, the error says why."""
+    from dgx_api.history import parse_lines
+    from dgx_operator.client import Client, NothingToFetchError
+
+    job = {"apiVersion": "kubedgx.io/v1alpha1", "kind": "DGXTrainingJob",
+           "metadata": {"name": "j", "namespace": "ml", "uid": "0a1b2c3d-0000-0000-0000-000000000000"},
+           "spec": {"instance": "dgxh100.80g.8.norm", "command": ["python", "train.py"],
+                    "dataMounts": [{"name": "out", "mountPath": "/mnt/out"}]}}  # fmt: skip
+    mount = {"apiVersion": "kubedgx.io/v1alpha1", "kind": "DGXDataMount", "metadata": {"name": "out"},
+             "spec": {"source": "s3://bucket/runs", "direction": "Out"}}  # fmt: skip
+    api = kubeclient.Client(server="https://example.invalid", namespace="ml", context="c")
+    monkeypatch.setattr(api, "get", lambda path, query=None: mount if "dgxdatamounts" in path else job)
+
+    def forbidden(path: str, **kwargs: Any) -> list[dict[str, Any]]:
+        raise kubeclient.ForbiddenError('pods is forbidden: User "flyte" cannot list resource "pods"')
+
+    monkeypatch.setattr(api, "list", forbidden)
+    kept = [parse_lines(['{"event": "progress", "step": 1, "totalSteps": 2, "loss": 1.5}'])]
+    monkeypatch.setattr(Client, "_remote_history", lambda self, j, m: kept)
+    client = Client(api=api)
+    assert [(p.step, p.loss) for p in client.history("j")] == [(1, 1.5)]
+    monkeypatch.setattr(Client, "_remote_history", lambda self, j, m: [])
+    with pytest.raises(NothingToFetchError, match=r"j: no progress history: the pods of j: pods is forbidden"):
+        client.history("j")
+
+
 def test_manifests_are_read_with_lists_flattened_and_junk_named() -> None:
     text = "kind: List\napiVersion: v1\nitems:\n- {kind: A}\n- {kind: B}\n---\n---\nkind: C\n"
     assert [d["kind"] for d in read_manifests(text, "f.yaml")] == ["A", "B", "C"]

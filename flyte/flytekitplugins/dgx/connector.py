@@ -16,7 +16,9 @@ Settings (the connector's environment):
 - ``KUBEDGX_FLYTE_LOG_TEMPLATE``: a URL with ``{namespace}``, ``{job}``, ``{pod}`` for log links;
 - ``KUBEDGX_FLYTE_WORKER_ENV_<NAME>``: ``NAME`` set in every worker (blob-store settings such as
   ``FLYTE_AWS_ENDPOINT``);
-- ``KUBEDGX_FLYTE_CATALOG``: the instance catalog the cluster's operator uses, if not the default.
+- ``KUBEDGX_FLYTE_CATALOG``: the instance catalog the cluster's operator uses, if not the default;
+- ``KUBEDGX_FLYTE_JOB_TTL``: seconds a finished job is kept (``spec.ttlSecondsAfterFinished``); the
+  data mounts only connector-made jobs own go with the last of them.
 """
 
 from __future__ import annotations
@@ -35,9 +37,11 @@ from flytekit.extend.backend.base_connector import AsyncConnectorBase, Connector
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from dgx_operator.api import GROUP, VERSION
+from dgx_operator.api import API_VERSION, GROUP, VERSION
+from dgx_operator.api.common import JOB_KIND
 from dgx_operator.api.crdgen import DATA_MOUNTS, TRAINING_JOBS
 from dgx_operator.render.names import CONTAINER_NAME, worker_name
+from flytekitplugins.dgx import results
 from flytekitplugins.dgx.config import DGXConfigError
 from flytekitplugins.dgx.manifest import (
     FUNCTION_TASK,
@@ -134,17 +138,74 @@ async def _create_or_get(api: client.CustomObjectsApi, plural: str, obj: dict[st
     return found, False
 
 
+#: Attempts at adding an owner to a mount that others change meanwhile (409 on its resourceVersion).
+OWNER_ATTEMPTS = 5
+
+
+def owner_reference(job: dict[str, Any]) -> dict[str, Any]:
+    """The job as an owner of a mount: not its controller, and not blocking the job's deletion."""
+    meta = job["metadata"]
+    return {
+        "apiVersion": job.get("apiVersion") or API_VERSION,
+        "kind": job.get("kind") or JOB_KIND,
+        "name": meta["name"],
+        "uid": meta["uid"],
+        "blockOwnerDeletion": False,
+    }
+
+
+async def add_owner(api: client.CustomObjectsApi, mount: dict[str, Any], job: dict[str, Any]) -> None:
+    """Append ``job`` to the mount's ownerReferences (kept: the other owners; idempotent). Kubernetes'
+    garbage collector deletes a dependent once all its owners are gone, so a mount that connector-made
+    jobs share lives as long as the last of them."""
+    ref = owner_reference(job)
+    ns, name = mount["metadata"]["namespace"], mount["metadata"]["name"]
+    gone = f"DGXDataMount {ns}/{name} was deleted as job {ref['name']} was created; create the task again"
+    for _ in range(OWNER_ATTEMPTS):
+        meta = mount.get("metadata") or {}
+        owners = list(meta.get("ownerReferences") or [])
+        if any(o.get("uid") == ref["uid"] for o in owners):
+            return
+        patch = {"metadata": {"resourceVersion": meta.get("resourceVersion"), "ownerReferences": [*owners, ref]}}
+        try:
+            await api.patch_namespaced_custom_object(  # type: ignore[call-arg]  # its stubs lack _content_type
+                GROUP, VERSION, ns, MOUNTS, name, patch, _content_type="application/merge-patch+json"
+            )  # a dict body is sent as a JSON patch otherwise
+            return
+        except ApiException as exc:
+            if exc.status == 404:
+                raise DGXConnectorError(gone) from None
+            if exc.status != 409:
+                raise DGXConnectorError(
+                    f"adding DGXTrainingJob {ref['name']} to the owners of DGXDataMount {ns}/{name} was refused: "
+                    f"{exc.status} {_detail(exc)}"
+                ) from None
+        try:  # changed meanwhile: read it again
+            mount = await api.get_namespaced_custom_object(GROUP, VERSION, ns, MOUNTS, name)
+        except ApiException as exc:
+            raise DGXConnectorError(gone if exc.status == 404 else f"reading DGXDataMount {ns}/{name}: "
+                                    f"{exc.status} {_detail(exc)}") from None  # fmt: skip
+    raise DGXConnectorError(f"DGXDataMount {ns}/{name} kept changing; its owners could not be updated")
+
+
 async def apply_plan(plan: Plan) -> DGXJobMetadata:
     """Create the mounts (an existing one is reused: its name is a hash of what it reads) and the
-    job; an existing job with this execution's key is adopted, one with another key is refused."""
+    job; an existing job with this execution's key is adopted, one with another key is refused.
+    Then the job becomes an owner of each mount, so the last job's deletion deletes the mount."""
     api_client = await _api()
     try:
         api = client.CustomObjectsApi(api_client)
+        mounts: dict[str, dict[str, Any]] = {}
         for mount in plan.mounts:
-            _, created = await _create_or_get(api, MOUNTS, mount)
-            log.info(
-                "DGXDataMount %s/%s %s", plan.namespace, mount["metadata"]["name"], "created" if created else "reused"
-            )
+            found, created = await _create_or_get(api, MOUNTS, mount)
+            name = mount["metadata"]["name"]
+            if found.get("metadata", {}).get("deletionTimestamp"):
+                # Its last owner went (or someone deleted it): a job naming it would wait for a mount that goes.
+                raise DGXConnectorError(
+                    f"DGXDataMount {plan.namespace}/{name} is being deleted; create the task again once it is gone"
+                )
+            mounts[name] = found
+            log.info("DGXDataMount %s/%s %s", plan.namespace, name, "created" if created else "reused")
         job, created = await _create_or_get(api, JOBS, plan.job)
         if job.get("metadata", {}).get("deletionTimestamp"):
             # This execution's job, still going (an abort, then a retried create): adopting it would
@@ -159,6 +220,8 @@ async def apply_plan(plan: Plan) -> DGXJobMetadata:
                 f"({plan.key}); delete it or run the task under another execution name"
             )
         log.info("DGXTrainingJob %s/%s %s", plan.namespace, plan.name, "created" if created else "adopted")
+        for mount in mounts.values():
+            await add_owner(api, mount, job)
         uid = str(job["metadata"].get("uid", ""))
         return DGXJobMetadata(plan.namespace, plan.name, uid, plan.task_type, plan.output_prefix)
     finally:
@@ -376,6 +439,8 @@ class DGXConnector(AsyncConnectorBase):  # type: ignore[misc]  # flytekit ships 
             if error is not None:
                 message = f"{message}; {error.message}"
                 phase = failure_phase(st.reason, error.kind)
+        # Before answering: propeller looks for the deck in the round it sees SUCCEEDED (results.py).
+        outputs = await results.leave(resource_meta.output_prefix, job, outputs)
         return Resource(phase=phase, message=message, log_links=links, outputs=outputs, custom_info=st.custom_info)
 
     async def delete(self, resource_meta: DGXJobMetadata, **kwargs: Any) -> None:

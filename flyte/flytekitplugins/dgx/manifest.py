@@ -56,6 +56,33 @@ class Options:
     catalog: Catalog | None = None
     #: Extra environment for every worker (e.g. FLYTE_AWS_ENDPOINT for the blob store).
     env: Mapping[str, str] = field(default_factory=dict)
+    #: spec.ttlSecondsAfterFinished of every job: the finished job, and with it the data mounts that
+    #: only connector-made jobs own, is deleted that long after it ended. None: kept.
+    job_ttl: int | None = None
+
+
+class SettingError(ValueError):
+    """A connector setting (its environment) that cannot be used; the message names it and the fix."""
+
+
+JOB_TTL_ENV: Final = "KUBEDGX_FLYTE_JOB_TTL"
+#: The shortest job TTL: a job deleted before propeller's next GetTask reads its end is reported as
+#: gone (FAILED) instead of succeeded; propeller polls every webApi.caching.resyncInterval (30 s).
+MIN_JOB_TTL: Final = 60
+
+
+def job_ttl_of(value: str | None) -> int | None:
+    """KUBEDGX_FLYTE_JOB_TTL: whole seconds, at least MIN_JOB_TTL; unset or empty: None."""
+    if value is None or not value.strip():
+        return None
+    text = value.strip()
+    if not re.fullmatch(r"[0-9]{1,9}", text) or int(text) < MIN_JOB_TTL:
+        raise SettingError(
+            f"{JOB_TTL_ENV}={value!r}: must be a whole number of seconds, at least {MIN_JOB_TTL} (a job deleted "
+            "before propeller reads its end is reported as gone): e.g. 86400 to delete finished jobs after a day, "
+            "or unset it to keep them"
+        )
+    return int(text)
 
 
 def options_from_env(environ: Mapping[str, str] = os.environ) -> Options:
@@ -66,6 +93,7 @@ def options_from_env(environ: Mapping[str, str] = os.environ) -> Options:
         default_instance=environ.get("KUBEDGX_FLYTE_DEFAULT_INSTANCE") or DEFAULT_INSTANCE,
         catalog=catalog,
         env={k.removeprefix(prefix): v for k, v in environ.items() if k.startswith(prefix) and k != prefix},
+        job_ttl=job_ttl_of(environ.get(JOB_TTL_ENV)),
     )
 
 
@@ -366,6 +394,8 @@ def build(
         spec["restartPolicy"] = place.restart_policy
     if place.backoff_limit is not None:
         spec["backoffLimit"] = place.backoff_limit
+    if options.job_ttl is not None:
+        spec["ttlSecondsAfterFinished"] = options.job_ttl
     if elastic is not None:
         spec["elastic"] = {
             k: v

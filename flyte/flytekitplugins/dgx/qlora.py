@@ -22,6 +22,7 @@ from dgx_api.trainer_config import TrainerConfig
 from flytekitplugins.dgx.config import DGXConfig, DGXConfigError, TaskConfig, check_types, to_custom
 from flytekitplugins.dgx.connector import ADAPTER_OUTPUT
 from flytekitplugins.dgx.manifest import QLORA_TASK
+from flytekitplugins.dgx.task import with_deck
 
 
 def trainer_problems(trainer: Mapping[str, Any]) -> list[str]:
@@ -66,6 +67,7 @@ class DGXQLoRATask(AsyncConnectorExecutorMixin, PythonTask):  # type: ignore[mis
             interface=Interface(inputs={}, outputs={ADAPTER_OUTPUT: str}),
             **kwargs,
         )
+        self._metadata = with_deck(self.metadata)
 
     @property
     def trainer(self) -> dict[str, Any]:

@@ -13,6 +13,7 @@ no ``outputs.pb``), so one writer reaches the blob store.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from collections.abc import Callable
@@ -21,7 +22,7 @@ from typing import Any, Final, NamedTuple
 import cloudpickle
 from flytekit import PythonFunctionTask
 from flytekit.configuration import SerializationSettings
-from flytekit.core.base_task import IgnoreOutputs
+from flytekit.core.base_task import IgnoreOutputs, TaskMetadata
 from flytekit.core.context_manager import FlyteContextManager
 from flytekit.extend import TaskPlugins
 from flytekit.extend.backend.base_connector import AsyncConnectorExecutorMixin
@@ -60,6 +61,14 @@ def check_task_kwargs(name: str, kwargs: dict[str, Any]) -> None:
         )
 
 
+def with_deck(metadata: TaskMetadata) -> TaskMetadata:
+    """The task's metadata with ``generates_deck``: propeller attaches ``<output prefix>/deck.html``
+    only to a task whose template says so, and flytekit serializes it false unless ``enable_deck=True``,
+    which would also make the pod render flytekit's own decks. The connector writes the deck
+    (results.py). A copy: the caller's TaskMetadata may be shared with other tasks."""
+    return dataclasses.replace(metadata, generates_deck=True)
+
+
 class DGXFunctionTask(AsyncConnectorExecutorMixin, PythonFunctionTask):  # type: ignore[misc]  # untyped flytekit
     """A @task whose body runs in the job's worker pods."""
 
@@ -72,6 +81,7 @@ class DGXFunctionTask(AsyncConnectorExecutorMixin, PythonFunctionTask):  # type:
         if kwargs.get("container_image") is None:
             kwargs["container_image"] = dgx_image_spec
         super().__init__(task_config=task_config, task_function=task_function, task_type=self._TASK_TYPE, **kwargs)
+        self._metadata = with_deck(self.metadata)
 
     def get_custom(self, settings: SerializationSettings) -> dict[str, Any]:
         return to_custom(self.task_config)

@@ -546,7 +546,11 @@ class Client:
                 segments += self._remote_history(job, mount)
             except ClientError as exc:
                 problems.append(str(exc))
-        worker = self._current(name, 0)
+        try:  # a reader who may read the mounts but not list pods still gets what the mounts keep
+            worker = self._current(name, 0)
+        except kubeclient.ClusterError as exc:
+            worker = None
+            problems.append(f"the pods of {name}: {exc}")
         if worker is not None and _has_output(worker):
             try:
                 path = f"/api/v1/namespaces/{self.namespace}/pods/{worker.name}/log"

@@ -438,6 +438,12 @@ def _ssl_context(cluster: Mapping[str, Any], directory: Path, credentials: _Cred
     return context
 
 
+def in_cluster(environ: Mapping[str, str] | None = None) -> Client | None:
+    """The pod's ServiceAccount, None outside a pod: what :func:`load` falls back to without a
+    kubeconfig, for a caller whose own rule prefers it (the Flyte connector in its Deployment)."""
+    return _in_cluster(os.environ if environ is None else environ)
+
+
 def _in_cluster(environ: Mapping[str, str], directory: str = SERVICE_ACCOUNT_DIR) -> Client | None:
     """The pod's ServiceAccount at KUBERNETES_SERVICE_HOST/PORT, as client-go's InClusterConfig reads it."""
     host, port = environ.get("KUBERNETES_SERVICE_HOST", ""), environ.get("KUBERNETES_SERVICE_PORT", "")

@@ -340,7 +340,8 @@ def svg(points: Sequence[Point], *, title: str) -> str:
     )
 
 
-_STYLE: Final = """
+#: The page's style sheet (inline): :func:`html`'s, and that of a page that embeds :func:`figures`.
+STYLE: Final = """
 body { font-family: sans-serif; margin: 1.5em; color: #222222; background: #ffffff; }
 h1 { font-size: 1.3em; margin: 0 0 0.6em 0; }
 svg.panel { display: block; margin-bottom: 0.5em; }
@@ -350,24 +351,32 @@ td.value { text-align: right; font-variant-numeric: tabular-nums; }
 """
 
 
-def html(points: Sequence[Point], *, title: str) -> str:
-    """One self-contained page: an inline SVG per panel and a table of the last values. No script,
-    no font, no style sheet or image from elsewhere: it opens offline and from an email. Well-formed
-    XML after its doctype line, so a test (or a tool) can read it with any XML parser."""
+def figures(points: Sequence[Point]) -> str:
+    """The body of :func:`html`'s page without its title: an inline SVG per panel and the table of
+    the last values, for a page of another's (the Flyte Deck) that uses :data:`STYLE`. PlotError
+    when there is nothing to draw."""
     drawn = panels(points)
     xlim = _xlim(drawn)
     esc = _html.escape
-    figures = [panel_svg(panel, xlim, bottom=True) for panel in drawn]
+    svgs = [panel_svg(panel, xlim, bottom=True) for panel in drawn]
     rows = "\n".join(
         f'<tr><th scope="row">{esc(name)}</th><td class="value">{esc(value)}</td></tr>'
         for name, value in _summary(points, drawn)
     )
+    return "\n".join(svgs) + '\n<table class="last">\n<caption>last values</caption>\n' + rows + "\n</table>\n"
+
+
+def html(points: Sequence[Point], *, title: str) -> str:
+    """One self-contained page: an inline SVG per panel and a table of the last values. No script,
+    no font, no style sheet or image from elsewhere: it opens offline and from an email. Well-formed
+    XML after its doctype line, so a test (or a tool) can read it with any XML parser."""
+    body = figures(points)
+    esc = _html.escape
     return (
         "<!DOCTYPE html>\n"
         '<html lang="en">\n<head>\n<meta charset="utf-8"/>\n'
-        f"<title>{esc(title)}</title>\n<style>{_STYLE}</style>\n</head>\n<body>\n"
-        f"<h1>{esc(title)}</h1>\n" + "\n".join(figures) + "\n"
-        '<table class="last">\n<caption>last values</caption>\n' + rows + "\n</table>\n</body>\n</html>\n"
+        f"<title>{esc(title)}</title>\n<style>{STYLE}</style>\n</head>\n<body>\n"
+        f"<h1>{esc(title)}</h1>\n" + body + "</body>\n</html>\n"
     )
 
 
