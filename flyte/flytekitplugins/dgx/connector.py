@@ -440,7 +440,9 @@ class DGXConnector(AsyncConnectorBase):  # type: ignore[misc]  # flytekit ships 
                 message = f"{message}; {error.message}"
                 phase = failure_phase(st.reason, error.kind)
         # Before answering: propeller looks for the deck in the round it sees SUCCEEDED (results.py).
-        outputs = await results.leave(resource_meta.output_prefix, job, outputs)
+        outputs = await results.leave(
+            resource_meta.output_prefix, job, outputs, function_task=resource_meta.task_type == FUNCTION_TASK
+        )
         return Resource(phase=phase, message=message, log_links=links, outputs=outputs, custom_info=st.custom_info)
 
     async def delete(self, resource_meta: DGXJobMetadata, **kwargs: Any) -> None:

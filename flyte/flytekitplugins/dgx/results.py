@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 
 DECK_FILE: Final = "deck.html"
 OUTPUTS_FILE: Final = "outputs.pb"
+ERROR_FILE: Final = "error.pb"
 #: Seconds each step may take (a blob-store call, the history read), and all of them together:
 #: propeller waits 30 s for GetTask (connector-service defaultTimeout).
 WRITE_TIMEOUT_S: Final = 8.0
@@ -213,12 +214,47 @@ async def write_deck(prefix: str, job: Mapping[str, Any], deadline: float | None
     return "written"
 
 
-async def leave(prefix: str, job: Mapping[str, Any] | None, outputs: Mapping[str, str] | None) -> Any:
-    """What ``get`` does once the job has ended: the outputs to outputs.pb and the deck, in that
-    order. Returns the outputs to answer with: None once outputs.pb holds them."""
+def remove(uri: str) -> bool:
+    """Delete ``uri`` if it is there; whether it was."""
+    fs = _file_access().get_filesystem_for_path(uri)
+    if not fs.exists(uri):
+        return False
+    fs.rm(uri)
+    return True
+
+
+async def clear_stale_error(prefix: str, job: Mapping[str, Any], deadline: float | None = None) -> None:
+    """A succeeded function task's ``error.pb`` is an earlier run's: a worker that failed, then the
+    job restarted it (its restart policy) and the next run succeeded. Propeller reads error.pb
+    before outputs.pb and would fail the task with the old error, so it goes."""
+    key = _key(job, ERROR_FILE)
+    if key in _written:
+        return
+    uri = uri_of(prefix, ERROR_FILE)
+    try:
+        if await _bounded(WRITE_TIMEOUT_S, deadline, remove, uri):
+            log.info("%s: removed %s, left by a run the job restarted: the job succeeded", key[1], uri)
+    except Exception as exc:
+        log.warning(
+            "%s: removing %s, left by a run the job restarted, failed (%s): Flyte will report the succeeded task "
+            "failed with that run's error; give the connector write access to Flyte's blob store",
+            key[1], uri, _why(exc),
+        )  # fmt: skip
+        return
+    _remember(key)
+
+
+async def leave(
+    prefix: str, job: Mapping[str, Any] | None, outputs: Mapping[str, str] | None, *, function_task: bool = False
+) -> Any:
+    """What ``get`` does once the job has ended: a restarted run's error.pb removed (a succeeded
+    function task), the outputs to outputs.pb and the deck, in that order. Returns the outputs to
+    answer with: None once outputs.pb holds them."""
     if not prefix or job is None or not finished(job):
         return outputs
     deadline = asyncio.get_running_loop().time() + BUDGET_S
+    if function_task and (job.get("status") or {}).get("phase") == JobPhase.SUCCEEDED:
+        await clear_stale_error(prefix, job, deadline)
     if outputs and await write_outputs(prefix, job, outputs, deadline):
         outputs = None
     await write_deck(prefix, job, deadline)
