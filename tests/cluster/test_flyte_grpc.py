@@ -310,7 +310,13 @@ def test_create_get_delete_round_trip(connector: Connector, namespace: Kubectl) 
         "WorkerFailed: worker 0 exited 137: killed by signal 9",
     )
 
-    # DeleteTask (an abort): the job goes; a second DeleteTask is no error.
+    # DeleteTask of an ended job (propeller cleans a failed attempt up before it retries): kept, it is
+    # what the attempt's error names.
+    assert delete_task(connector, first.resource_meta) == agent_pb2.DeleteTaskResponse()
+    assert dig(namespace.get(JOBS, meta["name"]), "status", "phase") == "Failed"
+
+    # DeleteTask of a running job (an abort): the job goes; a second DeleteTask is no error.
+    set_status(namespace, meta["name"], {"phase": "Running", "nodes": "1/1"})
     assert delete_task(connector, first.resource_meta) == agent_pb2.DeleteTaskResponse()
     wait_for(f"job {meta['name']} to be deleted", lambda: namespace.get(JOBS, meta["name"]) is None, timeout=30,
              interval=0.2)  # fmt: skip

@@ -40,6 +40,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from dgx_operator.api import API_VERSION, GROUP, VERSION
 from dgx_operator.api.common import JOB_KIND
 from dgx_operator.api.crdgen import DATA_MOUNTS, TRAINING_JOBS
+from dgx_operator.api.vocabulary import JobPhase
 from dgx_operator.render.names import CONTAINER_NAME, worker_name
 from flytekitplugins.dgx import results
 from flytekitplugins.dgx.config import DGXConfigError
@@ -446,8 +447,19 @@ class DGXConnector(AsyncConnectorBase):  # type: ignore[misc]  # flytekit ships 
         return Resource(phase=phase, message=message, log_links=links, outputs=outputs, custom_info=st.custom_info)
 
     async def delete(self, resource_meta: DGXJobMetadata, **kwargs: Any) -> None:
+        """Abort: a job still going is deleted (its workers with it). A job that already ended is
+        kept: propeller also calls this for a failed attempt before it retries, and that job is what
+        the attempt's error names, for ``kubedgx describe|logs``; it holds no nodes any more, and
+        ``KUBEDGX_FLYTE_JOB_TTL`` (or ``kubectl delete``) removes it."""
         if resource_meta.refused:
             return  # nothing was made
+        job = await read_job(resource_meta)
+        if job is None:
+            return
+        phase = (job.get("status") or {}).get("phase")
+        if phase in JobPhase.TERMINAL:
+            log.info("DGXTrainingJob %s/%s kept: it ended %s", resource_meta.namespace, resource_meta.name, phase)
+            return
         await delete_job(resource_meta)
 
     async def get_logs(self, resource_meta: DGXJobMetadata, **kwargs: Any) -> GetTaskLogsResponse:
