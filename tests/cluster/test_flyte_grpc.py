@@ -582,7 +582,8 @@ def test_an_ended_task_leaves_a_deck_at_its_output_prefix_unless_it_wrote_one(
         meta = connector.tasks.CreateTask(request, timeout=RPC_TIMEOUT).resource_meta
         set_status(namespace, json.loads(meta)["name"], ended[phase])
         answer = get_task(connector, meta)
-        assert phase_name(answer.phase) == phase.upper(), answer
+        # a worker that exited 1 without an error.pb: Flyte may retry it
+        assert phase_name(answer.phase) == {"Failed": "RETRYABLE_FAILED"}.get(phase, phase.upper()), answer
         assert not answer.HasField("outputs")
         page = deck_page(store, prefix)
         assert page is not None, f"{execution}: no deck.html when {phase} was answered"

@@ -129,6 +129,7 @@ def test_a_workflow_runs_the_dgx_task_and_hands_its_output_to_the_next_task(
     (job,) = jobs_of(ns, ex)
     assert dig(job, "status", "phase") == "Succeeded"
     assert dig(job, "spec", "command", 0) == "pyflyte-execute"
+    assert dig(job, "metadata", "labels", "node-id") == "n0"  # the execution's labels, for kubectl -l
     square = flyte.admin.stored_task("n0", execution=ex)
     assert square.phase == "SUCCEEDED", flyte.admin.dump()
     assert square.custom_info["job"] == f"{ns.namespace}/{job['metadata']['name']}"
@@ -136,6 +137,13 @@ def test_a_workflow_runs_the_dgx_task_and_hands_its_output_to_the_next_task(
     plus_one = flyte.admin.stored_node("n1", execution=ex)
     assert plus_one.output_uri, flyte.admin.dump()
     assert literal_at(flyte, plus_one.output_uri).literals["o0"].scalar.primitive.integer == 17
+    # QUEUED's reasons are propeller's own; the connector's "pending: ..." never reaches Flyte.
+    assert square.reasons == ["Allocation token required", "launched"], flyte.admin.dump()
+    # The deck: written by the connector before it answered SUCCEEDED, stored on the node.
+    deck = flyte.admin.stored_node("n0", execution=ex).deck_uri
+    assert deck.endswith("/n0/data/0/deck.html"), flyte.admin.dump()
+    page = flyte.s3.client.get_object(Bucket=flyte.bucket, Key=deck.removeprefix(f"s3://{flyte.bucket}/"))
+    assert job["metadata"]["name"] in page["Body"].read().decode()
     # What propeller sent for the DGX task, in order: no repeated phase, RUNNING once.
     phases = sent_phases(flyte, ex, "n0")
     assert phases[-1] == "SUCCEEDED", phases
@@ -166,6 +174,7 @@ def test_a_failing_task_s_error_is_stored_with_the_job_s_reason_and_message(
     assert "the task raised: " in message, message
     assert "no square for -1" in message, message
     assert stored.error.kind == "USER", stored.error
+    assert flyte.admin.stored_node("n0", execution=ex).deck_uri == "", "Flyte keeps no deck of a failed task"
     assert [r[2] for r in k.runs] == [1], k.runs  # one attempt: a permanent failure
     assert [
         t.retry_attempt for t in flyte.admin.stored_tasks() if t.node_id == "n0" and t.execution.endswith(f"/{ex}")
@@ -185,7 +194,7 @@ def test_a_flyte_retry_makes_a_job_of_its_own(flyte: FlyteBackend, ns: Kubectl, 
         assert wait_phase(ns, flyte, ex, "Success", "Failed") == "Success", k.logs_text()
     jobs = sorted(jobs_of(ns, ex), key=lambda j: j["metadata"]["creationTimestamp"])
     assert len(jobs) == 2, [j["metadata"]["name"] for j in jobs]
-    assert [dig(j, "status", "phase") for j in jobs] == ["Failed", "Succeeded"]
+    assert [dig(j, "status", "phase") for j in jobs] == ["Failed", "Succeeded"]  # attempt 0's job kept, to look at
     keys = {dig(j, "metadata", "labels", "flyte.kubedgx.io/key") for j in jobs}
     assert len(keys) == 2, keys
     first, second = flyte.admin.stored_task("n0", 0, execution=ex), flyte.admin.stored_task("n0", 1, execution=ex)
@@ -215,6 +224,8 @@ def test_deleting_the_workflow_aborts_the_job(flyte: FlyteBackend, ns: Kubectl, 
     assert k.runs == [], "the worker was held, never run"
     stored = flyte.admin.stored_task("n0", execution=ex)
     assert stored.phase == "ABORTED", flyte.admin.dump()
+    assert stored.error is not None, flyte.admin.dump()
+    assert stored.error.message == "Workflow aborted.", flyte.admin.dump()
     assert not [p for p in ns.select("pods") if "idle" in str(p["spec"])], "the workers went with the job"
 
 
