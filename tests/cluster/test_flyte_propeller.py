@@ -224,8 +224,11 @@ def test_deleting_the_workflow_aborts_the_job(flyte: FlyteBackend, ns: Kubectl, 
     assert k.runs == [], "the worker was held, never run"
     stored = flyte.admin.stored_task("n0", execution=ex)
     assert stored.phase == "ABORTED", flyte.admin.dump()
-    assert stored.error is not None, flyte.admin.dump()
-    assert stored.error.message == "Workflow aborted.", flyte.admin.dump()
+    node = flyte.admin.stored_node("n0", execution=ex)
+    assert node.phase == "ABORTED", flyte.admin.dump()
+    assert node.error is not None, flyte.admin.dump()
+    assert (node.error.code, node.error.message) == ("NodeAborted", "Workflow aborted."), node.error
+    assert flyte.admin.workflow_phases(ex)[-1] == "ABORTED", flyte.admin.dump()
     assert not [p for p in ns.select("pods") if "idle" in str(p["spec"])], "the workers went with the job"
 
 
