@@ -13,6 +13,7 @@ import re
 import secrets
 from collections.abc import Generator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -127,4 +128,20 @@ def kueue(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory)
 
 # -- moto's S3 (tests/s3.py): Flyte's blob store for the real-propeller modules -----------------------
 
-from tests.s3 import s3  # noqa: E402, F401
+from tests.s3 import S3, s3  # noqa: E402, F401
+
+
+@pytest.fixture(scope="module")
+def flyte(
+    control_plane: ControlPlane,
+    kubectl: Kubectl,
+    s3: S3,  # noqa: F811  (the fixture imported above)
+    operator: Operator,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Any]:
+    """Flyte's propeller, the connector, the fake admin and the blob store, with the module's operator
+    (tests/cluster/flyte_propeller.py; a module without an operator defines its own)."""
+    from tests.cluster.flyte_propeller import flyte_backend
+
+    with flyte_backend(control_plane, kubectl, s3, tmp_path_factory.mktemp("flyte")) as backend:
+        yield backend

@@ -27,16 +27,13 @@ pytest.importorskip("flytekitplugins.dgx", reason="flytekitplugins-dgx is not in
 from flyteidl.core import literals_pb2
 from flyteidl.core.execution_pb2 import TaskExecution
 
-from tests.cluster.controlplane import ControlPlane
 from tests.cluster.flyte_kubelet import Kubelet
-from tests.cluster.flyte_propeller import FLYTEWORKFLOWS, FlyteBackend, flyte_backend, strip_finalizers
+from tests.cluster.flyte_propeller import FLYTEWORKFLOWS, FlyteBackend, strip_finalizers
 from tests.cluster.flyte_propeller import workflow_phase as phase_of
 from tests.cluster.flyte_workflows import submit
-from tests.cluster.operator import Operator
 from tests.conftest import EXAMPLES
 from tests.e2e.kubectl import JOBS, Kubectl, dig, wait_for
 from tests.flyte.flyte import workflows as examples
-from tests.s3 import S3
 
 CODE = Path(__file__).parent / "flyte_code"
 if str(CODE) not in sys.path:
@@ -45,14 +42,6 @@ import propeller_workflows as pw  # noqa: E402
 
 #: How long a whole workflow may take here (propeller's rounds, GetTask every 10 s, pods' start-up).
 RUN_TIMEOUT = 240
-
-
-@pytest.fixture(scope="module")
-def flyte(
-    control_plane: ControlPlane, kubectl: Kubectl, s3: S3, operator: Operator, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[FlyteBackend]:
-    with flyte_backend(control_plane, kubectl, s3, tmp_path_factory.mktemp("flyte")) as backend:
-        yield backend
 
 
 @pytest.fixture

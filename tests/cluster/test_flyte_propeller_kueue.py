@@ -20,14 +20,12 @@ pytest.importorskip("grpc", reason="flytekit[connector] is not installed")
 pytest.importorskip("grpc_health.v1.health_pb2_grpc", reason="flytekit[connector] is not installed")
 pytest.importorskip("flytekitplugins.dgx", reason="flytekitplugins-dgx is not installed (pip install -e ./flyte)")
 
-from tests.cluster.controlplane import ControlPlane
-from tests.cluster.flyte_propeller import FLYTEWORKFLOWS, FlyteBackend, flyte_backend, strip_finalizers
+from tests.cluster.flyte_propeller import FLYTEWORKFLOWS, FlyteBackend, strip_finalizers
 from tests.cluster.flyte_workflows import submit
 from tests.cluster.kueue_helpers import QUEUE, condition_true_of
 from tests.cluster.operator import Operator
 from tests.cluster.test_flyte_propeller import execution_id, jobs_of, pw, stored_phase_is
 from tests.e2e.kubectl import Kubectl, dig, wait_for
-from tests.s3 import S3
 
 SUFFIX = secrets.token_hex(3)
 FLAVOR = f"flyte-any-{SUFFIX}"
@@ -38,14 +36,6 @@ KUEUE = "kueue.x-k8s.io/v1beta2"
 def operator(kueue: Any, operator: Operator) -> Operator:
     """conftest's operator, started once Kueue's API is served (it discovers the Workload version)."""
     return operator
-
-
-@pytest.fixture(scope="module")
-def flyte(
-    control_plane: ControlPlane, kubectl: Kubectl, s3: S3, operator: Operator, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[FlyteBackend]:
-    with flyte_backend(control_plane, kubectl, s3, tmp_path_factory.mktemp("flyte")) as backend:
-        yield backend
 
 
 @pytest.fixture
