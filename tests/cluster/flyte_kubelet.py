@@ -101,7 +101,7 @@ class Kubelet:
             "MASTER_ADDR": "127.0.0.1",
             "PET_NPROC_PER_NODE": "2",
             "PATH": os.pathsep.join([BIN, os.environ.get("PATH", "")]),
-            "PYTHONPATH": str(self.workdir),
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(self.workdir), os.environ.get("PYTHONPATH", "")])),
             "FLYTE_SDK_RICH_TRACEBACKS": "0",
             "HOME": os.environ.get("HOME", "/root"),
             "AWS_EC2_METADATA_DISABLED": "true",

@@ -33,7 +33,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.cluster.controlplane import KWOK_MANAGED, KWOK_NODE_ANNOTATION, ControlPlane, stop_process_group
+from tests.cluster.controlplane import CONTEXT, KWOK_MANAGED, KWOK_NODE_ANNOTATION, ControlPlane, stop_process_group
 from tests.conftest import ROOT
 from tests.e2e.kubectl import Kubectl, dig, wait_for
 from tests.s3 import ACCESS_KEY, REGION, S3, SECRET_KEY
@@ -43,6 +43,10 @@ BUILD_SH = ROOT / "tests" / "cluster" / "build.sh"
 DOCS = ROOT / "docs" / "flyte.md"
 #: The HTML comment that marks docs/flyte.md's propeller block (the next ```yaml fence).
 DOCS_MARKER = "<!-- propeller-config:"
+#: The HTML comment that marks docs/flyte.md's ClusterRole for the connector.
+RBAC_MARKER = "<!-- connector-rbac:"
+#: Where the connector's ServiceAccount lives in the tests.
+CONNECTOR_NAMESPACE, CONNECTOR_ACCOUNT = "kubedgx-flyte", "kubedgx-flyte-connector"
 #: The FlyteWorkflow CRD propeller creates.
 CRD = "flyteworkflows.flyte.lyft.com"
 FLYTEWORKFLOWS = "flyteworkflows.flyte.lyft.com"
@@ -73,19 +77,57 @@ def flyte_bin_dir() -> Path:
     return Path(done.stdout.strip().splitlines()[-1])
 
 
-def docs_config(text: str | None = None) -> dict[str, Any]:
-    """docs/flyte.md's propeller block (``tasks:`` and ``plugins:``), parsed."""
+def _docs_block(marker: str, text: str | None) -> dict[str, Any]:
     text = DOCS.read_text(encoding="utf-8") if text is None else text
-    at = text.find(DOCS_MARKER)
+    at = text.find(marker)
     if at < 0:
-        raise AssertionError(f"docs/flyte.md has no {DOCS_MARKER!r} block")
+        raise AssertionError(f"docs/flyte.md has no {marker!r} block")
     match = re.search(r"```yaml\n(.*?)```", text[at:], re.S)
     if match is None:
-        raise AssertionError("docs/flyte.md's propeller-config marker is not followed by a ```yaml block")
+        raise AssertionError(f"docs/flyte.md's {marker!r} marker is not followed by a ```yaml block")
     block = yaml.safe_load(match.group(1))
     if not isinstance(block, dict):
-        raise AssertionError("docs/flyte.md's propeller block is not a YAML mapping")
+        raise AssertionError(f"docs/flyte.md's {marker!r} block is not a YAML mapping")
     return block
+
+
+def docs_config(text: str | None = None) -> dict[str, Any]:
+    """docs/flyte.md's propeller block (``tasks:`` and ``plugins:``), parsed."""
+    return _docs_block(DOCS_MARKER, text)
+
+
+def docs_rbac(text: str | None = None) -> dict[str, Any]:
+    """docs/flyte.md's ClusterRole for the connector, parsed."""
+    return _docs_block(RBAC_MARKER, text)
+
+
+def connector_kubeconfig(control_plane: ControlPlane, kubectl: Kubectl, workdir: Path) -> Path:
+    """A kubeconfig for the connector as a ServiceAccount bound (cluster-wide) to docs/flyte.md's
+    ClusterRole and nothing else: what the docs tell admins to give it is what the tests run with."""
+    role = docs_rbac()
+    kubectl.apply(
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": CONNECTOR_NAMESPACE}},
+        {"apiVersion": "v1", "kind": "ServiceAccount",
+         "metadata": {"name": CONNECTOR_ACCOUNT, "namespace": CONNECTOR_NAMESPACE}},
+        role,
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+         "metadata": {"name": CONNECTOR_ACCOUNT},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role["metadata"]["name"]},
+         "subjects": [{"kind": "ServiceAccount", "name": CONNECTOR_ACCOUNT, "namespace": CONNECTOR_NAMESPACE}]},
+    )  # fmt: skip
+    token = kubectl.run("create", "token", CONNECTOR_ACCOUNT, "-n", CONNECTOR_NAMESPACE, "--duration=3h").stdout.strip()
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": CONTEXT, "cluster": {"server": control_plane.server,
+                                                   "certificate-authority": str(control_plane.pki.ca_crt)}}],
+        "users": [{"name": CONNECTOR_ACCOUNT, "user": {"token": token}}],
+        "contexts": [{"name": CONTEXT, "context": {"cluster": CONTEXT, "user": CONNECTOR_ACCOUNT}}],
+        "current-context": CONTEXT,
+    }  # fmt: skip
+    path = workdir / "connector.kubeconfig"
+    path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+    return path
 
 
 def propeller_config(
@@ -256,6 +298,9 @@ def flyte_backend(
                "KUBEDGX_FLYTE_WORKER_ENV_FLYTE_AWS_ACCESS_KEY_ID": ACCESS_KEY,
                "KUBEDGX_FLYTE_WORKER_ENV_FLYTE_AWS_SECRET_ACCESS_KEY": SECRET_KEY,
                "KUBEDGX_FLYTE_DEFAULT_INSTANCE": "dgxh100.80g.8.norm"}  # fmt: skip
+        # Least privilege, as the docs grant it: a missing permission fails a scenario (or shows as a
+        # refusal in the connector's log, which test_flyte_propeller.py checks).
+        env["KUBEDGX_FLYTE_KUBECONFIG"] = str(connector_kubeconfig(control_plane, kubectl, workdir))
         env |= connector_env or {}
         connector = stack.enter_context(serve(control_plane, workdir, lifetime=CONNECTOR_LIFETIME, env=env))
         config = propeller_config(kubeconfig=control_plane.kubeconfig, admin_endpoint=admin.endpoint,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.flyte_propeller import DOCS_MARKER, docs_config, propeller_config
+from tests.cluster.flyte_propeller import DOCS_MARKER, docs_config, docs_rbac, propeller_config
 
 TYPES = {"dgx_training", "dgx_qlora"}
 
@@ -45,3 +45,16 @@ def test_a_missing_marker_is_named() -> None:
     with pytest.raises(AssertionError, match="propeller-config"):
         docs_config("# Flyte\n```yaml\ntasks: {}\n```\n")
     assert DOCS_MARKER.startswith("<!--")
+
+
+def test_the_connector_s_cluster_role_grants_what_it_calls_and_no_secrets() -> None:
+    """The ClusterRole the propeller tests bind the connector's ServiceAccount to (and nothing else)."""
+    role = docs_rbac()
+    assert role["kind"] == "ClusterRole"
+    granted = {(res, verb) for rule in role["rules"] for res in rule["resources"] for verb in rule["verbs"]}
+    for verb in ("create", "get", "delete", "patch"):
+        assert ("dgxtrainingjobs", verb) in granted
+    for verb in ("create", "get", "patch"):
+        assert ("dgxdatamounts", verb) in granted
+    assert {("pods", "list"), ("pods/log", "get")} <= granted
+    assert not [g for g in granted if g[0] == "secrets"], "never all Secrets of every namespace"

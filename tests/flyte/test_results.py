@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("flytekit", reason="flytekit is not installed")
 
-from flytekitplugins.dgx import results  # noqa: E402
+from flytekitplugins.dgx import results
 
 
 def job(phase: str, uid: str) -> dict[str, Any]:
