@@ -60,7 +60,10 @@ def execution_id() -> str:
 def kubelet(ns: Kubectl, flyte: FlyteBackend, tmp_path: Path, **kwargs: Any) -> Kubelet:
     # The workflows' modules, then what this process imports from (a checkout on PYTHONPATH, say).
     path = os.pathsep.join(filter(None, [str(CODE), str(EXAMPLES / "flyte"), os.environ.get("PYTHONPATH", "")]))
-    env = flyte.blob_env() | {"PYTHONPATH": path, pw.MARKS: str(tmp_path)}
+    # One process per pod: the function runs in pyflyte-execute itself. The multi-process path (torch
+    # elastic in the pod, its in-place restarts) is test_flyte_run.py's and test_in_pod.py's; here it
+    # would only multiply each failing attempt by its restarts.
+    env = flyte.blob_env() | {"PYTHONPATH": path, pw.MARKS: str(tmp_path), "PET_NPROC_PER_NODE": "1"}
     return Kubelet(ns, CODE, tmp_path, propeller=True, env=env, **kwargs)
 
 
@@ -139,11 +142,10 @@ def test_a_workflow_runs_the_dgx_task_and_hands_its_output_to_the_next_task(
     # The connector ran as docs/flyte.md's ClusterRole allows: nothing it asked was refused.
     refused = [line for line in flyte.connector.tail(2000).splitlines() if "forbidden" in line.lower()]
     assert not refused, refused
-    assert dig(job, "metadata", "annotations", "flyte.kubedgx.io/reported-running"), "patch on the job was allowed"
     # What propeller sent for the DGX task, in order: no repeated phase, RUNNING once.
     phases = sent_phases(flyte, ex, "n0")
     assert phases[-1] == "SUCCEEDED", phases
-    assert phases.count("RUNNING") == 1, phases
+    assert phases.count("RUNNING") <= 1, phases  # none when the job ended within one GetTask interval
 
 
 # -- S2 -------------------------------------------------------------------------------------------
@@ -213,6 +215,8 @@ def test_deleting_the_workflow_aborts_the_job(flyte: FlyteBackend, ns: Kubectl, 
         stored_phase_is(flyte, ex, "n0", "RUNNING")
         (job,) = jobs_of(ns, ex)
         assert dig(job, "status", "phase") == "Running"
+        # Reported RUNNING: the connector marked the job (docs/flyte.md's ClusterRole lets it patch jobs).
+        assert dig(job, "metadata", "annotations", "flyte.kubedgx.io/reported-running"), job["metadata"]
         ns.run("delete", FLYTEWORKFLOWS, ex, "--wait=false")
         wait_for("the workflow to go", lambda: ns.get(FLYTEWORKFLOWS, ex) is None, timeout=120, interval=1,
                  diagnose=flyte.diagnose)  # fmt: skip
@@ -277,6 +281,8 @@ def test_a_restart_sends_no_event_until_the_task_ends(flyte: FlyteBackend, ns: K
     ex = execution_id()
     with kubelet(ns, flyte, tmp_path) as k:
         submit(flyte.kubectl_flyte, ns, tmp_path, pw.restarts, ex, n=21)
+        stored_phase_is(flyte, ex, "n0", "RUNNING")
+        (tmp_path / "fail-now").write_text("Flyte saw it running\n")  # the worker dies now
         assert wait_phase(ns, flyte, ex, "Success", "Failed") == "Success", k.logs_text()
     (job,) = jobs_of(ns, ex)
     assert dig(job, "status", "restarts") == 1, job.get("status")

@@ -6,6 +6,7 @@ folder and the examples' on PYTHONPATH, so ``pyflyte-execute`` imports them by t
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 from flytekit import task, workflow
@@ -78,12 +79,17 @@ def interruptible() -> str:
 
 @task(task_config=DGXTorchElastic(instance="dgxh100.80g.8.norm", restart_policy="OnFailure", max_restarts=0))
 def once_restarted(n: int) -> int:
-    """Its first run dies (exit 1: a worker lost mid-run); the operator restarts the job and the
-    second run returns. The mark file tells the runs apart; no in-pod restarts (torch elastic's
+    """Its first run dies (exit 1: a worker lost mid-run) once the test says Flyte saw it running (the
+    file ``fail-now`` in the shared folder); the operator restarts the job and the second run
+    returns. The mark file tells the runs apart; no in-pod restarts (torch elastic's
     max_restarts=0), so the failure ends the pod and the job restarts it."""
-    mark = Path(os.environ[MARKS]) / f"once_restarted-{n}"
+    marks = Path(os.environ[MARKS])
+    mark = marks / f"once_restarted-{n}"
     if not mark.exists():
         mark.write_text("ran once\n")
+        deadline = time.monotonic() + 120
+        while not (marks / "fail-now").exists() and time.monotonic() < deadline:
+            time.sleep(0.2)  # the test's word, polled: a workload waiting, not a test's synchronisation
         raise SystemExit(1)
     return n * 2
 
