@@ -47,8 +47,7 @@ DOCS_MARKER = "<!-- propeller-config:"
 RBAC_MARKER = "<!-- connector-rbac:"
 #: Where the connector's ServiceAccount lives in the tests.
 CONNECTOR_NAMESPACE, CONNECTOR_ACCOUNT = "kubedgx-flyte", "kubedgx-flyte-connector"
-#: The FlyteWorkflow CRD propeller creates.
-CRD = "flyteworkflows.flyte.lyft.com"
+#: The FlyteWorkflow CRD propeller creates (and the resource kubectl names).
 FLYTEWORKFLOWS = "flyteworkflows.flyte.lyft.com"
 #: Propeller's finalizer on every workflow it runs.
 FINALIZER = "flyte.org/finalizer"
@@ -130,14 +129,20 @@ def connector_kubeconfig(control_plane: ControlPlane, kubectl: Kubectl, workdir:
     return path
 
 
+def blob_env(s3: S3) -> dict[str, str]:
+    """The blob-store settings flytekit reads (the pods', the connector's): moto's endpoint and keys;
+    no instance-metadata probe."""
+    return {"FLYTE_AWS_ENDPOINT": s3.endpoint, "FLYTE_AWS_ACCESS_KEY_ID": ACCESS_KEY,
+            "FLYTE_AWS_SECRET_ACCESS_KEY": SECRET_KEY, "AWS_EC2_METADATA_DISABLED": "true"}  # fmt: skip
+
+
 def propeller_config(
     *, kubeconfig: Path, admin_endpoint: str, connector_endpoint: str, s3: S3, bucket: str, prof_port: int
 ) -> dict[str, Any]:
     """The whole configuration: the test environment, then the docs' block with the test's endpoint."""
     docs = docs_config()
     docs["plugins"]["connector-service"]["defaultConnector"]["endpoint"] = connector_endpoint
-    blob_env = {"FLYTE_AWS_ENDPOINT": s3.endpoint, "FLYTE_AWS_ACCESS_KEY_ID": ACCESS_KEY,
-                "FLYTE_AWS_SECRET_ACCESS_KEY": SECRET_KEY, "FLYTE_SDK_RICH_TRACEBACKS": "0"}  # fmt: skip
+    pod_env = {k: v for k, v in blob_env(s3).items() if k.startswith("FLYTE_")} | {"FLYTE_SDK_RICH_TRACEBACKS": "0"}
     config: dict[str, Any] = {
         "propeller": {
             "kube-config": str(kubeconfig),
@@ -175,7 +180,7 @@ def propeller_config(
         "plugins": {
             **docs["plugins"],
             "k8s": {
-                "default-env-vars": [{k: v} for k, v in blob_env.items()],
+                "default-env-vars": [{k: v} for k, v in pod_env.items()],
                 "default-cpus": "100m",
                 "default-memory": "128Mi",
             },
@@ -214,7 +219,7 @@ class Propeller:
 
         def crd_established() -> bool:
             self.check_alive()
-            crd = k.get("crd", CRD)
+            crd = k.get("crd", FLYTEWORKFLOWS)
             return any(c.get("type") == "Established" and c.get("status") == "True"
                        for c in dig(crd or {}, "status", "conditions") or [])  # fmt: skip
 
@@ -265,8 +270,7 @@ class FlyteBackend:
 
     def blob_env(self) -> dict[str, str]:
         """The blob-store settings flytekit reads (the pods', the connector's)."""
-        return {"FLYTE_AWS_ENDPOINT": self.s3.endpoint, "FLYTE_AWS_ACCESS_KEY_ID": ACCESS_KEY,
-                "FLYTE_AWS_SECRET_ACCESS_KEY": SECRET_KEY, "AWS_EC2_METADATA_DISABLED": "true"}  # fmt: skip
+        return blob_env(self.s3)
 
     def diagnose(self) -> str:
         return (f"--- propeller\n{self.propeller.tail(80)}\n--- connector\n{self.connector.tail(40)}\n"
@@ -292,12 +296,10 @@ def flyte_backend(
     control_plane.add_nodes([cpu_node()])
     with ExitStack() as stack:
         admin = stack.enter_context(FakeAdmin())
-        env = {"FLYTE_AWS_ENDPOINT": s3.endpoint, "FLYTE_AWS_ACCESS_KEY_ID": ACCESS_KEY,
-               "FLYTE_AWS_SECRET_ACCESS_KEY": SECRET_KEY, "AWS_EC2_METADATA_DISABLED": "true",
-               "KUBEDGX_FLYTE_WORKER_ENV_FLYTE_AWS_ENDPOINT": s3.endpoint,
-               "KUBEDGX_FLYTE_WORKER_ENV_FLYTE_AWS_ACCESS_KEY_ID": ACCESS_KEY,
-               "KUBEDGX_FLYTE_WORKER_ENV_FLYTE_AWS_SECRET_ACCESS_KEY": SECRET_KEY,
-               "KUBEDGX_FLYTE_DEFAULT_INSTANCE": "dgxh100.80g.8.norm"}  # fmt: skip
+        # The connector's own blob-store access, and the workers' (set in every worker by the connector).
+        flyte_keys = {k: v for k, v in blob_env(s3).items() if k.startswith("FLYTE_")}
+        env = blob_env(s3) | {f"KUBEDGX_FLYTE_WORKER_ENV_{k}": v for k, v in flyte_keys.items()}
+        env["KUBEDGX_FLYTE_DEFAULT_INSTANCE"] = "dgxh100.80g.8.norm"
         # Least privilege, as the docs grant it: a missing permission fails a scenario (or shows as a
         # refusal in the connector's log, which test_flyte_propeller.py checks).
         env["KUBEDGX_FLYTE_KUBECONFIG"] = str(connector_kubeconfig(control_plane, kubectl, workdir))
