@@ -295,6 +295,9 @@ def flyte_backend(
     bucket = s3.bucket("flyte")
     control_plane.add_nodes([cpu_node()])
     with ExitStack() as stack:
+        # The node goes with the backend: kwok calls any pod on it Running, so a later module's pods
+        # (another worker's runner, say) scheduled there would look started without running.
+        stack.callback(kubectl.run, "delete", "node", CPU_NODE, "--wait=false", "--ignore-not-found", check=False)
         admin = stack.enter_context(FakeAdmin())
         # The connector's own blob-store access, and the workers' (set in every worker by the connector).
         flyte_keys = {k: v for k, v in blob_env(s3).items() if k.startswith("FLYTE_")}

@@ -29,7 +29,7 @@ import pytest
 from tests.chart.conftest import CHART, Rendered, is_hook
 from tests.cluster.chart_helpers import render, stub_crd
 from tests.cluster.controlplane import CONTEXT, ControlPlane
-from tests.cluster.podrunner import PodRunner, can_add_addresses, operator_executables
+from tests.cluster.podrunner import RUNNER_LABEL, PodRunner, can_add_addresses, operator_executables
 from tests.e2e.kubectl import Kubectl, dig, wait_for
 from tests.private_ca import PrivateCA
 
@@ -65,6 +65,9 @@ VALUES: dict[str, Any] = {
     "metrics": {"podMonitor": {"enabled": True, "labels": {"release": "prometheus"}}},
     "caBundle": {"pem": CA.pem},
     "tests": {"timeoutSeconds": 30},
+    # Only the runner's nodes run pods; an untainted kwok node another module added (the Flyte modules'
+    # CPU node) would otherwise get a replica that kwok calls Ready without running it.
+    "nodeSelector": {RUNNER_LABEL: "true"},
 }
 
 pytestmark = pytest.mark.skipif(
@@ -180,8 +183,10 @@ def test_the_apiserver_keeps_the_network_policy_the_pod_monitor_and_the_ca_bundl
     pods = hooks.ops.select("pods", SELECTOR)
     assert pods
     for pod in pods:
-        [mounted] = list(hooks.runner.workdir.glob(f"{NAMESPACE}.{pod['metadata']['name']}.*/volumes/ca-bundle/ca.crt"))
-        assert mounted.read_text(encoding="utf-8") == CA.pem
+        assert pod["spec"].get("nodeName") in hooks.runner.nodes, hooks.diagnose()
+        mounted = list(hooks.runner.workdir.glob(f"{NAMESPACE}.{pod['metadata']['name']}.*/volumes/ca-bundle/ca.crt"))
+        assert len(mounted) == 1, hooks.diagnose()
+        assert mounted[0].read_text(encoding="utf-8") == CA.pem
     # helm install applied no hook: the test's account and pod appear only with helm test.
     assert hooks.ops.get("serviceaccount", TEST_POD) is None
     assert hooks.ops.get("pod", TEST_POD) is None
