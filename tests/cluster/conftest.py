@@ -20,9 +20,10 @@ import pytest
 from tests.chart.conftest import Rendered
 from tests.cluster.controlplane import ControlPlane
 from tests.cluster.operator import Operator, chart_operator, install
-from tests.e2e.kubectl import JOBS, Kubectl, wait_for
+from tests.e2e.cluster import delete_namespace
+from tests.e2e.kubectl import Kubectl, wait_for
 
-#: How long a test's namespace may take to go once deleted (its jobs' finalizers released).
+#: How long a test's namespace may take to lose its jobs, mounts and pods once deleted.
 NAMESPACE_TIMEOUT = 60
 
 #: Keep the control plane's directory (certificates, logs, etcd) after the session.
@@ -66,28 +67,9 @@ def namespace(kubectl: Kubectl, request: pytest.FixtureRequest) -> Iterator[Kube
         interval=0.2,
     )
     yield kubectl.in_namespace(name)
-    kubectl.run("delete", "namespace", name, "--wait=false", "--ignore-not-found")
-    # While the test's operator still runs: a namespace that does not go away means something in it
-    # holds a finalizer nobody releases, which a user would meet as a namespace stuck Terminating.
-    stuck: list[str] = []
-
-    def gone() -> bool:
-        if kubectl.get("namespace", name) is None:
-            return True
-        stuck[:] = [f"{o['metadata']['name']} {o['metadata'].get('finalizers')} {o.get('status', {}).get('phase')}"
-                    for o in kubectl.in_namespace(name).select(JOBS) if o["metadata"].get("finalizers")]  # fmt: skip
-        return False
-
-    try:
-        wait_for(f"namespace {name} to be deleted", gone, timeout=NAMESPACE_TIMEOUT, interval=0.5)
-    except AssertionError:
-        for job in stuck:
-            kubectl.in_namespace(name).run("patch", JOBS, job.split()[0], "--type", "merge", "-p",
-                                           '{"metadata": {"finalizers": null}}', check=False)  # fmt: skip
-        raise AssertionError(
-            f"namespace {name} was not deleted within {NAMESPACE_TIMEOUT}s; jobs holding "
-            f"finalizers (now stripped): {stuck}"
-        ) from None
+    # While the test's operator still runs: a job that does not go away holds a finalizer nobody
+    # releases, which a user would meet as a job (and its namespace) stuck Terminating.
+    delete_namespace(kubectl, name, timeout=NAMESPACE_TIMEOUT)
 
 
 @pytest.fixture(scope="module")

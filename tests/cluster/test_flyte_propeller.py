@@ -61,8 +61,8 @@ def kubelet(ns: Kubectl, flyte: FlyteBackend, tmp_path: Path, **kwargs: Any) -> 
     # The workflows' modules, then what this process imports from (a checkout on PYTHONPATH, say).
     path = os.pathsep.join(filter(None, [str(CODE), str(EXAMPLES / "flyte"), os.environ.get("PYTHONPATH", "")]))
     # One process per pod: the function runs in pyflyte-execute itself. The multi-process path (torch
-    # elastic in the pod, its in-place restarts) is test_flyte_run.py's and test_in_pod.py's; here it
-    # would only multiply each failing attempt by its restarts.
+    # elastic in the pod) is test_flyte_run.py's and test_in_pod.py's; here it would only double each
+    # pod's CPU.
     env = flyte.blob_env() | {"PYTHONPATH": path, pw.MARKS: str(tmp_path), "PET_NPROC_PER_NODE": "1"}
     return Kubelet(ns, CODE, tmp_path, propeller=True, env=env, **kwargs)
 

@@ -1,6 +1,8 @@
 """Scenario 4: deleting a job takes its children with it (pods, headless Service, trainer
 ConfigMap: all controlled by the job through ownerReferences), and the operator releases its
-finalizer once no worker runs, so the deletion completes."""
+finalizer once no worker runs, so the deletion completes. Deleting a namespace that holds a running
+job and a mount completes too (the other tests' teardown deletes their jobs first and does not wait
+for the namespace object: tests/e2e/cluster.py's delete_namespace)."""
 
 from __future__ import annotations
 
@@ -17,7 +19,8 @@ from tests.e2e.jobs import (
     wait_job,
     worker_pods,
 )
-from tests.e2e.kubectl import JOBS, Kubectl, dig
+from tests.e2e.cluster import Cluster
+from tests.e2e.kubectl import JOBS, MOUNTS, Kubectl, dig, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(RUNNING_TIMEOUT + 3 * NAMESPACE_TIMEOUT + 120)]
 
@@ -47,3 +50,17 @@ def test_deleting_a_job_removes_its_children_and_releases_the_finalizer(ns: Kube
     for kind, name in children:
         wait_gone(ns, kind, name)
     assert not worker_pods(ns, "doomed")
+
+
+def test_deleting_a_namespace_with_a_running_job_and_a_mount_completes(ns: Kubectl, cluster: Cluster) -> None:
+    """The namespace controller deletes the job under its running worker and the mount: the operator
+    releases both finalizers, and the namespace goes (a user would otherwise meet it stuck Terminating)."""
+    ns.apply(interactive_trainer_job("held"))
+    ns.apply({"apiVersion": "kubedgx.io/v1alpha1", "kind": "DGXDataMount", "metadata": {"name": "held-data"},
+              "spec": {"source": "s3://bucket/prefix"}})  # fmt: skip
+    wait_job(ns, "held", "Running with its idle debug worker", running_with(1))
+    wait_for("the operator's finalizer on the mount", lambda: dig(ns.get(MOUNTS, "held-data"), "metadata", "finalizers"),
+             timeout=RUNNING_TIMEOUT)  # fmt: skip
+    assert ns.namespace is not None
+    cluster.kubectl.run("delete", "namespace", ns.namespace, "--wait=false")
+    wait_gone(cluster.kubectl, "namespace", ns.namespace)

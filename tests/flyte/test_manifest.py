@@ -85,6 +85,8 @@ def test_the_mapping_of_each_field() -> None:
     assert env["FLYTE_INTERNAL_EXECUTION_PROJECT"] == "ml"
     assert job["metadata"]["namespace"] == "ml-development"
     assert job["metadata"]["labels"]["execution-id"] == "f3a9c2b1e0d4"
+    # No DGXTorchElastic: no in-place restarts (a raised exception fails the attempt once).
+    assert spec["elastic"] == {"maxRestarts": 0}
 
     elastic = build(template(w.distributed_train, PREFIX), PREFIX, metadata()).job["spec"]
     assert elastic["elastic"] == {"minNodes": 4, "maxNodes": 8, "nprocPerNode": 8, "maxRestarts": 3}

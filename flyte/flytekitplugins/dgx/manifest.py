@@ -465,6 +465,12 @@ def build(
         if not command:
             lines.append("container: the task template has no command; was it built by this plugin's DGX task?")
         spec["command"] = command
+        if elastic is None:
+            # The function raising is the attempt failing: Flyte's retries= and the job's restart_policy
+            # decide what runs again. torch elastic's in-place restarts (the job's default, 3) would run a
+            # deterministic error four times before the pod failed; flytekit's own PyTorch plugin makes
+            # none either. DGXTorchElastic(max_restarts=...) says otherwise where a user wants them.
+            spec["elastic"] = {"maxRestarts": 0}
         # pyflyte-execute catches the function's exception, writes error.pb and exits 0 unless told
         # otherwise: the worker must exit non-zero so the job's restart policy and Failed reason apply.
         env.setdefault("FLYTE_FAIL_ON_ERROR", "true")
