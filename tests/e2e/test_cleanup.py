@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.e2e.cluster import Cluster
 from tests.e2e.jobs import (
     NAMESPACE_TIMEOUT,
     RUNNING_TIMEOUT,
@@ -19,7 +20,6 @@ from tests.e2e.jobs import (
     wait_job,
     worker_pods,
 )
-from tests.e2e.cluster import Cluster
 from tests.e2e.kubectl import JOBS, MOUNTS, Kubectl, dig, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(RUNNING_TIMEOUT + 3 * NAMESPACE_TIMEOUT + 120)]
@@ -59,8 +59,8 @@ def test_deleting_a_namespace_with_a_running_job_and_a_mount_completes(ns: Kubec
     ns.apply({"apiVersion": "kubedgx.io/v1alpha1", "kind": "DGXDataMount", "metadata": {"name": "held-data"},
               "spec": {"source": "s3://bucket/prefix"}})  # fmt: skip
     wait_job(ns, "held", "Running with its idle debug worker", running_with(1))
-    wait_for("the operator's finalizer on the mount", lambda: dig(ns.get(MOUNTS, "held-data"), "metadata", "finalizers"),
-             timeout=RUNNING_TIMEOUT)  # fmt: skip
+    wait_for("the operator's finalizer on the mount",
+             lambda: dig(ns.get(MOUNTS, "held-data"), "metadata", "finalizers"), timeout=RUNNING_TIMEOUT)  # fmt: skip
     assert ns.namespace is not None
     cluster.kubectl.run("delete", "namespace", ns.namespace, "--wait=false")
     wait_gone(cluster.kubectl, "namespace", ns.namespace)
