@@ -228,39 +228,56 @@ def namespace_name(test_name: str) -> str:
     return f"e2e-{slug}-{secrets.token_hex(3)}"
 
 
-#: What a test's namespace must have lost before the next test starts (kubectl kinds).
-LEFTOVERS = ("pods", JOBS, MOUNTS)
+#: What a test's namespace must have lost before the next test starts: whatever acts beyond the
+#: namespace while it exists. Pods hold nodes and GPUs; kubedgx's kinds are watched by the one
+#: operator (a budget or limit counts for the namespace's jobs, a mount for its store); Kueue's
+#: Workloads hold their ClusterQueue's quota (a Workload left in a terminating namespace kept a later
+#: test's Workload from being admitted). Kinds the control plane does not serve are left out.
+LEFTOVERS = ("pods", JOBS, MOUNTS, "dgxbudgets.kubedgx.io", "dgxlimits.kubedgx.io", "workloads.kueue.x-k8s.io")
+
+
+def _served(kn: Kubectl, kinds: tuple[str, ...]) -> tuple[str, ...]:
+    """``kinds`` less those the apiserver does not serve (a module without kubedgx's or Kueue's CRDs):
+    one request when all are served, one per kind otherwise."""
+    both = kn.run("get", ",".join(kinds), "-o", "name", "--ignore-not-found", check=False)
+    if both.returncode == 0 or "doesn't have a resource type" not in both.stderr:
+        return kinds
+    unserved = "doesn't have a resource type"
+    return tuple(kind for kind in kinds if unserved not in kn.run("get", kind, "-o", "name", check=False).stderr)
 
 
 def delete_namespace(k: Kubectl, name: str, *, timeout: float = NAMESPACE_TIMEOUT) -> None:
-    """Delete the test's jobs and mounts, then its namespace, and wait until no job, mount or pod is
-    left in it: the jobs' finalizers released by the operator, their pods stopped (their GPUs free for
-    the next test). If that does not happen, strip kubedgx's finalizers so the cluster is usable, and
-    fail: the operator did not do its job.
+    """Delete the test's objects that act beyond its namespace (:data:`LEFTOVERS`), then the
+    namespace, and wait until none of them is left in it: the jobs' finalizers released by the
+    operator, their pods stopped (their GPUs free for the next test), Kueue's quota given back. If that
+    does not happen, strip kubedgx's finalizers so the cluster is usable, and fail: the operator did
+    not do its job.
 
     The namespace object itself is not waited for: the namespace controller starts on a deleted
     namespace only 5 s after the deletion (a fixed grace for HA apiservers) and looks again after half
     its pods' grace period, so a test's namespace outlives its content by 5 to 16 s, which was most
-    of a cluster test's teardown. Deleting the jobs first (as their user would) has the operator
+    of a cluster test's teardown. Deleting the objects first (as their user would) has the operator
     release them at once, in the state each test left them. That a namespace holding a running job
     and a mount does go away is tests/e2e/test_cleanup.py's."""
     kn = k.in_namespace(name)
-    kn.run("delete", f"{JOBS},{MOUNTS}", "--all", "--wait=false", "--ignore-not-found", check=False)
+    served = _served(kn, LEFTOVERS)
+    kinds = ",".join(served)
+    owned = ",".join(kind for kind in served if kind != "pods") or "pods"
+    kn.run("delete", owned, "--all", "--wait=false", "--ignore-not-found", check=False)
     k.run("delete", "namespace", name, "--wait=false", "--ignore-not-found")
-    kinds = ",".join(LEFTOVERS)
 
     def emptied() -> bool:
         done = kn.run("get", kinds, "-o", "name", "--ignore-not-found", check=False)
-        if done.returncode != 0 and "the server doesn't have a resource type" in done.stderr:
-            done = kn.run("get", "pods", "-o", "name", "--ignore-not-found")  # a module without kubedgx's CRDs
         return done.returncode == 0 and not done.stdout.strip()
 
     try:
-        wait_for(f"namespace {name} emptied of jobs, mounts and pods", emptied, timeout=timeout, interval=0.3,
+        wait_for(f"namespace {name} emptied of {kinds}", emptied, timeout=timeout, interval=0.3,
                  diagnose=lambda: describe(kn))  # fmt: skip
     except WaitTimeoutError as exc:
         stuck = []
-        for kind in (JOBS, MOUNTS):
+        for kind in served:
+            if kind == "pods":
+                continue
             try:
                 objects = kn.select(kind)
             except KubectlError:
@@ -271,6 +288,6 @@ def delete_namespace(k: Kubectl, name: str, *, timeout: float = NAMESPACE_TIMEOU
                     stuck.append(f"{kind}/{obj_name} {dig(obj, 'metadata', 'finalizers')}")
                     kn.run("patch", kind, obj_name, "--type", "merge", "-p", NO_FINALIZERS, check=False)
         raise AssertionError(
-            f"namespace {name} still held jobs, mounts or pods after {timeout:.0f}s; objects holding finalizers "
+            f"namespace {name} still held some of {kinds} after {timeout:.0f}s; objects holding finalizers "
             f"(now stripped so the cluster stays usable): {stuck or 'none'}\n{exc}"
         ) from None
