@@ -129,11 +129,17 @@ def connector_kubeconfig(control_plane: ControlPlane, kubectl: Kubectl, workdir:
     return path
 
 
-def blob_env(s3: S3) -> dict[str, str]:
-    """The blob-store settings flytekit reads (the pods', the connector's): moto's endpoint and keys;
-    no instance-metadata probe."""
+def flyte_keys(s3: S3) -> dict[str, str]:
+    """flytekit's own blob-store settings: moto's endpoint and keys (what propeller's pods and the
+    DGX workers get, the latter through the connector's KUBEDGX_FLYTE_WORKER_ENV_*)."""
     return {"FLYTE_AWS_ENDPOINT": s3.endpoint, "FLYTE_AWS_ACCESS_KEY_ID": ACCESS_KEY,
-            "FLYTE_AWS_SECRET_ACCESS_KEY": SECRET_KEY, "AWS_EC2_METADATA_DISABLED": "true"}  # fmt: skip
+            "FLYTE_AWS_SECRET_ACCESS_KEY": SECRET_KEY}  # fmt: skip
+
+
+def blob_env(s3: S3) -> dict[str, str]:
+    """The blob-store settings of a process here (the connector, a stand-in kubelet's pods): flytekit's,
+    and no instance-metadata probe."""
+    return flyte_keys(s3) | {"AWS_EC2_METADATA_DISABLED": "true"}
 
 
 def propeller_config(
@@ -142,7 +148,7 @@ def propeller_config(
     """The whole configuration: the test environment, then the docs' block with the test's endpoint."""
     docs = docs_config()
     docs["plugins"]["connector-service"]["defaultConnector"]["endpoint"] = connector_endpoint
-    pod_env = {k: v for k, v in blob_env(s3).items() if k.startswith("FLYTE_")} | {"FLYTE_SDK_RICH_TRACEBACKS": "0"}
+    pod_env = flyte_keys(s3) | {"FLYTE_SDK_RICH_TRACEBACKS": "0"}
     config: dict[str, Any] = {
         "propeller": {
             "kube-config": str(kubeconfig),
@@ -300,8 +306,7 @@ def flyte_backend(
         stack.callback(kubectl.run, "delete", "node", CPU_NODE, "--wait=false", "--ignore-not-found", check=False)
         admin = stack.enter_context(FakeAdmin())
         # The connector's own blob-store access, and the workers' (set in every worker by the connector).
-        flyte_keys = {k: v for k, v in blob_env(s3).items() if k.startswith("FLYTE_")}
-        env = blob_env(s3) | {f"KUBEDGX_FLYTE_WORKER_ENV_{k}": v for k, v in flyte_keys.items()}
+        env = blob_env(s3) | {f"KUBEDGX_FLYTE_WORKER_ENV_{k}": v for k, v in flyte_keys(s3).items()}
         env["KUBEDGX_FLYTE_DEFAULT_INSTANCE"] = "dgxh100.80g.8.norm"
         # Least privilege, as the docs grant it: a missing permission fails a scenario (or shows as a
         # refusal in the connector's log, which test_flyte_propeller.py checks).

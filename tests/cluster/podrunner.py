@@ -59,6 +59,9 @@ log = logging.getLogger(__name__)
 
 #: The label the runner's Nodes carry (and nothing else in the cluster).
 RUNNER_LABEL = "test.kubedgx.io/process-node"
+#: The chart's ``nodeSelector`` for a module that runs it here: only the runner's nodes run pods; an
+#: untainted kwok node another module added would get a replica that kwok calls Ready without running it.
+NODE_SELECTOR = {RUNNER_LABEL: "true"}
 #: Pod IPs: 10.250.<runner>.<n>, one address on lo per pod.
 IP_PREFIX = "10.250"
 #: How often the runner looks at its pods.

@@ -29,7 +29,7 @@ import pytest
 from tests.chart.conftest import CHART, Rendered, is_hook
 from tests.cluster.chart_helpers import render, stub_crd
 from tests.cluster.controlplane import CONTEXT, ControlPlane
-from tests.cluster.podrunner import RUNNER_LABEL, PodRunner, can_add_addresses, operator_executables
+from tests.cluster.podrunner import NODE_SELECTOR, PodRunner, can_add_addresses, operator_executables
 from tests.e2e.kubectl import Kubectl, dig, wait_for
 from tests.private_ca import PrivateCA
 
@@ -65,9 +65,7 @@ VALUES: dict[str, Any] = {
     "metrics": {"podMonitor": {"enabled": True, "labels": {"release": "prometheus"}}},
     "caBundle": {"pem": CA.pem},
     "tests": {"timeoutSeconds": 30},
-    # Only the runner's nodes run pods; an untainted kwok node another module added (the Flyte modules'
-    # CPU node) would otherwise get a replica that kwok calls Ready without running it.
-    "nodeSelector": {RUNNER_LABEL: "true"},
+    "nodeSelector": NODE_SELECTOR,
 }
 
 pytestmark = pytest.mark.skipif(

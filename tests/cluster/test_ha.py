@@ -37,7 +37,7 @@ from cryptography.hazmat.primitives.serialization import Encoding
 
 from tests.chart.conftest import CHART, Rendered
 from tests.cluster.controlplane import CONTEXT, ControlPlane
-from tests.cluster.podrunner import RUNNER_LABEL, ApiError, PodRunner, can_add_addresses, operator_executables
+from tests.cluster.podrunner import NODE_SELECTOR, ApiError, PodRunner, can_add_addresses, operator_executables
 from tests.e2e.jobs import command_job, unknown_instance_job, worker_pods
 from tests.e2e.kubectl import JOBS, Kubectl, KubectlError, dig, wait_for
 
@@ -69,8 +69,7 @@ VALUES: dict[str, Any] = {
     "shutdownDelay": "3s",
     "webhook": {"timeoutSeconds": 8},
     "podAnnotations": {"test.kubedgx.io/revision": "1"},
-    # Only the runner's nodes run pods (an untainted kwok node would get a replica kwok calls Ready).
-    "nodeSelector": {RUNNER_LABEL: "true"},
+    "nodeSelector": NODE_SELECTOR,
 }
 
 pytestmark = pytest.mark.skipif(
